@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# One entry point for the course. Each command sets everything up first (idempotently), then runs.
+#
+#   ./course.sh lab       set up, then open the course in JupyterLab (localhost only, token auth, 8 simulated devices)
+#   ./course.sh test      set up, then run every test: unit tests and nbval over every notebook
+#   ./course.sh refresh   re-execute every notebook in place, to store fresh outputs (after changing course_lib)
+#   ./course.sh setup     only the set-up: a Python >= 3.12 virtual environment in .venv and graphviz's `dot`
+#   ./course.sh lock      re-resolve the dependencies and rewrite constraints.txt and binder/requirements.txt
+#
+# Extra arguments go to the program that runs: `./course.sh test tests/test_devices.py -x`,
+# `./course.sh lab --no-browser`. Environment: PYTHON=/path/to/python3.12 picks the interpreter,
+# COURSE_VENV=dir picks where the virtual environment lives (default .venv).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+VENV=${COURSE_VENV:-.venv}
+MIN_PY="3.12"
+
+say() { printf '[course] %s\n' "$*" >&2; }
+die() { printf '[course] error: %s\n' "$*" >&2; exit 1; }
+
+# An interpreter is suitable when it runs, is >= 3.12, and can make a virtual environment with pip.
+suitable() {
+  "$1" -c 'import sys, venv, ensurepip; sys.exit(0 if sys.version_info >= (3, 12) else 1)' >/dev/null 2>&1
+}
+
+find_python() {
+  local c
+  local -a candidates=()
+  [ -n "${PYTHON:-}" ] && candidates+=("$PYTHON")
+  candidates+=(python3.12 python3.13 python3.14 python3 python)
+  # pyenv keeps interpreters whose shims only answer when that version is selected: look in its folder too.
+  local root=${PYENV_ROOT:-$HOME/.pyenv}
+  if [ -d "$root/versions" ]; then
+    for c in $(ls -d "$root"/versions/3.1[2-9]* 2>/dev/null | sort -V); do candidates+=("$c/bin/python3"); done
+  fi
+  if command -v uv >/dev/null 2>&1; then
+    c=$(uv python find ">=$MIN_PY" 2>/dev/null || true)
+    [ -n "$c" ] && candidates+=("$c")
+  fi
+  for c in "${candidates[@]}"; do
+    if suitable "$c"; then command -v "$c" || echo "$c"; return 0; fi
+  done
+  if [ -n "${PYTHON:-}" ]; then
+    say "PYTHON=$PYTHON is not a Python >= $MIN_PY with venv and ensurepip."
+  fi
+  cat >&2 <<EOF
+[course] error: no Python >= $MIN_PY found (JAX >= 0.11 needs it). Tried: ${candidates[*]}
+Install one, then run this command again. Any of these works:
+  pyenv install 3.12            (then this script finds it in ~/.pyenv by itself)
+  uv python install 3.12
+  sudo apt-get install python3.12 python3.12-venv        (Debian, Ubuntu)
+  brew install python@3.12                               (macOS)
+  conda env create -f environment.yml && conda activate spmd-course
+Or point to one directly:  PYTHON=/path/to/python3.12 ./course.sh ${CMD:-test}
+EOF
+  exit 1
+}
+
+# The exact line that installs graphviz's `dot` on this system.
+dot_install_line() {
+  if [ "$(uname -s)" = "Darwin" ]; then echo "brew install graphviz"
+  elif command -v apt-get >/dev/null 2>&1; then echo "sudo apt-get install -y graphviz"
+  elif command -v dnf >/dev/null 2>&1; then echo "sudo dnf install -y graphviz"
+  elif command -v pacman >/dev/null 2>&1; then echo "sudo pacman -S graphviz"
+  elif command -v apk >/dev/null 2>&1; then echo "sudo apk add graphviz"
+  elif command -v conda >/dev/null 2>&1; then echo "conda install -c conda-forge graphviz"
+  else echo "install Graphviz from https://graphviz.org/download/ so that \`dot\` is on PATH"
+  fi
+}
+
+ensure_dot() {
+  command -v dot >/dev/null 2>&1 && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing graphviz (the \`dot\` binary that draws the course's diagrams) with apt-get"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null \
+      && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq graphviz >/dev/null \
+      || die "apt-get could not install graphviz; run: apt-get install -y graphviz"
+    command -v dot >/dev/null 2>&1 && return 0
+  fi
+  die "graphviz's \`dot\` binary is missing; the diagrams need it. Install it with:
+    $(dot_install_line)
+then run this command again."
+}
+
+stamp() {
+  # What the environment was built from: changes to any of these trigger a re-install.
+  cat pyproject.toml constraints.txt 2>/dev/null | "$1" -c 'import sys, hashlib; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest(), sys.version)'
+}
+
+ensure_venv() {
+  local py
+  if [ -x "$VENV/bin/python" ] && suitable "$VENV/bin/python"; then
+    :
+  else
+    py=$(find_python)
+    [ -e "$VENV" ] && { say "replacing $VENV (its Python is missing or older than $MIN_PY)"; rm -rf "$VENV"; }
+    say "creating $VENV with $("$py" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
+    "$py" -m venv "$VENV"
+  fi
+  local want; want=$(stamp "$VENV/bin/python")
+  if [ "$(cat "$VENV/.course-stamp" 2>/dev/null)" != "$want" ]; then
+    say "installing course_lib and its pinned dependencies into $VENV (first run: a few minutes)"
+    local -a pins=()
+    [ -f constraints.txt ] && pins=(-c constraints.txt)
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${pins[@]}" -e ".[test]" \
+      || die "pip could not install the course's dependencies (see above)."
+    echo "$want" > "$VENV/.course-stamp"
+  fi
+}
+
+setup() { ensure_dot; ensure_venv; }
+
+CMD=${1:-}
+[ $# -gt 0 ] && shift
+case "$CMD" in
+  setup)
+    setup
+    say "ready: $("$VENV/bin/python" -c 'import jax, sys; print("Python", sys.version.split()[0], "JAX", jax.__version__)')"
+    ;;
+  lab)
+    setup
+    export JAX_NUM_CPU_DEVICES=${JAX_NUM_CPU_DEVICES:-8}
+    # Bound to localhost; Jupyter's token authentication stays on (it prints the URL with the token).
+    # Jupyter refuses to run as root unless told; containers and cloud shells often are root.
+    extra=()
+    [ "$(id -u)" = 0 ] && extra+=(--allow-root)
+    exec "$VENV/bin/jupyter" lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=. "${extra[@]}" \
+      --LabApp.default_url=/lab/tree/notebooks/00_setup_and_devices.ipynb "$@"
+    ;;
+  test)
+    setup
+    exec "$VENV/bin/python" -m pytest "$@"
+    ;;
+  refresh)
+    setup
+    exec "$VENV/bin/python" tools/refresh_notebooks.py "$@"
+    ;;
+  lock)
+    ensure_dot
+    py=$(find_python)
+    tmp=$(mktemp -d)
+    trap 'rm -rf "$tmp"' EXIT
+    "$py" -m venv "$tmp/venv"
+    "$tmp/venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[test]"
+    {
+      echo "# Exact versions the stored notebook outputs were produced with. Written by ./course.sh lock."
+      echo "# Python $("$tmp/venv/bin/python" -c 'import sys; print(sys.version.split()[0])') on $(uname -s) $(uname -m)."
+      "$tmp/venv/bin/python" -m pip freeze --exclude-editable | grep -v '^course[_-]lib' | LC_ALL=C sort -f
+    } > constraints.txt
+    cp constraints.txt binder/requirements.txt
+    say "wrote constraints.txt and binder/requirements.txt; run ./course.sh refresh and ./course.sh test next."
+    ;;
+  *)
+    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+    [ -z "$CMD" ] || [ "$CMD" = help ] || [ "$CMD" = -h ] || [ "$CMD" = --help ] || exit 2
+    ;;
+esac

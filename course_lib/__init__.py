@@ -1,0 +1,1 @@
+"""Companion library for the course."""

@@ -1,0 +1,77 @@
+"""The lecture notebooks as files: stored outputs fit for nbval, badges, the install cell, the course order.
+
+nbval itself (run by the same pytest command) re-executes them and compares outputs.
+"""
+
+import json
+import pathlib
+import re
+import tomllib
+
+import pytest
+
+from notebook_checks import problems
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+REPO_URL = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
+REPO = REPO_URL.removeprefix("https://github.com/")
+INSTALL_CELL = f'''# Colab and Kaggle only: install course_lib from the course repository. Elsewhere ./course.sh has installed it.
+import os, sys
+if "google.colab" in sys.modules or "KAGGLE_KERNEL_RUN_TYPE" in os.environ:
+    %pip install -q "course_lib @ git+{REPO_URL}"'''
+
+
+def cells(path, kind):
+    nb = json.loads(path.read_text())
+    return [c for c in nb["cells"] if c["cell_type"] == kind]
+
+
+def source(cell):
+    return "".join(cell["source"])
+
+
+def test_notebooks_are_numbered_in_order():
+    assert NOTEBOOKS, "no notebooks found"
+    numbers = [int(re.fullmatch(r"(\d\d)_[a-z0-9_]+\.ipynb", p.name).group(1)) for p in NOTEBOOKS]
+    assert numbers == list(range(len(NOTEBOOKS)))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_stored_outputs_are_clean(path):
+    assert problems(path) == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_first_cell_has_title_and_colab_badge(path):
+    first = source(cells(path, "markdown")[0])
+    assert first.startswith("# "), "the first cell is the notebook's title"
+    badge = f"https://colab.research.google.com/github/{REPO}/blob/main/notebooks/{path.name}"
+    assert f"({badge})" in first, f"missing Open-in-Colab badge linking to {badge}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_first_code_cell_installs_course_lib_only_on_hosted_platforms(path):
+    first = cells(path, "code")[0]
+    assert source(first) == INSTALL_CELL
+    assert first["outputs"] == [], "it prints nothing outside Colab and Kaggle"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_kernel_is_python3(path):
+    assert json.loads(path.read_text())["metadata"]["kernelspec"]["name"] == "python3"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS[1:], ids=lambda p: p.name)
+def test_multi_device_lessons_get_their_devices_first(path):
+    """Before any other JAX code, so that the fallback to simulated devices can still happen."""
+    code = [source(c) for c in cells(path, "code")[1:]]
+    first_jax = next(i for i, s in enumerate(code) if "jax" in s)
+    assert "lesson_devices(" in code[first_jax]
+
+
+def test_readme_lists_every_notebook_and_badges():
+    readme = (ROOT / "README.md").read_text()
+    for path in NOTEBOOKS:
+        assert f"notebooks/{path.name}" in readme, f"README does not link {path.name}"
+    assert f"https://mybinder.org/v2/gh/{REPO}/main?urlpath=lab/tree/notebooks/00_setup_and_devices.ipynb" in readme

@@ -1,0 +1,59 @@
+"""Re-execute the course notebooks in place, so their stored outputs are what this environment produces.
+
+Run it through `./course.sh refresh [notebook ...]` (all of notebooks/ by default). Each notebook runs
+top to bottom in a fresh kernel of this environment, with the same settings as the nbval run
+(conftest.py), a per-cell timeout, and no per-cell timing metadata, so the diffs show only real changes.
+Afterwards it checks the outputs for things nbval or a reader should not see (machine paths,
+memory addresses, unexpected errors) and exits non-zero if it finds any.
+"""
+
+import argparse
+import os
+import pathlib
+import sys
+import time
+
+import nbclient
+import nbformat
+from jupyter_client import KernelManager
+from nbval.kernel import CURRENT_ENV_KERNEL_NAME, NbvalKernelspecManager
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+import conftest  # noqa: E402,F401  (sets the kernel environment, as under nbval)
+sys.path.insert(0, str(ROOT / "tests"))
+from notebook_checks import problems  # noqa: E402
+
+
+def refresh(path: pathlib.Path, timeout: int) -> list[str]:
+    nb = nbformat.read(path, as_version=4)
+    # This environment's Python, whatever "python3" means in the user's Jupyter set-up: as nbval --nbval-current-env.
+    km = KernelManager(kernel_name=CURRENT_ENV_KERNEL_NAME, kernel_spec_manager=NbvalKernelspecManager())
+    client = nbclient.NotebookClient(
+        nb, km=km, timeout=timeout, record_timing=False, resources={"metadata": {"path": str(path.parent)}},
+    )
+    client.execute()
+    nbformat.write(nb, path)
+    return problems(path)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="*", type=pathlib.Path)
+    parser.add_argument("--timeout", type=int, default=600, help="seconds per cell (default 600)")
+    args = parser.parse_args()
+    paths = args.notebooks or sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    failed = False
+    for path in paths:
+        start = time.perf_counter()
+        print(f"executing {path.name} ...", flush=True)
+        found = refresh(path.resolve(), args.timeout)
+        print(f"  done in {time.perf_counter() - start:.0f} s", flush=True)
+        for p in found:
+            print("  problem:", p)
+            failed = True
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
