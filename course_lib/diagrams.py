@@ -13,13 +13,16 @@ differs between graphviz versions and is masked by ``tests/nbval_sanitize.cfg``.
 from __future__ import annotations
 
 import collections
+import inspect
 import platform
 import shutil
 
 import graphviz
 import jax
+import numpy as np
 
-__all__ = ["Diagram", "dot_available", "graphviz_install_hint", "device_topology"]
+__all__ = ["Diagram", "dot_available", "graphviz_install_hint", "shape_str", "device_topology", "spmd_overview",
+           "mpmd_overview", "pmap_dataflow", "array_placement"]
 
 # One look for the whole course.
 _GRAPH_ATTR = {"fontname": "Helvetica", "fontsize": "11", "rankdir": "TB", "nodesep": "0.25"}
@@ -71,7 +74,14 @@ class Diagram(graphviz.Digraph):
 
 
 def _device_label(d: jax.Device) -> str:
-    return f"{d.platform.upper()} {d.id}\\n{d.device_kind}"
+    label = f"{d.platform.upper()} {d.id}"
+    return label if d.device_kind.lower() == d.platform else f"{label}\\n{d.device_kind}"
+
+
+def _keep_in_order(g, node_ids) -> None:
+    """Lay out nodes of one rank left to right in the given order (dot would reorder them to save crossings)."""
+    for a, b in zip(node_ids, node_ids[1:]):
+        g.edge(a, b, style="invis")
 
 
 def device_topology(devices=None, *, title: str | None = None) -> Diagram:
@@ -103,4 +113,259 @@ def device_topology(devices=None, *, title: str | None = None) -> Diagram:
             for d in sorted(devs, key=lambda d: d.id):
                 c.node(f"dev{d.id}", _device_label(d), fillcolor=PLATFORM_COLOURS.get(d.platform, "white"))
                 c.edge(f"program{p}", f"dev{d.id}")
+    return g
+
+
+_DTYPE_SHORT = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int32": "i32",
+                "int64": "i64", "int16": "i16", "int8": "i8", "uint8": "u8", "uint32": "u32", "bool": "bool",
+                "complex64": "c64"}
+
+
+def shape_str(x) -> str:
+    """``f32[8,3]``: an array's (or ``ShapeDtypeStruct``'s) dtype and shape, as JAX prints them."""
+    dtype = np.dtype(x.dtype).name if hasattr(x, "dtype") else np.dtype(jax.numpy.result_type(x)).name
+    return f"{_DTYPE_SHORT.get(dtype, dtype)}[{','.join(str(d) for d in np.shape(x))}]"
+
+
+def _fn_name(fn) -> str:
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    return "lambda" if name == "<lambda>" else name
+
+
+def spmd_overview(devices=None, batch=None, program=None) -> Diagram:
+    """SPMD: one program, one shard of the data per device, one result per device.
+
+    Args:
+      devices: the devices (default ``jax.devices()``).
+      batch: optional array (or ``ShapeDtypeStruct``) of shape ``(B, ...)``; the shards are
+        drawn with their real shapes ``(B // n, ...)``. ``B`` must divide by ``n``.
+      program: optional function whose name labels the program.
+
+    Returns:
+      A ``Diagram`` with nodes ``program``, ``data``, ``shard<i>``, ``dev<id>``.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    n = len(devices)
+    name = _fn_name(program) if program is not None else "program"
+    g = Diagram("spmd")
+    g.attr(label=f"SPMD: the same {name} on {n} devices, each on its own shard of the data", labelloc="t")
+    with g.subgraph(name="top") as top:
+        top.attr(rank="same")
+        top.node("program", f"{name}\\n(one copy of the code)", shape="note", fillcolor="#f5f5f5")
+        if batch is not None:
+            top.node("data", f"data {shape_str(batch)}", shape="folder", fillcolor="#fff7d6")
+    if batch is not None:
+        b = np.shape(batch)[0]
+        if b % n:
+            raise ValueError(f"spmd_overview: a batch of {b} does not divide across {n} devices.")
+        shard_shape = jax.ShapeDtypeStruct((b // n,) + tuple(np.shape(batch)[1:]), batch.dtype)
+        with g.subgraph(name="shards") as row:
+            row.attr(rank="same")
+            for i in range(n):
+                row.node(f"shard{i}", f"shard {i}\\n{shape_str(shard_shape)}", shape="box", style="filled",
+                         fillcolor="#fff7d6")
+            _keep_in_order(row, [f"shard{i}" for i in range(n)])
+    with g.subgraph(name="devices") as row:
+        row.attr(rank="same")
+        for d in devices:
+            row.node(f"dev{d.id}", _device_label(d), fillcolor=PLATFORM_COLOURS.get(d.platform, "white"))
+        _keep_in_order(row, [f"dev{d.id}" for d in devices])
+    for i, d in enumerate(devices):
+        g.edge("program", f"dev{d.id}", style="dashed", color="grey40")
+        if batch is not None:
+            g.edge("data", f"shard{i}")
+            g.edge(f"shard{i}", f"dev{d.id}")
+    return g
+
+
+def mpmd_overview(programs, devices=None) -> Diagram:
+    """MPMD: a different program on each device (the contrast to SPMD).
+
+    Args:
+      programs: one function per device; their names label the boxes.
+      devices: the devices (default the first ``len(programs)`` of ``jax.devices()``).
+    """
+    programs = list(programs)
+    devices = list(jax.devices()[: len(programs)] if devices is None else devices)
+    if len(devices) != len(programs):
+        raise ValueError(f"mpmd_overview: {len(programs)} programs for {len(devices)} devices.")
+    g = Diagram("mpmd")
+    g.attr(label=f"MPMD: {len({_fn_name(p) for p in programs})} different programs on {len(devices)} devices",
+           labelloc="t")
+    for i, (fn, d) in enumerate(zip(programs, devices)):
+        g.node(f"program{i}", _fn_name(fn), shape="note", fillcolor="#f5f5f5")
+        g.node(f"dev{d.id}", _device_label(d), fillcolor=PLATFORM_COLOURS.get(d.platform, "white"))
+        g.edge(f"program{i}", f"dev{d.id}", style="dashed", color="grey40")
+    return g
+
+
+def _arg_names(fn, n_args):
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        params = []
+    return [params[i] if i < len(params) else f"arg{i}" for i in range(n_args)]
+
+
+def _per_arg_axes(in_axes, n_args):
+    if in_axes is None or isinstance(in_axes, int):
+        return (in_axes,) * n_args
+    if isinstance(in_axes, list):
+        in_axes = tuple(in_axes)
+    if not isinstance(in_axes, tuple) or len(in_axes) != n_args:
+        raise ValueError(f"in_axes must be an int, None, or a tuple with one entry per argument ({n_args}); "
+                         f"got {in_axes!r}.")
+    return in_axes
+
+
+def _axis_leaves(axes, arg):
+    """Pair each array leaf of ``arg`` with its mapped axis (or None), given an in_axes prefix ``axes``."""
+    full = jax.tree.map(lambda ax, sub: jax.tree.map(lambda _: ax, sub), axes, arg, is_leaf=lambda a: a is None)
+    paths_and_leaves = jax.tree_util.tree_flatten_with_path(arg)[0]
+    return [(path, leaf, ax) for (path, leaf), ax in zip(paths_and_leaves, jax.tree.leaves(full,
+                                                                                            is_leaf=lambda a: a is None))]
+
+
+def pmap_dataflow(fn, *args, in_axes=0, out_axes=0, axis_name=None, devices=None) -> Diagram:
+    """What ``jax.pmap(fn, in_axes=..., out_axes=...)(*args)`` sends to each device and gets back.
+
+    Shapes come from ``jax.eval_shape``: nothing is computed. Mapped inputs are drawn with
+    solid edges labelled with the slice each device receives, broadcast inputs (``in_axes=None``)
+    with dashed edges carrying the whole value; outputs are stacked on ``out_axes``, or, for
+    ``out_axes=None``, taken from the first device only (the other edges are drawn dotted).
+
+    Args:
+      fn, in_axes, out_axes, axis_name: as for ``jax.pmap`` (``in_axes`` may hold pytrees).
+      *args: arrays or ``jax.ShapeDtypeStruct`` (positional arguments only).
+      devices: default: the first ``n`` of ``jax.local_devices()``, ``n`` the mapped axis size.
+
+    Returns:
+      A ``Diagram`` with input nodes ``in<k>``, device nodes ``dev<id>`` and output nodes ``out<k>``.
+
+    Raises:
+      ValueError: no argument is mapped, mapped sizes disagree, or there are more slices than devices.
+    """
+    names = _arg_names(fn, len(args))
+    inputs = []  # (label, per-device shape string, mapped)
+    sizes = set()
+    for name, axes, arg in zip(names, _per_arg_axes(in_axes, len(args)), args):
+        for path, leaf, ax in _axis_leaves(axes, arg):
+            label = name + jax.tree_util.keystr(path)
+            shape = tuple(np.shape(leaf))
+            if ax is None:
+                inputs.append((label, shape_str(leaf), shape_str(leaf), False))
+            else:
+                ax = ax % len(shape)
+                sizes.add(shape[ax])
+                per = jax.ShapeDtypeStruct(shape[:ax] + shape[ax + 1:], leaf.dtype)
+                inputs.append((label, shape_str(leaf), shape_str(per), True))
+    if not sizes:
+        raise ValueError("pmap_dataflow: no argument is mapped (every in_axes is None); pmap needs at least one.")
+    if len(sizes) > 1:
+        raise ValueError(f"pmap_dataflow: the mapped axes have different sizes {sorted(sizes)}; pmap needs one size.")
+    n = sizes.pop()
+    available = list(jax.local_devices() if devices is None else devices)
+    if n > len(available):
+        raise ValueError(f"pmap_dataflow: the mapped axis has size {n} but there are {len(available)} devices; "
+                         f"pmap puts exactly one slice on each device. Reshape to ({len(available)}, "
+                         f"{n} // {len(available)}, ...) first (course_lib.sharding.shard).")
+    devs = available[:n]
+
+    vmapped = jax.vmap(fn, in_axes=in_axes if not isinstance(in_axes, list) else tuple(in_axes), out_axes=0,
+                       axis_name=axis_name)
+    out_stacked = jax.eval_shape(vmapped, *args)
+    out_leaves = jax.tree_util.tree_flatten_with_path(out_stacked)[0]
+    out_axes_leaves = [ax for _, _, ax in _axis_leaves(out_axes, out_stacked)]
+
+    g = Diagram("pmap")
+    g.attr(label=f"pmap({_fn_name(fn)}, in_axes={in_axes!r}, out_axes={out_axes!r}) on {n} devices", labelloc="t")
+    with g.subgraph(name="inputs") as s:
+        s.attr(rank="same")
+        for k, (label, full, _, mapped) in enumerate(inputs):
+            how = "mapped" if mapped else "broadcast"
+            s.node(f"in{k}", f"{label}: {full}\\n({how})", shape="folder",
+                   fillcolor="#fff7d6" if mapped else "#eeeeee")
+    per_dev_in = ", ".join(per for _, _, per, _ in inputs)
+    per_dev_out = ", ".join(shape_str(jax.ShapeDtypeStruct(x.shape[1:], x.dtype)) for _, x in out_leaves)
+    with g.subgraph(name="devices") as s:
+        s.attr(rank="same")
+        for d in devs:
+            s.node(f"dev{d.id}", f"{_device_label(d)}\\n{_fn_name(fn)}({per_dev_in})\\n-> {per_dev_out}",
+                   fillcolor=PLATFORM_COLOURS.get(d.platform, "white"))
+        _keep_in_order(s, [f"dev{d.id}" for d in devs])
+    for k, (label, _, per, mapped) in enumerate(inputs):
+        for i, d in enumerate(devs):
+            if mapped:
+                g.edge(f"in{k}", f"dev{d.id}", label=f"[{i}] {per}")
+            else:
+                g.edge(f"in{k}", f"dev{d.id}", label=f"copy {per}", style="dashed", color="grey40")
+    with g.subgraph(name="outputs") as s:
+        s.attr(rank="same")
+        for k, ((path, x), ax) in enumerate(zip(out_leaves, out_axes_leaves)):
+            per = jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
+            if ax is None:
+                s.node(f"out{k}", f"out{jax.tree_util.keystr(path)}: {shape_str(per)}\\n(first device's value, "
+                       "out_axes=None)", shape="folder", fillcolor="#e5f5e0")
+            else:
+                ax = ax % (len(per.shape) + 1)
+                full = jax.ShapeDtypeStruct(per.shape[:ax] + (n,) + per.shape[ax:], x.dtype)
+                s.node(f"out{k}", f"out{jax.tree_util.keystr(path)}: {shape_str(full)}\\n(stacked on axis {ax})",
+                       shape="folder", fillcolor="#e5f5e0")
+    for k, ((_, x), ax) in enumerate(zip(out_leaves, out_axes_leaves)):
+        per = shape_str(jax.ShapeDtypeStruct(x.shape[1:], x.dtype))
+        for i, d in enumerate(devs):
+            if ax is None and i > 0:
+                g.edge(f"dev{d.id}", f"out{k}", label="dropped", style="dotted", color="grey60")
+            else:
+                g.edge(f"dev{d.id}", f"out{k}", label=f"[{i}] {per}" if ax is not None else per)
+    return g
+
+
+def _index_str(index, shape) -> str:
+    parts = []
+    for sl, dim in zip(index, shape):
+        start, stop, _ = sl.indices(dim)
+        parts.append(":" if (start, stop) == (0, dim) else f"{start}:{stop}")
+    return "[" + ", ".join(parts) + "]"
+
+
+def array_placement(x, name: str = "x", max_values: int = 8) -> Diagram:
+    """Which part of a ``jax.Array`` lives on which device, read from its sharding.
+
+    Each device node shows the index of the block it holds (``x[2:3, :]``), the block's
+    shape, and, when the block has at most ``max_values`` elements, its values as read
+    from that device.
+
+    Returns:
+      A ``Diagram`` with the node ``array`` and one node ``dev<id>`` per device holding data.
+    """
+    if not isinstance(x, jax.Array):
+        raise TypeError(f"array_placement needs a jax.Array (on devices), got {type(x).__name__}; "
+                        "place it first, e.g. with jax.device_put.")
+    shards = {s.device: s for s in x.addressable_shards}
+    index_map = x.sharding.devices_indices_map(x.shape)
+    replicated = all(_index_str(i, x.shape) == _index_str((slice(None),) * x.ndim, x.shape)
+                     for i in index_map.values())
+    g = Diagram("placement")
+    if len(index_map) == 1:
+        how = "on one device"
+    else:
+        how = "a full copy on every device" if replicated else f"split over {len(index_map)} devices"
+    g.attr(label=f"{name}: {shape_str(x)}, {how}", labelloc="t")
+    spec = getattr(x.sharding, "spec", None)
+    g.node("array", f"{name}: {shape_str(x)}" + (f"\\n{spec}" if spec is not None else ""), shape="folder",
+           fillcolor="#fff7d6")
+    with g.subgraph(name="devices") as s:
+        s.attr(rank="same")
+        for d in sorted(index_map, key=lambda d: d.id):
+            index = index_map[d]
+            label = [_device_label(d), f"{name}{_index_str(index, x.shape)}"]
+            if d in shards:
+                block = shards[d].data
+                label.append(shape_str(block))
+                if block.size <= max_values:
+                    label.append(np.array2string(np.asarray(block), separator=" ").replace("\n", " "))
+            s.node(f"dev{d.id}", "\\n".join(label), fillcolor=PLATFORM_COLOURS.get(d.platform, "white"))
+            g.edge("array", f"dev{d.id}")
+        _keep_in_order(s, [f"dev{d.id}" for d in sorted(index_map, key=lambda d: d.id)])
     return g

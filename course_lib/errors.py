@@ -1,0 +1,46 @@
+"""Showing an error in a notebook without stopping "Run All".
+
+The "common errors" sections of the lessons run code that fails on purpose. Wrapped in
+``show_error``, the cell prints the exception's type and JAX's own message, then carries
+on; if the code does *not* fail, the cell fails, so a lesson cannot go on claiming an
+error that today's JAX no longer raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import textwrap
+
+__all__ = ["show_error", "ExpectedErrorMissing"]
+
+
+class ExpectedErrorMissing(AssertionError):
+    """The code in a ``show_error`` block ran without raising."""
+
+
+@contextlib.contextmanager
+def show_error(*expected: type[BaseException], max_lines: int = 6, width: int = 110):
+    """Run the block, expect it to raise, and print ``Type: message`` instead of a traceback.
+
+    Args:
+      expected: the exception types the block should raise (default: any ``Exception``).
+      max_lines: how many lines of the message to print (JAX's messages can be long).
+      width: wrap lines longer than this.
+
+    Raises:
+      ExpectedErrorMissing: the block did not raise.
+      Any exception not in ``expected``, unchanged.
+    """
+    expected = expected or (Exception,)
+    try:
+        yield
+    except expected as e:
+        lines = [ln for ln in str(e).splitlines() if ln.strip()]
+        shown = []
+        for ln in lines[:max_lines]:
+            shown.extend(textwrap.wrap(ln, width, subsequent_indent="    ") or [""])
+        more = "\n    ..." if len(lines) > max_lines else ""
+        print(f"{type(e).__name__}: " + "\n".join(shown) + more)
+    else:
+        names = " or ".join(t.__name__ for t in expected)
+        raise ExpectedErrorMissing(f"expected {names}, but the code ran without an error")

@@ -1,0 +1,173 @@
+"""Sharding and replication for ``jax.pmap``: getting a batch and a set of parameters onto the devices.
+
+Lessons 02 and 03. ``jax.pmap`` maps exactly one slice of the leading axis to each
+device, so a global batch ``(B, ...)`` must first become ``(n_devices, B // n_devices, ...)``
+(``shard``), and parameters that every device needs must be stacked once per device
+(``replicate``). ``unshard`` and ``unreplicate`` undo them. Every function takes a
+pytree (a dict of arrays, a tuple, nested containers) and treats each leaf alike.
+
+``pad_batch`` makes a batch divisible by the device count and returns a mask of the
+real rows, for the last batch of an epoch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+__all__ = ["shard", "unshard", "replicate", "unreplicate", "pad_batch", "device_mesh"]
+
+DEVICE_AXIS = "devices"
+
+
+def _leaves_with_paths(tree):
+    return jax.tree_util.tree_flatten_with_path(tree)[0]
+
+
+def _name(path) -> str:
+    return "the array" if not path else f"leaf {jax.tree_util.keystr(path)}"
+
+
+def shard(tree, n_devices: int | None = None):
+    """Split the leading (batch) axis of every leaf across devices: ``(B, ...) -> (n, B // n, ...)``.
+
+    Only the shape changes; the arrays stay where they are (``jax.pmap`` places each
+    of the ``n`` slices on its device). NumPy leaves stay NumPy arrays.
+
+    Args:
+      tree: a pytree of arrays, each with a leading batch axis ``B`` divisible by ``n``.
+      n_devices: ``n``, by default ``jax.local_device_count()``.
+
+    Raises:
+      ValueError: a leaf has no leading axis, or ``B % n != 0``; the message names the
+        leaf, ``B`` and ``n``, and the two fixes (drop the remainder, or pad and mask).
+    """
+    n = jax.local_device_count() if n_devices is None else n_devices
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n_devices must be a whole number >= 1, got {n!r}.")
+
+    def split(path, x):
+        shape = np.shape(x)
+        if len(shape) == 0:
+            raise ValueError(f"shard: {_name(path)} is a scalar; it has no batch axis to split across "
+                             f"{n} devices. Broadcast it instead (in_axes=None) or replicate() it.")
+        b = shape[0]
+        if b % n:
+            keep = b - b % n
+            raise ValueError(
+                f"shard: {_name(path)} has a batch of B={b}, which does not divide across n={n} devices "
+                f"({b} = {n} x {b // n} + {b % n}). Either drop the remainder (x[:{keep}]), or pad the batch to "
+                f"{keep + n} rows and mask the padding (course_lib.sharding.pad_batch(batch, {n}))."
+            )
+        return x.reshape((n, b // n) + tuple(shape[1:]))
+
+    return jax.tree_util.tree_map_with_path(split, tree)
+
+
+def unshard(tree):
+    """Merge the device axis back into the batch: ``(n, b, ...) -> (n * b, ...)``. The inverse of ``shard``."""
+
+    def merge(path, x):
+        shape = np.shape(x)
+        if len(shape) < 2:
+            raise ValueError(f"unshard: {_name(path)} has shape {shape}; it needs at least two axes, "
+                             "(n_devices, per_device_batch, ...), as shard() returns.")
+        return x.reshape((shape[0] * shape[1],) + tuple(shape[2:]))
+
+    return jax.tree_util.tree_map_with_path(merge, tree)
+
+
+def device_mesh(devices=None) -> Mesh:
+    """A 1-D ``Mesh`` over ``devices`` (default: all local devices), with the axis named ``"devices"``."""
+    devices = jax.local_devices() if devices is None else list(devices)
+    return Mesh(np.array(devices), (DEVICE_AXIS,))
+
+
+def replicate(tree, devices=None):
+    """One copy of every leaf per device, stacked on a new leading axis: ``(...) -> (n, ...)``.
+
+    Copy ``i`` is placed on ``devices[i]``, so the result is ready for ``jax.pmap`` with
+    ``in_axes=0``: each device finds its copy already in place. Each copy is sent to its
+    device directly; the ``n`` copies are never built on the host.
+
+    Args:
+      tree: a pytree of arrays or scalars (parameters, optimizer state, ...).
+      devices: the devices, by default ``jax.local_devices()``.
+
+    Returns:
+      A pytree of ``jax.Array``, each of shape ``(n, ...)``, sharded one copy per device.
+    """
+    mesh = device_mesh(devices)
+    devs = list(mesh.devices.flat)
+    sharding = NamedSharding(mesh, P(DEVICE_AXIS))
+
+    def copy(x):
+        x = jnp.asarray(x)
+        one = x[None]
+        return jax.make_array_from_single_device_arrays(
+            (len(devs),) + x.shape, sharding, [jax.device_put(one, d) for d in devs])
+
+    return jax.tree.map(copy, tree)
+
+
+def unreplicate(tree):
+    """The first device's copy of every leaf: ``(n, ...) -> (...)``.
+
+    Reads the copy held by the first addressable device (``x.addressable_shards[0]``),
+    so nothing is gathered from the other devices, as ``x[0]`` on a sharded array would.
+    It does not check that the copies agree; ``jax.pmap`` code keeps them equal by
+    applying the same update everywhere (lesson 05).
+    """
+
+    def first(x):
+        if isinstance(x, jax.Array) and len(x.addressable_shards) > 1:
+            data = x.addressable_shards[0].data
+            if data.shape[:1] != (1,):
+                raise ValueError(
+                    f"unreplicate: expected one copy per device (shards of shape (1, ...)), but the first device "
+                    f"holds a block of shape {data.shape} of an array of shape {x.shape}. Is it replicated?")
+            return data[0]
+        if np.ndim(x) == 0:
+            raise ValueError("unreplicate: got a scalar; expected stacked copies of shape (n_devices, ...).")
+        return x[0]
+
+    return jax.tree.map(first, tree)
+
+
+def pad_batch(tree, multiple: int | None = None):
+    """Pad the batch axis with zeros up to a multiple of ``multiple``, and say which rows are real.
+
+    ``(B, ...) -> (B', ...)`` with ``B' = ceil(B / multiple) * multiple``, plus a boolean mask
+    ``(B',)``, ``True`` on the ``B`` real rows. Weight each example's loss by the mask so the
+    padding counts for nothing (lesson 05).
+
+    Args:
+      tree: a pytree of arrays that share the batch size ``B`` on axis 0.
+      multiple: by default ``jax.local_device_count()``.
+
+    Returns:
+      ``(padded_tree, mask)``.
+    """
+    multiple = jax.local_device_count() if multiple is None else multiple
+    leaves = _leaves_with_paths(tree)
+    if not leaves:
+        raise ValueError("pad_batch: the batch has no arrays.")
+    sizes = {(_name(p), np.shape(x)[0] if np.ndim(x) else None) for p, x in leaves}
+    batch_sizes = {b for _, b in sizes}
+    if None in batch_sizes or len(batch_sizes) != 1:
+        raise ValueError(f"pad_batch: every leaf needs the same batch size on axis 0; got {sorted(sizes, key=str)}.")
+    b = batch_sizes.pop()
+    if b == 0:
+        raise ValueError("pad_batch: the batch is empty (B=0).")
+    target = math.ceil(b / multiple) * multiple
+
+    def pad(x):
+        widths = [(0, target - b)] + [(0, 0)] * (np.ndim(x) - 1)
+        return np.pad(x, widths) if isinstance(x, np.ndarray) else jnp.pad(x, widths)
+
+    mask = np.arange(target) < b
+    return jax.tree.map(pad, tree), mask
