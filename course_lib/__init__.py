@@ -1,1 +1,15 @@
-"""Companion library for the course."""
+"""course_lib: the companion library of the course "SPMD data parallelism in JAX".
+
+One small module per topic, each introduced by the lesson that first writes its idea out by hand:
+
+- ``course_lib.devices``    (lesson 00): 8 devices anywhere, simulated CPU devices, an environment report.
+- ``course_lib.diagrams``   (lessons 00-03): graphviz diagrams drawn from real devices, shapes and shardings.
+- ``course_lib.sharding``   (lessons 02-03): shard/unshard a batch, replicate/unreplicate parameters, pad a batch.
+- ``course_lib.errors``     (every lesson): show an expected error without stopping "Run All".
+- ``course_lib.exercises``  (every lesson): exercise checkers and reference solutions.
+
+Modules are imported explicitly (``from course_lib import sharding``): importing ``course_lib`` alone
+does not import JAX, so ``course_lib.devices.simulate_devices`` can still run before JAX starts.
+"""
+
+__version__ = "0.1.0"

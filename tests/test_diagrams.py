@@ -3,6 +3,8 @@
 import re
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from course_lib import diagrams
@@ -59,3 +61,118 @@ def test_graphviz_install_hint_fits_the_system(monkeypatch, system, tool, expect
     monkeypatch.setattr(diagrams.platform, "system", lambda: system)
     monkeypatch.setattr(diagrams.shutil, "which", lambda name: "/usr/bin/" + name if name == tool else None)
     assert diagrams.graphviz_install_hint().startswith(expected)
+
+
+def edges(source: str, a: str, b: str) -> list[str]:
+    """Labels of the edges from nodes named like ``a`` to nodes named like ``b`` (regex fragments)."""
+    found = re.findall(rf'^\s*{a} -> {b} \[label=(?:"([^"]*)"|(\w+))', source, flags=re.MULTILINE)
+    return [quoted or bare for quoted, bare in found]
+
+
+def test_shape_str():
+    assert diagrams.shape_str(jnp.zeros((8, 3))) == "f32[8,3]"
+    assert diagrams.shape_str(2.0) == "f32[]"
+    assert diagrams.shape_str(jax.ShapeDtypeStruct((2,), jnp.int32)) == "i32[2]"
+    assert diagrams.shape_str(np.zeros(4, bool)) == "bool[4]"
+
+
+def test_pmap_dataflow_mapped_and_broadcast_inputs(devices):
+    x = jnp.zeros((8, 3))
+    g = diagrams.pmap_dataflow(lambda x, s: x * s, x, 2.0, in_axes=(0, None))
+    assert sorted(device_nodes(g.source)) == list(range(8))
+    assert edges(g.source, "in0", r"dev\d+") == [f"[{i}] f32[3]" for i in range(8)]
+    assert edges(g.source, "in1", r"dev\d+") == ["copy f32[]"] * 8
+    assert g.source.count("style=dashed") == 8, "broadcast edges are dashed"
+    assert 'out0 [label="out: f32[8,3]\\n(stacked on axis 0)"' in g.source
+    assert edges(g.source, r"dev\d+", "out0") == [f"[{i}] f32[3]" for i in range(8)]
+    assert 'x: f32[8,3]\\n(mapped)' in g.source and 's: f32[]\\n(broadcast)' in g.source
+
+
+def test_pmap_dataflow_uses_only_as_many_devices_as_slices(devices):
+    g = diagrams.pmap_dataflow(jnp.sum, jnp.zeros((4, 5)))
+    assert sorted(device_nodes(g.source)) == [0, 1, 2, 3]
+    assert "sum(f32[5])\\n-> f32[]" in g.source
+
+
+def test_pmap_dataflow_in_axes_1_and_out_axes_1(devices):
+    g = diagrams.pmap_dataflow(lambda x: x * 2, jnp.zeros((5, 8, 2)), in_axes=1, out_axes=1)
+    assert edges(g.source, "in0", "dev3") == ["[3] f32[5,2]"]
+    assert 'out: f32[5,8,2]\\n(stacked on axis 1)' in g.source
+
+
+def test_pmap_dataflow_out_axes_none_draws_the_dropped_values(devices):
+    g = diagrams.pmap_dataflow(lambda x: x * 2, jnp.zeros((8, 3)), out_axes=None)
+    assert edges(g.source, r"dev\d+", "out0").count("dropped") == 7
+    assert edges(g.source, "dev0", "out0") == ["f32[3]"]
+    assert "first device's value, out_axes=None" in g.source
+
+
+def test_pmap_dataflow_pytree_in_axes_and_outputs(devices):
+    params = {"w": jnp.zeros((3, 2)), "b": jnp.zeros(2)}
+    x = jnp.zeros((8, 4, 3))
+    g = diagrams.pmap_dataflow(lambda p, x: {"y": x @ p["w"] + p["b"], "n": x.shape[0]}, params, x,
+                               in_axes=({"w": None, "b": None}, 0))
+    assert "p['b']: f32[2]\\n(broadcast)" in g.source and "p['w']: f32[3,2]\\n(broadcast)" in g.source
+    assert edges(g.source, "in2", "dev5") == ["[5] f32[4,3]"]
+    assert "out['y']: f32[8,4,2]" in g.source
+
+
+def test_pmap_dataflow_with_a_collective(devices):
+    g = diagrams.pmap_dataflow(lambda x: jax.lax.psum(x, "i"), jnp.zeros((8, 2)), axis_name="i")
+    assert edges(g.source, "dev7", "out0") == ["[7] f32[2]"]
+
+
+def test_pmap_dataflow_errors(devices):
+    with pytest.raises(ValueError, match="no argument is mapped"):
+        diagrams.pmap_dataflow(lambda x: x, jnp.zeros((8, 2)), in_axes=None)
+    with pytest.raises(ValueError, match=r"different sizes \[4, 8\]"):
+        diagrams.pmap_dataflow(lambda a, b: a, jnp.zeros((8,)), jnp.zeros((4,)))
+    with pytest.raises(ValueError, match=r"size 16 but there are 8 devices.*Reshape to \(8, 16 // 8, ...\)"):
+        diagrams.pmap_dataflow(lambda x: x, jnp.zeros((16, 3)))
+    with pytest.raises(ValueError, match="one entry per argument"):
+        diagrams.pmap_dataflow(lambda a, b: a, jnp.zeros(8), jnp.zeros(8), in_axes=(0,))
+
+
+def test_array_placement_of_a_pmap_output(devices):
+    y = jax.pmap(lambda x: x * 2)(jnp.arange(24.0).reshape(8, 3))
+    g = diagrams.array_placement(y, "y")
+    assert sorted(device_nodes(g.source)) == list(range(8))
+    assert "y: f32[8,3], split over 8 devices" in g.source
+    assert 'dev3 [label="CPU 3\\ny[3:4, :]\\nf32[1,3]\\n[[18. 20. 22.]]"' in g.source, "values read from device 3"
+
+
+def test_array_placement_of_replicated_and_single_device_arrays(devices):
+    from course_lib import sharding
+    w = jax.device_put(jnp.arange(2.0), jax.sharding.NamedSharding(sharding.device_mesh(),
+                                                                   jax.sharding.PartitionSpec()))
+    g = diagrams.array_placement(w, "w")
+    assert "w: f32[2], a full copy on every device" in g.source
+    assert g.source.count("w[:]") == 8
+    one = diagrams.array_placement(jax.device_put(jnp.ones((100,)), devices[2]), "z")
+    assert device_nodes(one.source) == [2] and "on one device" in one.source
+    assert "[1. 1." not in one.source, "large blocks are not printed"
+    with pytest.raises(TypeError, match="needs a jax.Array"):
+        diagrams.array_placement(np.ones(3))
+
+
+def test_spmd_and_mpmd_overviews(devices):
+    def predict(x):
+        return x
+
+    g = diagrams.spmd_overview(batch=jnp.zeros((32, 4)), program=predict)
+    assert sorted(device_nodes(g.source)) == list(range(8))
+    assert g.source.count("f32[4,4]") == 8 and "data f32[32,4]" in g.source
+    assert "the same predict on 8 devices" in g.source
+    with pytest.raises(ValueError, match="does not divide across 8 devices"):
+        diagrams.spmd_overview(batch=jnp.zeros((30, 4)))
+
+    def load(x):
+        return x
+
+    def train(x):
+        return x
+
+    m = diagrams.mpmd_overview([load, train, train])
+    assert device_nodes(m.source) == [0, 1, 2] and "2 different programs on 3 devices" in m.source
+    with pytest.raises(ValueError, match="2 programs for 3 devices"):
+        diagrams.mpmd_overview([load, train], devices=devices[:3])

@@ -132,7 +132,8 @@ def solution(id: str) -> None:
 def describe(x) -> str:
     """``Array f32[2,3]``, ``ndarray i64[4]``, ``float``: what a value is, in a few characters."""
     if hasattr(x, "shape") and hasattr(x, "dtype"):
-        return f"{type(x).__name__} {np.dtype(x.dtype).name}{list(x.shape)}"
+        kind = "Array" if isinstance(x, jax.Array) else type(x).__name__
+        return f"{kind} {np.dtype(x.dtype).name}{list(x.shape)}"
     return type(x).__name__
 
 
@@ -156,9 +157,12 @@ def expect_array(got, expected, *, what: str = "the result", rtol: float = 1e-5,
         raise Mismatch(f"{what} is None: did the function forget to `return`?")
     if not hasattr(got, "shape"):
         try:
-            got = np.asarray(got)
+            converted = np.asarray(got)
         except Exception:
-            raise Mismatch(f"{what} should be an array of shape {expected.shape}, got {describe(got)}.") from None
+            converted = None
+        if converted is None or converted.dtype == object:
+            raise Mismatch(f"{what} should be an array of shape {expected.shape}, got {describe(got)}.")
+        got = converted
     if tuple(got.shape) != expected.shape:
         raise Mismatch(f"{what} has shape {tuple(got.shape)}; expected {expected.shape}.")
     values = np.asarray(got)
@@ -167,7 +171,7 @@ def expect_array(got, expected, *, what: str = "the result", rtol: float = 1e-5,
         first = tuple(int(i) for i in np.argwhere(wrong)[0]) if wrong.ndim else ()
         raise Mismatch(
             f"{what} has the right shape {expected.shape} but {int(wrong.sum())} of {wrong.size} values differ; "
-            f"first at index {first}: expected {expected[first]!r}, got {values[first]!r}.")
+            f"first at index {first}: expected {expected[first].tolist()!r}, got {values[first].tolist()!r}.")
 
 
 def expect_placed_on(got, devices, *, what: str = "the result", split: bool = True) -> None:
