@@ -32,6 +32,12 @@ def test_no_answer_yet_is_not_yet(id_):
         feedback = check(id_, placeholder)
         assert not feedback and "no answer yet" in feedback.message
 
+    def unwritten(*args, **kwargs):
+        ...
+
+    feedback = check(id_, unwritten)
+    assert not feedback and "returned None: write the function's body" in feedback.message
+
 
 @pytest.mark.parametrize("id_", list(ALL))
 def test_solution_prints_its_source(id_, capsys):
@@ -72,6 +78,8 @@ def test_call_reports_the_learners_exception_with_inputs():
         call(broken, jnp.zeros((4, 3)), n=2)
     with pytest.raises(Mismatch, match="expected a function, got ndarray"):
         call(np.zeros(2))
+    with pytest.raises(Mismatch, match=r"placeholder\(Array float32\[2\]\) returned None: write the function's body"):
+        call(lambda x: None, jnp.zeros(2), name="placeholder")
 
 
 def test_expect_array_messages():

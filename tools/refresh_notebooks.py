@@ -14,6 +14,7 @@ import sys
 import time
 
 import nbclient
+import nbclient.exceptions
 import nbformat
 from jupyter_client import KernelManager
 from nbval.kernel import CURRENT_ENV_KERNEL_NAME, NbvalKernelspecManager
@@ -47,7 +48,12 @@ def main() -> int:
     for path in paths:
         start = time.perf_counter()
         print(f"executing {path.name} ...", flush=True)
-        found = refresh(path.resolve(), args.timeout)
+        try:
+            found = refresh(path.resolve(), args.timeout)
+        except nbclient.exceptions.CellExecutionError as e:
+            print(f"  a cell failed, so {path.name} was not written:\n{e}"[:4000])
+            failed = True
+            continue
         print(f"  done in {time.perf_counter() - start:.0f} s", flush=True)
         for p in found:
             print("  problem:", p)

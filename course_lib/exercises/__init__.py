@@ -144,10 +144,13 @@ def call(fn, *args, name: str | None = None, **kwargs):
     name = name or getattr(fn, "__name__", "your function")
     shown = ", ".join([describe(a) for a in args] + [f"{k}={describe(v)}" for k, v in kwargs.items()])
     try:
-        return fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
     except Exception as e:  # the learner's error, reported rather than raised
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise Mismatch(f"{name}({shown}) raised {type(e).__name__}: {first[:300]}") from None
+    if result is None:
+        raise Mismatch(f"{name}({shown}) returned None: write the function's body, and `return` its result.")
+    return result
 
 
 def expect_array(got, expected, *, what: str = "the result", rtol: float = 1e-5, atol: float = 1e-6) -> None:

@@ -1,0 +1,103 @@
+"""Lesson 01 exercises: data parallelism by hand, vmap, pmap."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import Mismatch, call, describe, exercise, expect_array, expect_placed_on
+
+
+def _batch(b, d, seed):
+    return np.random.default_rng(seed).normal(size=(b, d)).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# 01.1 Split a batch across devices by hand
+
+
+def solution_split_across(x, devices):
+    n = len(devices)
+    size = x.shape[0] // n
+    return [jax.device_put(x[i * size:(i + 1) * size], d) for i, d in enumerate(devices)]
+
+
+@exercise("01.1", "Split a batch across devices by hand", solution=solution_split_across)
+def check_split_across(split_across):
+    devices = jax.devices()
+    for n, b, d in [(len(devices), 2 * len(devices), 3), (4, 12, 2), (2, 2, 5)]:
+        devs = devices[:n]
+        x = _batch(b, d, seed=n)
+        pieces = call(split_across, x, devs, name="split_across")
+        if not isinstance(pieces, (list, tuple)):
+            raise Mismatch(f"split_across(x {x.shape}, {n} devices) should return a list of {n} arrays, "
+                           f"got {describe(pieces)}.")
+        if len(pieces) != n:
+            raise Mismatch(f"split_across(x {x.shape}, {n} devices) returned {len(pieces)} pieces; expected {n}, "
+                           "one per device.")
+        size = b // n
+        for i, (piece, dev) in enumerate(zip(pieces, devs)):
+            what = f"piece {i} of a {x.shape} batch on {n} devices"
+            if size > 1 and np.shape(piece) == (size, d) and np.allclose(np.asarray(piece), x[i::n]):
+                raise Mismatch(f"{what} holds rows {i}, {i + n}, {i + 2 * n}, ... (x[i::n]): every n-th row. "
+                               f"Give each device consecutive rows: piece i is x[i * {size}:(i + 1) * {size}].")
+            expect_array(piece, x[i * size:(i + 1) * size], what=what)
+            if not isinstance(piece, jax.Array):
+                raise Mismatch(f"{what} is a {type(piece).__name__}, still on the host: place it with "
+                               "jax.device_put(piece, device).")
+            if piece.devices() != {dev}:
+                raise Mismatch(f"{what} lives on device(s) {sorted(d.id for d in piece.devices())}; expected "
+                               f"device {dev.id}. Put piece i on devices[i].")
+    return "each device holds its own consecutive slice of the batch."
+
+
+# ----------------------------------------------------------------------------------------------
+# 01.2 Batch a per-example function with vmap
+
+
+def solution_batched_norms(x):
+    def norm(v):
+        return jnp.sqrt(jnp.sum(v**2))
+
+    return jax.vmap(norm)(x)
+
+
+@exercise("01.2", "Batch a per-example function with vmap", solution=solution_batched_norms)
+def check_batched_norms(batched_norms):
+    for b, d in [(8, 3), (5, 7), (1, 2)]:
+        x = _batch(b, d, seed=b * 10 + d)
+        got = call(batched_norms, jnp.asarray(x), name="batched_norms")
+        if hasattr(got, "shape") and tuple(got.shape) == ():
+            raise Mismatch(f"batched_norms(x {x.shape}) returned a single number: the norm of the whole batch? "
+                           f"Expected one norm per row, shape ({b},).")
+        if hasattr(got, "shape") and tuple(got.shape) == (d,):
+            raise Mismatch(f"batched_norms(x {x.shape}) returned shape ({d},): one value per column. Map over "
+                           "axis 0 (the rows), not axis 1.")
+        expect_array(got, np.sqrt((x**2).sum(axis=1)), what=f"batched_norms(x {x.shape})", rtol=1e-4)
+    return "vmap turned a function of one example into a function of a batch."
+
+
+# ----------------------------------------------------------------------------------------------
+# 01.3 The same function on every device, with pmap
+
+
+def solution_norms_on_devices(x):
+    def norm(v):
+        return jnp.sqrt(jnp.sum(v**2))
+
+    return jax.pmap(norm)(x)
+
+
+@exercise("01.3", "The same function on every device, with pmap", solution=solution_norms_on_devices)
+def check_norms_on_devices(norms_on_devices):
+    devices = jax.devices()
+    for n, d in [(len(devices), 3), (4, 6)]:
+        x = _batch(n, d, seed=n + d)
+        got = call(norms_on_devices, jnp.asarray(x), name="norms_on_devices")
+        what = f"norms_on_devices(x {x.shape})"
+        expect_array(got, np.sqrt((x**2).sum(axis=1)), what=what, rtol=1e-4)
+        if isinstance(got, jax.Array) and len(got.devices()) == 1:
+            raise Mismatch(f"{what} has the right values but lives on one device: that is vmap's (or plain "
+                           f"NumPy's) answer. Use jax.pmap so that each of the {n} rows is computed on its own "
+                           "device.")
+        expect_placed_on(got, devices[:n], what=what)
+    return "one program, one row per device, the results spread over the devices."

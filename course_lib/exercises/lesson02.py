@@ -1,0 +1,100 @@
+"""Lesson 02 exercises: reshaping a batch for pmap, a pmapped reduction, reading one device's block."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import Mismatch, call, describe, exercise, expect_array, expect_placed_on
+
+
+def _data(shape, seed):
+    return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# 02.1 Split a batch for pmap
+
+
+def solution_split_batch(x, n):
+    return x.reshape((n, x.shape[0] // n) + x.shape[1:])
+
+
+@exercise("02.1", "Reshape a batch for pmap: (B, ...) -> (n, B // n, ...)", solution=solution_split_batch)
+def check_split_batch(split_batch):
+    for shape, n in [((16, 3), 8), ((12, 2, 2), 4), ((6,), 3), ((8, 5), 1)]:
+        x = _data(shape, seed=sum(shape) + n)
+        b = shape[0]
+        expected = x.reshape((n, b // n) + shape[1:])
+        got = call(split_batch, x, n, name="split_batch")
+        what = f"split_batch(x {shape}, n={n})"
+        got_shape = tuple(np.shape(got))
+        if got_shape == (b // n, n) + shape[1:] and b // n != n:
+            raise Mismatch(f"{what} has shape {got_shape}; expected {expected.shape}. The device axis (size {n}) "
+                           "comes first: pmap maps over axis 0.")
+        if got_shape == expected.shape and np.allclose(np.asarray(got), x.reshape((b // n, n) + shape[1:])
+                                                       .swapaxes(0, 1)) and n > 1 and b // n > 1:
+            raise Mismatch(f"{what} has the right shape but device 0 got rows 0, {n}, ... (every "
+                           f"{n}-th row): the rows were interleaved. Reshape directly to (n, B // n, ...), with no "
+                           "transpose, so each device gets consecutive rows.")
+        expect_array(got, expected, what=what)
+    return "each device's block is B // n consecutive rows, and the device axis comes first."
+
+
+# ----------------------------------------------------------------------------------------------
+# 02.2 A pmapped reduction
+
+
+def solution_sum_of_squares(xs):
+    return jax.pmap(lambda block: jnp.sum(block**2))(xs)
+
+
+@exercise("02.2", "Per-device sums of squares with pmap", solution=solution_sum_of_squares)
+def check_sum_of_squares(sum_of_squares):
+    devices = jax.devices()
+    for n, b, d in [(len(devices), 2, 3), (4, 5, 2), (2, 1, 1)]:
+        xs = _data((n, b, d), seed=n * 100 + b * 10 + d)
+        got = call(sum_of_squares, jnp.asarray(xs), name="sum_of_squares")
+        what = f"sum_of_squares(xs {xs.shape})"
+        got_shape = tuple(np.shape(got))
+        if got_shape == (n, b) and b > 1:
+            raise Mismatch(f"{what} has shape {got_shape}; expected ({n},). Each device should sum over its whole "
+                           f"block ({b}, {d}), not only its last axis.")
+        if got_shape == ():
+            raise Mismatch(f"{what} is a single number; expected one sum per device, shape ({n},).")
+        expect_array(got, (xs**2).sum(axis=(1, 2)), what=what, rtol=1e-4)
+        if isinstance(got, jax.Array) and len(got.devices()) == 1 and n > 1:
+            raise Mismatch(f"{what} has the right values but lives on one device: compute it with jax.pmap, "
+                           "one block per device.")
+        expect_placed_on(got, devices[:n], what=what)
+    return "one sum per device, computed where its block lives."
+
+
+# ----------------------------------------------------------------------------------------------
+# 02.3 One device's block, without a gather
+
+
+def solution_block_on(y, i):
+    return y.addressable_shards[i].data[0]
+
+
+@exercise("02.3", "Read one device's block without a global gather", solution=solution_block_on)
+def check_block_on(block_on):
+    devices = jax.devices()
+    for shape in [(len(devices), 3), (len(devices), 2, 2)]:
+        y = jax.pmap(lambda x: x * 2)(jnp.asarray(_data(shape, seed=shape[-1])))
+        for i in [0, 3, len(devices) - 1]:
+            got = call(block_on, y, i, name="block_on")
+            what = f"block_on(y {y.shape}, {i})"
+            if tuple(np.shape(got)) == (1,) + shape[1:]:
+                raise Mismatch(f"{what} has shape {(1,) + shape[1:]}; expected {shape[1:]}. A shard's data keeps "
+                               "pmap's device axis, of size 1: index it with [0].")
+            expect_array(got, np.asarray(y)[i], what=what)
+            if not isinstance(got, jax.Array):
+                raise Mismatch(f"{what} is a {describe(got)}, copied to the host; return the jax.Array that "
+                               f"device {i} holds.")
+            if got.devices() != {devices[i]}:
+                ids = sorted(d.id for d in got.devices())
+                hint = (" y[i] builds the value on every device (a gather); read the shard instead: "
+                        "y.addressable_shards[i].data." if len(ids) == len(devices) else "")
+                raise Mismatch(f"{what} lives on devices {ids}; expected device {i} only.{hint}")
+    return "you read device i's block where it lives, with nothing gathered."

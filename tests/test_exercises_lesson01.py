@@ -1,0 +1,40 @@
+"""Lesson 01 checkers: the reference passes; typical mistakes get feedback that names them."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from course_lib.exercises import check
+from course_lib.exercises.lesson01 import solution_batched_norms, solution_norms_on_devices, solution_split_across
+
+
+def test_01_1_split_across():
+    assert check("01.1", solution_split_across)
+    strided = check("01.1", lambda x, ds: [jax.device_put(x[i::len(ds)], d) for i, d in enumerate(ds)])
+    assert "every n-th row" in strided.message and "x[i * 2:(i + 1) * 2]" in strided.message
+    on_host = check("01.1", lambda x, ds: list(np.split(x, len(ds))))
+    assert "still on the host: place it with jax.device_put" in on_host.message
+    all_on_one = check("01.1", lambda x, ds: [jax.device_put(p, ds[0]) for p in np.split(x, len(ds))])
+    assert "piece 1 of a (16, 3) batch on 8 devices lives on device(s) [0]; expected device 1" in all_on_one.message
+    too_few = check("01.1", lambda x, ds: [jax.device_put(x, ds[0])])
+    assert "returned 1 pieces; expected 8, one per device" in too_few.message
+    hard_coded = check("01.1", lambda x, ds: [jax.device_put(x[2 * i:2 * i + 2], d) for i, d in enumerate(ds)])
+    assert not hard_coded, "a split that only works for 2 rows per device must fail on other sizes"
+
+
+def test_01_2_batched_norms():
+    assert check("01.2", solution_batched_norms)
+    whole = check("01.2", lambda x: jnp.sqrt(jnp.sum(x**2)))
+    assert "returned a single number" in whole.message and "shape (8,)" in whole.message
+    columns = check("01.2", lambda x: jnp.sqrt(jnp.sum(x**2, axis=0)))
+    assert not columns and "returned shape (3,)" in columns.message and "not axis 1" in columns.message
+    squares = check("01.2", jax.vmap(lambda v: jnp.sum(v**2)))
+    assert "values differ" in squares.message
+
+
+def test_01_3_norms_on_devices():
+    assert check("01.3", solution_norms_on_devices)
+    vmapped = check("01.3", jax.vmap(lambda v: jnp.sqrt(jnp.sum(v**2))))
+    assert "right values but lives on one device" in vmapped.message and "jax.pmap" in vmapped.message
+    wrong_values = check("01.3", jax.pmap(lambda v: jnp.sum(v)))
+    assert "values differ" in wrong_values.message
