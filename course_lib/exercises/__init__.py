@@ -137,8 +137,12 @@ def describe(x) -> str:
     return type(x).__name__
 
 
-def call(fn, *args, name: str | None = None, **kwargs):
-    """Call the learner's ``fn``; if it raises, say so in a ``Mismatch`` naming the inputs."""
+def call(fn, *args, name: str | None = None, hints: dict[str, str] | None = None, **kwargs):
+    """Call the learner's ``fn``; if it raises, say so in a ``Mismatch`` naming the inputs.
+
+    ``hints`` maps a fragment of an expected error message to an explanation that is added
+    to the feedback when the learner's code raises an error containing it.
+    """
     if not callable(fn):
         raise Mismatch(f"expected a function, got {describe(fn)}.")
     name = name or getattr(fn, "__name__", "your function")
@@ -147,7 +151,9 @@ def call(fn, *args, name: str | None = None, **kwargs):
         result = fn(*args, **kwargs)
     except Exception as e:  # the learner's error, reported rather than raised
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise Mismatch(f"{name}({shown}) raised {type(e).__name__}: {first[:300]}") from None
+        extra = [hint for fragment, hint in (hints or {}).items() if fragment in str(e)]
+        shown_error = first if len(first) <= 300 else first[:300] + " ..."
+        raise Mismatch(" ".join([f"{name}({shown}) raised {type(e).__name__}: {shown_error}", *extra])) from None
     if result is None:
         raise Mismatch(f"{name}({shown}) returned None: write the function's body, and `return` its result.")
     return result

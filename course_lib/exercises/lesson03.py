@@ -1,0 +1,105 @@
+"""Lesson 03 exercises: in_axes=None for a shared scalar, pytree in_axes for parameters, out_axes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import Mismatch, call, exercise, expect_array, expect_placed_on
+
+
+def _data(shape, seed):
+    return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
+
+
+# Fragments of JAX's messages for the typical mistakes, and what they mean.
+SCALAR_MAPPED = ("rank at least 1", "A scalar was mapped: pmap maps every argument over axis 0 unless told "
+                 "otherwise. Broadcast it with in_axes=None for that argument.")
+TOO_MANY_SLICES = ("squeeze out", "That is pmap's message for more slices than devices: reshape the leading "
+                   "axis to the number of devices first.")
+PARAMS_MAPPED = ("is partitioned", "An argument was split over the devices along axis 0 but its axis 0 is not "
+                 "the device axis: were the parameters mapped? Broadcast them with in_axes=None.")
+
+
+# ----------------------------------------------------------------------------------------------
+# 03.1 The classic: scale a batch by a shared scalar on 2 devices
+
+
+def solution_scale_on_two(x, s):
+    two = jax.devices()[:2]
+    blocks = x.reshape(2, x.shape[0] // 2, *x.shape[1:])
+    out = jax.pmap(lambda block, factor: block * factor, in_axes=(0, None), devices=two)(blocks, s)
+    return out.reshape(x.shape)
+
+
+@exercise("03.1", "Scale a batch by a shared scalar on 2 devices", solution=solution_scale_on_two)
+def check_scale_on_two(scale_on_two):
+    two = jax.devices()[:2]
+    for shape, s in [((4, 3), 2.0), ((8, 2), -0.5), ((6, 5), 3.0)]:
+        x = jnp.asarray(_data(shape, seed=shape[0] * shape[1]))
+        got = call(scale_on_two, x, s, name="scale_on_two", hints=dict([SCALAR_MAPPED, TOO_MANY_SLICES]))
+        what = f"scale_on_two(x {shape}, {s})"
+        if tuple(np.shape(got)) == (2, shape[0] // 2) + shape[1:]:
+            raise Mismatch(f"{what} has shape {np.shape(got)}: the per-device blocks. Reshape the result back to "
+                           f"{shape}.")
+        expect_array(got, np.asarray(x) * s, what=what)
+        expect_placed_on(got, two, what=what + " (computed with pmap on 2 devices, devices=jax.devices()[:2])")
+    return "one block per device, the scalar broadcast with in_axes=None, and the result reshaped back."
+
+
+# ----------------------------------------------------------------------------------------------
+# 03.2 Parameters broadcast, batch mapped
+
+
+def solution_predict(params, xs):
+    def predict_block(p, x):
+        return x @ p["w"] + p["b"]
+
+    return jax.pmap(predict_block, in_axes=({"w": None, "b": None}, 0))(params, xs)
+
+
+@exercise("03.2", "Broadcast the parameters, map the batch", solution=solution_predict)
+def check_predict(predict):
+    devices = jax.devices()
+    for n, b, d, k in [(len(devices), 2, 3, 2), (4, 3, 2, 5)]:
+        params = {"w": jnp.asarray(_data((d, k), seed=d * k)), "b": jnp.asarray(_data((k,), seed=k))}
+        xs = jnp.asarray(_data((n, b, d), seed=n * b))
+        got = call(predict, params, xs, hints=dict([PARAMS_MAPPED, SCALAR_MAPPED]))
+        what = f"{getattr(predict, '__name__', 'predict')}(params w {params['w'].shape} b {params['b'].shape}, xs {xs.shape})"
+        expected = np.asarray(xs) @ np.asarray(params["w"]) + np.asarray(params["b"])
+        if tuple(np.shape(got)) == expected.shape and np.allclose(np.asarray(got), np.asarray(xs) @ params["w"],
+                                                                  atol=1e-5):
+            raise Mismatch(f"{what} is xs @ w: the bias b is missing.")
+        expect_array(got, expected, what=what, rtol=1e-4, atol=1e-5)
+        if isinstance(got, jax.Array) and len(got.devices()) == 1:
+            raise Mismatch(f"{what} has the right values but lives on one device: run it with jax.pmap, the "
+                           "parameters broadcast (in_axes=None) and the batch mapped (in_axes=0).")
+        expect_placed_on(got, devices[:n], what=what)
+    return "the parameters went whole to every device, the batch one block per device."
+
+
+# ----------------------------------------------------------------------------------------------
+# 03.3 The device axis last, with out_axes
+
+
+def solution_device_axis_last(xs):
+    return jax.pmap(lambda row: 2.0 * row, out_axes=1)(xs)
+
+
+@exercise("03.3", "Put the device axis last with out_axes", solution=solution_device_axis_last)
+def check_device_axis_last(device_axis_last):
+    devices = jax.devices()
+    for n, b in [(len(devices), 5), (4, 3), (3, 3)]:
+        xs = jnp.asarray(_data((n, b), seed=n + 10 * b))
+        got = call(device_axis_last, xs, name="device_axis_last")
+        what = f"device_axis_last(xs {xs.shape})"
+        expected = (2.0 * np.asarray(xs)).T
+        if n != b and tuple(np.shape(got)) == (n, b):
+            raise Mismatch(f"{what} has shape {(n, b)}: the device axis is still first. Expected {(b, n)}: "
+                           "pmap's out_axes=1 stacks the per-device results along axis 1.")
+        if n == b and np.allclose(np.asarray(got), 2.0 * np.asarray(xs)) and not np.allclose(expected,
+                                                                                             2.0 * np.asarray(xs)):
+            raise Mismatch(f"{what} has the device axis first (row i is device i's result); expected it last: "
+                           "column i should be device i's result (out_axes=1).")
+        expect_array(got, expected, what=what)
+        expect_placed_on(got, devices[:n], what=what)
+    return "each device's result is a column: the device axis is axis 1."
