@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 __all__ = ["Diagram", "dot_available", "graphviz_install_hint", "shape_str", "device_topology", "spmd_overview",
-           "mpmd_overview", "pmap_dataflow", "array_placement"]
+           "mpmd_overview", "pmap_dataflow", "array_placement", "collective"]
 
 # One look for the whole course.
 _GRAPH_ATTR = {"fontname": "Helvetica", "fontsize": "11", "rankdir": "TB", "nodesep": "0.25"}
@@ -368,4 +368,66 @@ def array_placement(x, name: str = "x", max_values: int = 8) -> Diagram:
             s.node(f"dev{d.id}", "\\n".join(label), fillcolor=PLATFORM_COLOURS.get(d.platform, "white"))
             g.edge("array", f"dev{d.id}")
         _keep_in_order(s, [f"dev{d.id}" for d in sorted(index_map, key=lambda d: d.id)])
+    return g
+
+
+def _values_label(values, precision: int = 3, max_values: int = 12) -> str:
+    values = np.asarray(values)
+    if values.size > max_values:
+        return shape_str(values)
+    text = np.array2string(values, precision=precision, suppress_small=True, separator=" ")
+    return text.replace("\n", "\\n")
+
+
+def collective(op, xs, *, axis_name: str = "i", devices=None, **params) -> Diagram:
+    """Run a collective on the devices and draw what each device held before and after.
+
+    ``op(x, axis_name, **params)`` is called inside ``jax.pmap`` (``jax.lax.psum``,
+    ``jax.lax.all_gather``, ``jax.lax.ppermute`` with ``perm=...``, or your own function of
+    ``(x, axis_name)``). The values drawn are the ones the devices hold after the real run.
+    For ``ppermute`` the edges are the messages, from ``src`` to ``dst``; for the other
+    collectives every input feeds the operation and the operation feeds every output.
+
+    Args:
+      op: the collective.
+      xs: per-device inputs, ``(n, ...)``: ``xs[i]`` is what device ``i`` holds before.
+      axis_name: the name of the mapped axis.
+      devices: default: the first ``n`` of ``jax.local_devices()``.
+      **params: passed to ``op`` (``perm``, ``tiled``, ``axis``, ...).
+
+    Returns:
+      A ``Diagram`` with nodes ``before<i>``, ``op`` (not for ppermute) and ``after<i>``;
+      ``diagram.outputs`` holds the per-device results, ``(n, ...)``.
+    """
+    xs = np.asarray(xs)
+    if xs.ndim == 0:
+        raise ValueError("collective needs per-device inputs stacked on a leading axis, (n_devices, ...).")
+    n = xs.shape[0]
+    available = list(jax.local_devices() if devices is None else devices)
+    if n > len(available):
+        raise ValueError(f"collective: {n} per-device inputs but only {len(available)} devices.")
+    devs = available[:n]
+    outputs = jax.pmap(lambda x: op(x, axis_name, **params), axis_name=axis_name, devices=devs)(xs)
+    outs = [s.data[0] for s in sorted(outputs.addressable_shards, key=lambda s: s.index[0].start or 0)]
+    name = _fn_name(op)
+    shown = ", ".join(f"{k}={v!r}" for k, v in params.items() if k != "perm")
+    g = Diagram("collective")
+    g.attr(label=f"{name} over axis '{axis_name}' on {n} devices" + (f" ({shown})" if shown else ""),
+           labelloc="t", ranksep="0.6")
+    for row, values in (("before", [xs[i] for i in range(n)]), ("after", outs)):
+        with g.subgraph(name=row) as s:
+            s.attr(rank="same")
+            for i, d in enumerate(devs):
+                s.node(f"{row}{i}", f"{row}: {_device_label(d)}\\n{_values_label(values[i])}",
+                       fillcolor=PLATFORM_COLOURS.get(d.platform, "white") if row == "before" else "#e5f5e0")
+            _keep_in_order(s, [f"{row}{i}" for i in range(n)])
+    if "perm" in params:
+        for src, dst in params["perm"]:
+            g.edge(f"before{src}", f"after{dst}", label=f"{src}->{dst}")
+    else:
+        g.node("op", name, shape="circle", fillcolor="#fff7d6", fontsize="11")
+        for i in range(n):
+            g.edge(f"before{i}", "op")
+            g.edge("op", f"after{i}")
+    g.outputs = np.asarray(outputs)
     return g

@@ -176,3 +176,32 @@ def test_spmd_and_mpmd_overviews(devices):
     assert device_nodes(m.source) == [0, 1, 2] and "2 different programs on 3 devices" in m.source
     with pytest.raises(ValueError, match="2 programs for 3 devices"):
         diagrams.mpmd_overview([load, train], devices=devices[:3])
+
+
+def test_collective_diagram_draws_the_values_the_devices_hold(devices):
+    from course_lib import collectives as C
+    xs = np.arange(8.0)
+    g = diagrams.collective(jax.lax.psum, xs)
+    np.testing.assert_array_equal(g.outputs, np.full(8, 28.0))
+    assert 'after0 [label="after: CPU 0\\n28."' in g.source and 'before3 [label="before: CPU 3\\n3."' in g.source
+    assert g.source.count("-> op") == 8 and g.source.count("op -> after") == 8
+    ring = diagrams.collective(jax.lax.ppermute, xs, perm=C.ring_permutation(8))
+    assert 'after0 [label="after: CPU 0\\n7."' in ring.source, "device 0 got device 7's value"
+    assert edges(ring.source, "before7", "after0") == ["7->0"] and "op" not in device_nodes(ring.source)
+    tiled = diagrams.collective(jax.lax.all_gather, np.arange(8.0).reshape(4, 2), tiled=True)
+    assert tiled.outputs.shape == (4, 8) and "(tiled=True)" in tiled.source
+
+
+def test_collective_diagram_values_come_from_the_run_not_a_reference(devices):
+    def not_a_real_collective(x, axis_name):
+        return x * 0 + jax.lax.axis_index(axis_name)
+
+    g = diagrams.collective(not_a_real_collective, np.zeros(4))
+    assert 'after3 [label="after: CPU 3\\n3."' in g.source
+
+
+def test_collective_diagram_errors(devices):
+    with pytest.raises(ValueError, match="stacked on a leading axis"):
+        diagrams.collective(jax.lax.psum, np.float32(1))
+    with pytest.raises(ValueError, match="9 per-device inputs but only 8 devices"):
+        diagrams.collective(jax.lax.psum, np.zeros(9))
