@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 __all__ = ["Diagram", "dot_available", "graphviz_install_hint", "shape_str", "device_topology", "spmd_overview",
-           "mpmd_overview", "pmap_dataflow", "array_placement", "collective"]
+           "mpmd_overview", "pmap_dataflow", "array_placement", "collective", "train_step"]
 
 # One look for the whole course.
 _GRAPH_ATTR = {"fontname": "Helvetica", "fontsize": "11", "rankdir": "TB", "nodesep": "0.25"}
@@ -431,3 +431,57 @@ def collective(op, xs, *, axis_name: str = "i", devices=None, **params) -> Diagr
             g.edge("op", f"after{i}")
     g.outputs = np.asarray(outputs)
     return g
+
+
+def train_step(loss_fn, params, batch, *, devices=None, optimizer_name: str = "optimizer") -> Diagram:
+    """One data-parallel training step: per-device forward and backward, the gradient average, the update.
+
+    Shapes come from ``jax.eval_shape`` on one device's shard of ``batch`` (nothing is computed).
+
+    Args:
+      loss_fn: ``loss_fn(params, shard, key) -> loss`` or ``(loss, aux)``, as for ``training.make_train_step``.
+      params: the (unreplicated) parameters, or their ``ShapeDtypeStruct``s.
+      batch: a sharded batch, each leaf ``(n, B // n, ...)``.
+      devices: default: the first ``n`` of ``jax.local_devices()``.
+
+    Returns:
+      A ``Diagram`` with, per device ``i``, nodes ``shard<i>``, ``grad<i>``, ``update<i>``, and one node ``mean``.
+    """
+    leaves = jax.tree.leaves(batch)
+    n = np.shape(leaves[0])[0]
+    devs = list(jax.local_devices() if devices is None else devices)[:n]
+    if len(devs) < n:
+        raise ValueError(f"train_step: the batch is sharded {n} ways but there are {len(devs)} devices.")
+    shard = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], x.dtype), batch)
+    out, grads = jax.eval_shape(lambda p, b: jax.value_and_grad(lambda *a: _first(loss_fn(*a)))(p, b,
+                                                                                         jax.random.key(0)),
+                                params, shard)
+    n_params = sum(int(np.prod(g.shape)) for g in jax.tree.leaves(grads))
+    batch_text = ", ".join(f"{jax.tree_util.keystr(p)[2:-2] or 'batch'} {shape_str(x)}"
+                           for p, x in jax.tree_util.tree_flatten_with_path(shard)[0])
+    g = Diagram("train_step")
+    g.attr(label=f"one data-parallel step on {n} devices: {n_params:,} parameters, gradients averaged once",
+           labelloc="t", ranksep="0.45")
+    rows = {"shard": [], "grad": [], "update": []}
+    for i, d in enumerate(devs):
+        rows["shard"].append((f"shard{i}", f"{_device_label(d)}: shard {i}\\n{batch_text}", "#fff7d6"))
+        rows["grad"].append((f"grad{i}", f"forward + backward\\nloss {shape_str(out)}, grads of "
+                                         f"{len(jax.tree.leaves(grads))} arrays", "#dbe9f6"))
+        rows["update"].append((f"update{i}", f"{optimizer_name} update\\nparams copy {i}", "#e5f5e0"))
+    for name, nodes in rows.items():
+        with g.subgraph(name=name) as s:
+            s.attr(rank="same")
+            for node, label, colour in nodes:
+                s.node(node, label, fillcolor=colour)
+            _keep_in_order(s, [node for node, _, _ in nodes])
+    g.node("mean", "average over devices\\n(pmean / weighted psum)\\nsame gradients everywhere", shape="box",
+           style="rounded,filled,bold", fillcolor="#fde0c5")
+    for i in range(n):
+        g.edge(f"shard{i}", f"grad{i}")
+        g.edge(f"grad{i}", "mean", label="local grads" if i == 0 else "")
+        g.edge("mean", f"update{i}", label="mean grads" if i == 0 else "")
+    return g
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out

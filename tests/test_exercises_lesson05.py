@@ -1,0 +1,65 @@
+"""Lesson 05 checkers: the reference passes; typical mistakes get feedback that names them."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from course_lib.exercises import check
+from course_lib.exercises.lesson05 import solution_dp_step, solution_masked_mse, solution_max_divergence
+
+
+def sgd(params, grads, lr):
+    return jax.tree.map(lambda p, g: p - lr * g, params, grads)
+
+
+def test_05_1_dp_step():
+    assert check("05.1", solution_dp_step)
+
+    def no_pmean(loss_fn, params, batch, lr):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        return sgd(params, grads, lr), loss
+
+    drift = check("05.1", no_pmean)
+    assert "the copies of w differ by up to" in drift.message and "jax.lax.pmean" in drift.message
+
+    def with_psum(loss_fn, params, batch, lr):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        return sgd(params, jax.lax.psum(grads, "devices"), lr), jax.lax.pmean(loss, "devices")
+
+    assert "the update is 8 times too large" in check("05.1", with_psum).message
+
+    def old_tree_map(loss_fn, params, batch, lr):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        return jax.tree_map(lambda p, g: p - lr * g, params, jax.lax.pmean(grads, "devices")), loss
+
+    assert "jax.tree_map was removed from JAX: use jax.tree.map" in check("05.1", old_tree_map).message
+
+    def local_loss(loss_fn, params, batch, lr):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        return sgd(params, jax.lax.pmean(grads, "devices"), lr), loss
+
+    assert "the loss returned on 8 devices" in check("05.1", local_loss).message
+
+
+def test_05_2_max_divergence():
+    assert check("05.2", solution_max_divergence)
+
+    def first_two(tree):
+        w = tree["w"].addressable_shards
+        return float(np.max(np.abs(np.asarray(w[1].data) - np.asarray(w[0].data))))
+
+    assert "not only the first two" in check("05.2", first_two).message
+    signed = check("05.2", lambda t: float(min(np.min(np.asarray(s.data) - np.asarray(t["b"].addressable_shards[0].data))
+                                               for s in t["b"].addressable_shards)) or solution_max_divergence(t))
+    assert not signed
+    per_leaf = check("05.2", lambda t: np.array([solution_max_divergence(t["w"]), solution_max_divergence(t["b"])]))
+    assert "should return one number" in per_leaf.message
+
+
+def test_05_3_masked_mse():
+    assert check("05.3", solution_masked_mse)
+    assert "counts the padding rows too" in check("05.3", lambda p, y, m: jnp.mean((p - y) ** 2)).message
+    by_all = check("05.3", lambda p, y, m: jnp.sum(m * (p - y) ** 2) / len(p))
+    assert "divides by all 8 rows" in by_all.message
+    nan = check("05.3", lambda p, y, m: jnp.sum(m * (p - y) ** 2) / jnp.sum(m))
+    assert "returned nan" in nan.message and "max(number of real rows, 1)" in nan.message

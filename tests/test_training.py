@@ -1,0 +1,209 @@
+"""course_lib.training on 8 simulated devices: correctness of the data-parallel step, and a bounded fit."""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from course_lib import data, diagrams, sharding, training
+
+
+def mse(params, batch, key):
+    pred = batch["x"] @ params["w"] + params["b"]
+    return training.masked_mean((pred - batch["y"]) ** 2, batch.get("mask"))
+
+
+ZERO = {"w": jnp.zeros(3), "b": jnp.float32(0.0)}
+
+
+def run_data_parallel(steps, lr=0.1, seed=0, devices=None):
+    x, y, _ = data.regression_data(n=512, seed=seed)
+    opt = optax.sgd(lr)
+    n = len(devices) if devices else jax.local_device_count()
+    state = training.init_state(ZERO, opt, jax.random.key(0), devices=devices)
+    step = training.make_train_step(mse, opt, devices=devices)
+    state, history = training.fit(step, state, data.batches(x, y, 64, n_devices=n, epochs=None), num_steps=steps,
+                                  progress=False)
+    return state, history
+
+
+def test_linear_regression_recovers_the_true_weights():
+    x, y, true = data.regression_data(n=512)
+    state, history = run_data_parallel(300)
+    params = sharding.unreplicate(state.params)
+    np.testing.assert_allclose(params["w"], true["w"], atol=0.02)
+    np.testing.assert_allclose(params["b"], true["b"], atol=0.02)
+    assert history["train"][-1]["loss"] < 0.02 < history["train"][0]["loss"]
+
+
+def test_parameters_stay_bit_identical_on_every_device():
+    state, _ = run_data_parallel(50)
+    assert training.replicas_identical(state.params) and training.replicas_identical(state.opt_state)
+    assert training.max_divergence(state.params) == 0.0
+
+
+def test_data_parallel_equals_single_device_training_on_the_same_global_batches():
+    x, y, _ = data.regression_data(n=512)
+    opt = optax.sgd(0.1)
+    params, opt_state = ZERO, opt.init(ZERO)
+    for batch, _ in zip(data.batches(x, y, 64, n_devices=8, epochs=None), range(40)):
+        whole = jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), batch)
+        grads = jax.grad(mse)(params, whole, None)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+    state, _ = run_data_parallel(40)
+    dp = sharding.unreplicate(state.params)
+    for a, b in zip(jax.tree.leaves(dp), jax.tree.leaves(params)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_same_global_batch_on_2_4_8_devices_gives_the_same_model():
+    results = [sharding.unreplicate(run_data_parallel(30, devices=jax.devices()[:k])[0].params) for k in (2, 4, 8)]
+    for other in results[1:]:
+        np.testing.assert_allclose(other["w"], results[0]["w"], rtol=1e-5, atol=1e-6)
+
+
+def test_padding_counts_for_nothing():
+    """A padded batch gives the same gradient step as the same real examples alone."""
+    x, y, _ = data.regression_data(n=40)
+    opt = optax.sgd(0.1)
+    step = training.make_train_step(mse, opt)
+    padded = next(data.batches(x[:10], y[:10], 16, n_devices=8, remainder="pad", shuffle=False))
+    state = training.init_state(ZERO, opt, jax.random.key(0))
+    after, metrics = step(state, padded)
+    grads = jax.grad(mse)(ZERO, {"x": x[:10], "y": y[:10]}, None)
+    expected = jax.tree.map(lambda p, g: p - 0.1 * g, ZERO, grads)
+    got = sharding.unreplicate(after.params)
+    np.testing.assert_allclose(got["w"], expected["w"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(float(metrics["loss"][0]), float(mse(ZERO, {"x": x[:10], "y": y[:10]}, None)),
+                               rtol=1e-5)
+
+
+def test_each_device_gets_a_different_key_every_step():
+    def loss_with_noise(params, batch, key):
+        return jnp.sum(params["w"]) * 0.0, {"noise": jax.random.uniform(key)}
+
+    opt = optax.sgd(0.0)
+    state = training.init_state(ZERO, opt, jax.random.key(0))
+    step = jax.pmap(lambda s, b: (jax.random.fold_in(jax.random.fold_in(s.key, s.step),
+                                                     jax.lax.axis_index(training.AXIS))), axis_name=training.AXIS)
+    keys = step(state, None)
+    values = {float(jax.random.uniform(jax.random.wrap_key_data(k))) for k in jax.random.key_data(keys)}
+    assert len(values) == 8
+    train = training.make_train_step(loss_with_noise, opt, has_aux=True)
+    batch = {"x": np.zeros((8, 1, 3), np.float32), "y": np.zeros((8, 1), np.float32)}
+    s1, m1 = train(state, batch)
+    _, m2 = train(s1, batch)
+    assert float(m1["noise"][0]) != float(m2["noise"][0]), "a new key each step"
+
+
+@pytest.mark.timeout(120)
+def test_a_1000_step_fit_finishes_without_hanging():
+    start = time.monotonic()
+    state, history = run_data_parallel(1000)
+    assert len(history["train"]) == 1000 and [h["step"] for h in history["train"][:3]] == [1, 2, 3]
+    assert int(sharding.unreplicate(state.step)) == 1000
+    assert time.monotonic() - start < 100
+
+
+def test_fit_never_runs_more_than_sync_every_steps_ahead():
+    """Count the steps dispatched but not yet synced, with a step that records what fit does."""
+    in_flight, worst = [], [0]
+
+    def step(state, batch):
+        in_flight.append(1)
+        worst[0] = max(worst[0], len(in_flight))
+        return state, {"loss": jnp.zeros(8)}
+
+    real_get = jax.device_get
+
+    def device_get(tree):
+        in_flight.clear()
+        return real_get(tree)
+
+    state = sharding.replicate({"w": jnp.zeros(1)})
+    batch = {"x": np.zeros((8, 1, 1))}
+    jax_get, jax.device_get = jax.device_get, device_get
+    try:
+        training.fit(step, state, [batch] * 95, sync_every=7, progress=False)
+    finally:
+        jax.device_get = jax_get
+    assert worst[0] == 7
+
+
+def test_mlp_on_digits_reaches_95_percent(tmp_path):
+    x_train, y_train, x_test, y_test = data.digits()
+    sizes = (64, 128, 10)
+    keys = jax.random.split(jax.random.key(1), 2)
+    params = [{"w": jax.random.normal(k, (a, b)) * jnp.sqrt(2.0 / a), "b": jnp.zeros(b)}
+              for k, a, b in zip(keys, sizes[:-1], sizes[1:])]
+
+    def forward(p, x, key=None):
+        h = jax.nn.relu(x @ p[0]["w"] + p[0]["b"])
+        if key is not None:
+            h = jnp.where(jax.random.bernoulli(key, 0.8, h.shape), h / 0.8, 0.0)
+        return h @ p[1]["w"] + p[1]["b"]
+
+    def loss(p, batch, key):
+        logits = forward(p, batch["x"], key)
+        return training.masked_mean(optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]),
+                                    batch["mask"])
+
+    opt = optax.adam(1e-3)
+    state = training.init_state(params, opt, jax.random.key(2))
+
+    def accuracy(s):
+        p = sharding.unreplicate(s.params)
+        return {"accuracy": float(jnp.mean(forward(p, x_test).argmax(-1) == y_test))}
+
+    state, history = training.fit(training.make_train_step(loss, opt), state,
+                                  data.batches(x_train, y_train, 128, epochs=None, remainder="pad"),
+                                  num_steps=400, eval_fn=accuracy, eval_every=200, progress=False)
+    assert [e["step"] for e in history["eval"]] == [200, 400]
+    assert history["eval"][-1]["accuracy"] >= 0.95
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"num_steps": 0}, ValueError, "num_steps must be a whole number >= 1"),
+    ({"sync_every": 0}, ValueError, "sync_every must be a whole number >= 1"),
+    ({"eval_every": 5}, ValueError, "eval_every needs an eval_fn"),
+])
+def test_fit_rejects_bad_settings(kwargs, error, message):
+    state = training.init_state(ZERO, optax.sgd(0.1), jax.random.key(0))
+    with pytest.raises(error, match=message):
+        training.fit(training.make_train_step(mse, optax.sgd(0.1)), state, [], progress=False, **kwargs)
+
+
+def test_fit_rejects_bad_batches():
+    opt = optax.sgd(0.1)
+    state = training.init_state(ZERO, opt, jax.random.key(0))
+    step = training.make_train_step(mse, opt)
+    x, y, _ = data.regression_data(n=64)
+    with pytest.raises(ValueError, match="fit got no batches: the iterable was empty"):
+        training.fit(step, state, [], progress=False)
+    with pytest.raises(ValueError, match=r"batch leaf \['x'\] has shape \(30, 3\).*replicated on 8 devices"):
+        training.fit(step, state, [{"x": x[:30], "y": y[:30]}], progress=False)
+    mismatched = {"x": x[:16].reshape(8, 2, 3), "y": y[:24].reshape(8, 3)}
+    with pytest.raises(ValueError, match="inputs and labels must have the same number of examples"):
+        training.fit(step, state, [mismatched], progress=False)
+    with pytest.raises(TypeError, match="batches must be an iterable"):
+        training.fit(step, state, 42, progress=False)
+
+
+def test_masked_mean():
+    values = jnp.array([[1.0, 1.0], [3.0, 3.0], [100.0, 100.0]])
+    assert float(training.masked_mean(values, jnp.array([True, True, False]))) == 2.0
+    assert float(training.masked_mean(values, jnp.zeros(3, bool))) == 0.0
+    assert float(training.masked_mean(jnp.array([1.0, 3.0]))) == 2.0
+
+
+def test_train_step_diagram_shapes(devices):
+    x, y, _ = data.regression_data(n=128)
+    batch = next(data.batches(x, y, 128))
+    g = diagrams.train_step(mse, ZERO, batch, optimizer_name="SGD")
+    assert g.source.count("forward + backward") == 8 and g.source.count("SGD update") == 8
+    assert "mask bool[16], x f32[16,3], y f32[16]" in g.source and "4 parameters" in g.source
+    assert g.source.count("-> mean") == 8 and g.source.count("mean -> update") == 8
