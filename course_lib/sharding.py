@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-__all__ = ["shard", "unshard", "replicate", "unreplicate", "pad_batch", "device_mesh"]
+__all__ = ["shard", "unshard", "replicate", "unreplicate", "pad_batch", "device_mesh", "replicate_on_mesh",
+           "shard_on_mesh"]
 
 DEVICE_AXIS = "devices"
 
@@ -117,6 +118,9 @@ def replicate(tree, devices=None):
 def unreplicate(tree):
     """The first device's copy of every leaf: ``(n, ...) -> (...)``.
 
+    Also accepts arrays replicated with ``NamedSharding(mesh, P())`` (lesson 06), which are
+    already one whole copy per device: ``(...) -> (...)``.
+
     Reads the copy held by the first addressable device (``x.addressable_shards[0]``),
     so nothing is gathered from the other devices, as ``x[0]`` on a sharded array would.
     It does not check that the copies agree; ``jax.pmap`` code keeps them equal by
@@ -124,6 +128,8 @@ def unreplicate(tree):
     """
 
     def first(x):
+        if isinstance(x, jax.Array) and len(x.addressable_shards) > 1 and x.sharding.is_fully_replicated:
+            return x.addressable_shards[0].data  # already one whole copy per device (P()): nothing to unstack
         if isinstance(x, jax.Array) and len(x.addressable_shards) > 1:
             data = x.addressable_shards[0].data
             if data.shape[:1] != (1,):
@@ -171,3 +177,35 @@ def pad_batch(tree, multiple: int | None = None):
 
     mask = np.arange(target) < b
     return jax.tree.map(pad, tree), mask
+
+
+# ---------------------------------------------------------------------------------------------
+# The mesh-based forms (lesson 06): one global array with a sharding, instead of stacked copies.
+
+
+def replicate_on_mesh(tree, mesh: Mesh | None = None):
+    """A full copy of every leaf on every device of ``mesh``: ``device_put`` with ``P()``. Shapes unchanged.
+
+    The ``jit``/``shard_map`` counterpart of ``replicate``: no stacked device axis.
+    """
+    mesh = device_mesh() if mesh is None else mesh
+    return jax.device_put(tree, NamedSharding(mesh, P()))
+
+
+def shard_on_mesh(tree, mesh: Mesh | None = None, axis: str = DEVICE_AXIS):
+    """Split axis 0 of every leaf over the mesh axis ``axis``: ``device_put`` with ``P(axis)``. Shapes unchanged.
+
+    The ``jit``/``shard_map`` counterpart of ``shard``: ``(B, ...)`` stays ``(B, ...)``, and device ``i``
+    holds rows ``i * B // n`` to ``(i + 1) * B // n``. ``B`` must divide by the axis size.
+    """
+    mesh = device_mesh() if mesh is None else mesh
+    n = mesh.shape[axis]
+
+    def put(path, x):
+        b = np.shape(x)[0] if np.ndim(x) else None
+        if b is None or b % n:
+            raise ValueError(f"shard_on_mesh: {_name(path)} has shape {np.shape(x)}; its axis 0 must divide across "
+                             f"the {n} devices of mesh axis {axis!r}.")
+        return jax.device_put(x, NamedSharding(mesh, P(axis)))
+
+    return jax.tree_util.tree_map_with_path(put, tree)

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from . import sharding
 
-__all__ = ["TrainState", "init_state", "masked_mean", "make_train_step", "fit", "replicas_identical",
+__all__ = ["TrainState", "BACKENDS", "init_state", "masked_mean", "make_train_step", "fit", "replicas_identical",
            "max_divergence"]
 
 AXIS = "devices"
@@ -38,10 +38,27 @@ class TrainState(NamedTuple):
     step: jax.Array
 
 
-def init_state(params, optimizer: optax.GradientTransformation, key: jax.Array, devices=None) -> TrainState:
-    """Initialise the optimizer and replicate everything on the devices (``(...) -> (n, ...)`` per leaf)."""
+BACKENDS = ("pmap", "shard_map", "jit")
+
+
+def _check_backend(backend):
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}.")
+
+
+def init_state(params, optimizer: optax.GradientTransformation, key: jax.Array, devices=None,
+               backend: str = "pmap") -> TrainState:
+    """Initialise the optimizer and put everything on the devices.
+
+    ``backend="pmap"``: one copy per device stacked on a new axis, ``(...) -> (n, ...)`` per leaf
+    (``sharding.replicate``). ``"shard_map"`` and ``"jit"``: the same shapes, replicated with
+    ``NamedSharding(mesh, P())`` (``sharding.replicate_on_mesh``).
+    """
+    _check_backend(backend)
     state = TrainState(params, optimizer.init(params), key, jnp.zeros((), jnp.int32))
-    return sharding.replicate(state, devices)
+    if backend == "pmap":
+        return sharding.replicate(state, devices)
+    return sharding.replicate_on_mesh(state, sharding.device_mesh(devices))
 
 
 def masked_mean(values, mask=None):
@@ -56,32 +73,33 @@ def masked_mean(values, mask=None):
     return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask) * per_row, 1.0)
 
 
-def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, *, has_aux: bool = False,
-                    axis_name: str = AXIS, devices=None) -> Callable:
-    """A pmapped data-parallel training step.
+def _count(batch):
+    """A shard's weight in the average: its number of real examples, or 1 without a mask."""
+    if isinstance(batch, dict) and "mask" in batch:
+        return jnp.sum(batch["mask"]).astype(jnp.float32)
+    return jnp.float32(1.0)
 
-    Args:
-      loss_fn: ``loss_fn(params, batch, key) -> loss`` (or ``(loss, metrics)`` with ``has_aux``): the mean
-        loss over one device's shard of the batch. ``batch`` is what the data iterator yields, one device's
-        part (``(B // n, ...)`` per leaf); ``key`` is a PRNG key different on every device and every step
-        (``fold_in`` of the step and ``axis_index``), for dropout or noise.
-      optimizer: an optax optimizer.
-      has_aux: ``loss_fn`` returns ``(loss, metrics dict)``.
 
-    Returns:
-      ``step(state, batch) -> (state, metrics)`` over replicated ``TrainState`` and a sharded batch
-      ``(n, B // n, ...)``. Gradients, loss and metrics are averaged over the devices, weighted by each
-      device's number of real examples (``batch["mask"]``, if present), so padding counts for nothing.
-    """
+def _step_key(state, device_index):
+    return jax.random.fold_in(jax.random.fold_in(state.key, state.step), device_index)
+
+
+def _device_step(loss_fn, optimizer, has_aux, axis_name, in_shard_map=False):
+    """One device's view of a step: local gradients, a weighted average over ``axis_name``, the update."""
 
     def step(state: TrainState, batch):
-        key = jax.random.fold_in(jax.random.fold_in(state.key, state.step), jax.lax.axis_index(axis_name))
-        grad_fn = jax.value_and_grad(loss_fn, has_aux=has_aux)
-        out, grads = grad_fn(state.params, batch, key)
+        key = _step_key(state, jax.lax.axis_index(axis_name))
+        params = state.params
+        if in_shard_map:
+            # Under shard_map the replicated params are known to be the same on every device, so the gradient
+            # with respect to them would come back already summed over devices (the transpose of a broadcast
+            # is a psum). Marking them as varying keeps this device's own gradient, as under pmap; the
+            # average below is then the only communication.
+            params = jax.tree.map(lambda p: jax.lax.pcast(p, axis_name, to="varying"), params)
+        out, grads = jax.value_and_grad(loss_fn, has_aux=has_aux)(params, batch, key)
         loss, aux = out if has_aux else (out, {})
         # Each device's weight is its number of real examples; without a mask all weigh the same (a pmean).
-        count = jnp.sum(batch["mask"]).astype(jnp.float32) if isinstance(batch, dict) and "mask" in batch \
-            else jnp.float32(1.0)
+        count = _count(batch)
         total = jax.lax.psum(count, axis_name)
 
         def average(v):
@@ -93,7 +111,80 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
         metrics = {"loss": average(loss), **jax.tree.map(average, aux)}
         return TrainState(params, opt_state, state.key, state.step + 1), metrics
 
-    return jax.pmap(step, axis_name=axis_name, devices=devices)
+    return step
+
+
+def _global_step(loss_fn, optimizer, has_aux, n):
+    """The same step written for the whole global batch ``(n, B // n, ...)``; the compiler splits it."""
+
+    def step(state: TrainState, batch):
+        keys = jax.vmap(lambda i: _step_key(state, i))(jnp.arange(n))
+
+        def weighted_loss(params):
+            out = jax.vmap(loss_fn, in_axes=(None, 0, 0))(params, batch, keys)   # one loss per shard
+            losses, aux = out if has_aux else (out, {})
+            counts = jax.vmap(_count)(batch) if isinstance(batch, dict) and "mask" in batch else jnp.ones(n)
+            weights = counts / jnp.sum(counts)
+            return jnp.sum(losses * weights), jax.tree.map(lambda a: jnp.sum(a * weights), aux)
+
+        (loss, aux), grads = jax.value_and_grad(weighted_loss, has_aux=True)(state.params)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        return TrainState(params, opt_state, state.key, state.step + 1), {"loss": loss, **aux}
+
+    return step
+
+
+def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, *, has_aux: bool = False,
+                    axis_name: str = AXIS, devices=None, backend: str = "pmap") -> Callable:
+    """A data-parallel training step, with one of three backends that compute the same thing.
+
+    Args:
+      loss_fn: ``loss_fn(params, batch, key) -> loss`` (or ``(loss, metrics)`` with ``has_aux``): the mean
+        loss over one device's shard of the batch. ``batch`` is what the data iterator yields, one device's
+        part (``(B // n, ...)`` per leaf); ``key`` is a PRNG key different on every device and every step
+        (``fold_in`` of the step and the device's index), for dropout or noise.
+      optimizer: an optax optimizer.
+      has_aux: ``loss_fn`` returns ``(loss, metrics dict)``.
+      backend: how the step is spread over the devices (lesson 06):
+
+        * ``"pmap"``: ``jax.pmap`` of the per-device step, state replicated as ``(n, ...)``;
+        * ``"shard_map"``: ``jax.jit(jax.shard_map(...))`` of the same per-device step, state replicated
+          with ``P()``, batch split with ``P(axis_name)``;
+        * ``"jit"``: plain ``jax.jit`` of the step written for the whole global batch; the inputs'
+          shardings tell the compiler to split it, and it inserts the gradient all-reduce itself.
+
+    Returns:
+      ``step(state, batch) -> (state, metrics)`` for a state from ``init_state(..., backend=backend)`` and a
+      sharded batch ``(n, B // n, ...)`` as ``data.batches`` yields. Gradients, loss and metrics are averaged
+      over the devices, weighted by each device's number of real examples (``batch["mask"]``, if present),
+      so padding counts for nothing.
+    """
+    _check_backend(backend)
+    if backend == "pmap":
+        return jax.pmap(_device_step(loss_fn, optimizer, has_aux, axis_name), axis_name=axis_name, devices=devices)
+    mesh = sharding.device_mesh(devices)
+    if mesh.axis_names != (axis_name,):
+        mesh = jax.sharding.Mesh(mesh.devices, (axis_name,))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axis_name))
+    if backend == "shard_map":
+        per_device = _device_step(loss_fn, optimizer, has_aux, axis_name, in_shard_map=True)
+
+        def squeeze_then_step(state, batch):  # shard_map keeps rank: this device's block is (1, B // n, ...)
+            return per_device(state, jax.tree.map(lambda x: x[0], batch))
+
+        P = jax.sharding.PartitionSpec
+        mapped = jax.shard_map(squeeze_then_step, mesh=mesh, in_specs=(P(), P(axis_name)), out_specs=(P(), P()))
+        compiled = jax.jit(mapped)
+    else:
+        compiled = jax.jit(_global_step(loss_fn, optimizer, has_aux, mesh.size), out_shardings=(replicated, replicated))
+
+    def step(state, batch):
+        return compiled(state, jax.device_put(batch, split))
+
+    step.lower = lambda state, batch: compiled.lower(state, jax.device_put(batch, split))
+    return step
 
 
 def _check_batch(batch, n: int) -> None:
@@ -157,7 +248,7 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
                         f"got {type(batches).__name__}.") from None
     if num_steps is not None:
         iterator = itertools.islice(iterator, num_steps)
-    n = jax.tree.leaves(state)[0].shape[0]
+    n = len(jax.tree.leaves(state)[0].devices())  # the devices the state lives on, whatever the backend
     history = {"train": [], "eval": []}
     pending = []
     bar = tqdm(total=num_steps, desc=desc, disable=not progress, mininterval=1.0)

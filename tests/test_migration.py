@@ -1,0 +1,78 @@
+"""Lesson 06's migration table, row by row: the pmap form and today's form give the same result."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from course_lib import sharding
+
+X = jnp.arange(16.0).reshape(8, 2)
+
+
+@pytest.fixture
+def mesh(devices):
+    return jax.make_mesh((8,), ("i",), axis_types=(jax.sharding.AxisType.Explicit,))
+
+
+def test_axis_name_becomes_a_mesh_axis(mesh):
+    old = jax.pmap(lambda x: jax.lax.psum(x, "i"), axis_name="i")(X)
+    new = jax.shard_map(lambda x: jax.lax.psum(x, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i"))(
+        jax.device_put(X, NamedSharding(mesh, P("i"))))
+    np.testing.assert_array_equal(old, new)
+
+
+def test_in_axes_none_becomes_P(mesh):
+    scale = jnp.float32(3.0)
+    old = jax.pmap(lambda x, s: x * s, in_axes=(0, None))(X, scale)
+    new = jax.shard_map(lambda x, s: x * s, mesh=mesh, in_specs=(P("i"), P()), out_specs=P("i"))(
+        jax.device_put(X, NamedSharding(mesh, P("i"))), jax.device_put(scale, NamedSharding(mesh, P())))
+    np.testing.assert_array_equal(old, new)
+
+
+def test_out_axes_none_becomes_P_with_a_replication_the_checker_sees(mesh):
+    xs = jax.device_put(X, NamedSharding(mesh, P("i")))
+    old = jax.pmap(lambda x: jax.lax.psum(x, "i"), axis_name="i", out_axes=None)(X)
+    new = jax.shard_map(lambda x: jax.lax.psum(x, "i"), mesh=mesh, in_specs=P("i"), out_specs=P())(xs)
+    np.testing.assert_array_equal(old, new[0])
+    # pmap accepts out_axes=None for values that differ and returns device 0's; shard_map refuses at trace time.
+    np.testing.assert_array_equal(jax.pmap(lambda x: x, out_axes=None)(X), X[0])
+    with pytest.raises(ValueError, match="out_specs which require replication which can't be statically inferred"):
+        jax.shard_map(lambda x: x, mesh=mesh, in_specs=P("i"), out_specs=P())(xs)
+
+
+def test_replicate_becomes_device_put_with_P(mesh):
+    params = {"w": jnp.arange(3.0)}
+    old = sharding.replicate(params)
+    new = jax.device_put(params, NamedSharding(mesh, P()))
+    assert new["w"].shape == (3,) and old["w"].shape == (8, 3)
+    assert new["w"].sharding.is_fully_replicated and len(new["w"].devices()) == 8
+    for shard in new["w"].addressable_shards:
+        np.testing.assert_array_equal(shard.data, np.asarray(old["w"])[shard.device.id])
+
+
+def test_unreplicate_or_x0_becomes_addressable_shards(mesh, devices):
+    new = jax.device_put(jnp.arange(3.0), NamedSharding(mesh, P()))
+    first = new.addressable_shards[0].data
+    assert first.devices() == {devices[0]}
+    np.testing.assert_array_equal(first, sharding.unreplicate(sharding.replicate(jnp.arange(3.0))))
+    np.testing.assert_array_equal(sharding.unreplicate(new), first)
+
+
+def test_nested_pmap_becomes_one_shard_map_over_a_2d_mesh(devices):
+    with pytest.raises(ValueError, match="should match the mesh passed to shard_map"):
+        jax.pmap(jax.pmap(lambda x: jax.lax.psum(x, "inner"), axis_name="inner"), axis_name="outer")(
+            jnp.ones((2, 4)))
+    mesh2d = jax.make_mesh((2, 4), ("outer", "inner"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    x = jnp.arange(8.0).reshape(2, 4)
+    out = jax.shard_map(lambda b: jax.lax.psum(b, "inner"), mesh=mesh2d, in_specs=P("outer", "inner"),
+                        out_specs=P("outer", "inner"))(jax.device_put(x, NamedSharding(mesh2d, P("outer", "inner"))))
+    np.testing.assert_array_equal(out, np.repeat(x.sum(axis=1, keepdims=True), 4, axis=1))
+
+
+def test_device_put_replicated_becomes_device_put_with_a_named_sharding(mesh):
+    with pytest.raises(AttributeError, match="device_put_replicated is deprecated; use jax.device_put instead"):
+        jax.device_put_replicated(jnp.ones(3), jax.devices())
+    stacked = jax.device_put(jnp.broadcast_to(jnp.ones(3), (8, 3)), NamedSharding(mesh, P("i")))
+    assert [s.data.shape for s in stacked.addressable_shards] == [(1, 3)] * 8
