@@ -4,10 +4,12 @@ One small module per topic, each introduced by the lesson that first writes its 
 
 - ``course_lib.devices``    (lesson 00): 8 devices anywhere, simulated CPU devices, an environment report.
 - ``course_lib.diagrams``   (lessons 00-05): graphviz diagrams drawn from real devices, shapes, shardings, values.
-- ``course_lib.sharding``   (lessons 02-03): shard/unshard a batch, replicate/unreplicate parameters, pad a batch.
+- ``course_lib.sharding``   (lessons 02-03, 06): shard/unshard a batch, replicate/unreplicate parameters, pad a
+  batch; and the mesh forms, ``replicate_on_mesh`` (``P()``) and ``shard_on_mesh`` (``P(axis)``).
 - ``course_lib.collectives`` (lesson 04): NumPy reference semantics of every collective, per-device in and out.
 - ``course_lib.data``       (lesson 05): a synthetic regression, the bundled digits, seeded sharded batches.
-- ``course_lib.training``   (lesson 05): a data-parallel step from any loss and optax optimizer, a bounded ``fit``.
+- ``course_lib.training``   (lessons 05-06): a data-parallel step from any loss and optax optimizer, with a pmap,
+  shard_map or jit backend, and a bounded ``fit``.
 - ``course_lib.errors``     (every lesson): show an expected error without stopping "Run All".
 - ``course_lib.exercises``  (every lesson): exercise checkers and reference solutions.
 

@@ -1,0 +1,141 @@
+"""Lesson 06 exercises: placing arrays on a mesh, porting pmap to shard_map, out_specs that check_vma accepts."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from . import Mismatch, call, exercise, expect_array
+
+AXIS = "i"
+
+
+def _mesh(n):
+    return jax.make_mesh((n,), (AXIS,), axis_types=(jax.sharding.AxisType.Explicit,), devices=jax.devices()[:n])
+
+
+def _spec(x):
+    return getattr(x.sharding, "spec", None) if isinstance(x, jax.Array) else None
+
+
+# ----------------------------------------------------------------------------------------------
+# 06.1 Parameters replicated, batch split
+
+
+def solution_place(params, batch, mesh):
+    params = jax.device_put(params, NamedSharding(mesh, P()))
+    batch = jax.device_put(batch, NamedSharding(mesh, P("i")))
+    return params, batch
+
+
+@exercise("06.1", "Replicate the parameters and split the batch on a mesh", solution=solution_place)
+def check_place(place):
+    for n in (len(jax.devices()), 4):
+        mesh = _mesh(n)
+        params = {"w": np.ones((3, 2), np.float32), "b": np.zeros(2, np.float32)}
+        batch = {"x": np.arange(4 * n * 3, dtype=np.float32).reshape(4 * n, 3), "y": np.arange(4 * n)}
+        out = call(place, params, batch, mesh, name="place")
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise Mismatch("place should return (params, batch).")
+        p, b = out
+        for name, leaf in [("params['w']", p["w"]), ("params['b']", p["b"])]:
+            if not isinstance(leaf, jax.Array):
+                raise Mismatch(f"{name} is still a {type(leaf).__name__} on the host: use jax.device_put.")
+            if leaf.ndim == 3 or (name == "params['b']" and leaf.ndim == 2):
+                raise Mismatch(f"{name} has shape {leaf.shape}: a stacked copy per device is the pmap way "
+                               "(sharding.replicate). On a mesh, keep the shape and replicate with P().")
+            if not leaf.sharding.is_fully_replicated or len(leaf.devices()) != n:
+                raise Mismatch(f"{name} has sharding {_spec(leaf)} on {len(leaf.devices())} device(s); every one of "
+                               f"the {n} devices needs the whole array: NamedSharding(mesh, P()).")
+        for name, leaf in [("batch['x']", b["x"]), ("batch['y']", b["y"])]:
+            if not isinstance(leaf, jax.Array):
+                raise Mismatch(f"{name} is still a {type(leaf).__name__} on the host: use jax.device_put.")
+            if leaf.sharding.is_fully_replicated:
+                raise Mismatch(f"{name} is replicated: every device holds the whole batch. Split axis 0 over the "
+                               "mesh axis 'i': P('i').")
+            blocks = {s.data.shape for s in leaf.addressable_shards}
+            if blocks != {(4,) + leaf.shape[1:]}:
+                raise Mismatch(f"{name} is split into blocks of shape {sorted(blocks)}; expected axis 0 split "
+                               f"over the {n} devices, blocks of {(4,) + leaf.shape[1:]}.")
+        expect_array(b["x"], batch["x"], what="batch['x'] (the values must not change)")
+        expect_array(p["w"], params["w"], what="params['w'] (the values must not change)")
+    return "parameters whole on every device (P()), the batch split along axis 0 (P('i'))."
+
+
+# ----------------------------------------------------------------------------------------------
+# 06.2 Port a pmap function to shard_map
+
+
+def pmap_version(x, w):
+    """The lesson's pmap code: x (n, b, d) one block per device, w (d, k) broadcast -> (n, b, k)."""
+    return jax.pmap(lambda xb, wb: jnp.tanh(xb @ wb), in_axes=(0, None))(x, w)
+
+
+def solution_ported(x, w, mesh):
+    def block(xb, wb):                 # xb: this device's rows (B // n, d); wb: all of w
+        return jnp.tanh(xb @ wb)
+
+    return jax.shard_map(block, mesh=mesh, in_specs=(P("i"), P()), out_specs=P("i"))(x, w)
+
+
+@exercise("06.2", "Port a pmap function to shard_map", solution=solution_ported)
+def check_ported(ported):
+    rng = np.random.default_rng(6)
+    for n, b, d, k in [(len(jax.devices()), 2, 3, 4), (4, 3, 2, 2)]:
+        mesh = _mesh(n)
+        x = jax.device_put(rng.normal(size=(n * b, d)).astype(np.float32), NamedSharding(mesh, P(AXIS)))
+        w = jax.device_put(rng.normal(size=(d, k)).astype(np.float32), NamedSharding(mesh, P()))
+        got = call(ported, x, w, mesh, name="ported", hints={
+            "can't be statically inferred": "The output differs from device to device: out_specs P('i') stacks "
+                                            "the blocks; P() would claim they are all the same.",
+            "does not match the specs of the input": "in_specs must match how the inputs are placed: x split "
+                                                     "P('i'), w replicated P().",
+        })
+        what = f"ported(x {x.shape}, w {w.shape}) on {n} devices"
+        expect_array(got, np.tanh(np.asarray(x) @ np.asarray(w)), what=what, rtol=1e-5)
+        if not isinstance(got, jax.Array) or _spec(got) is None or tuple(_spec(got))[:1] != (AXIS,):
+            raise Mismatch(f"{what} has sharding {_spec(got)}; expected the rows split over 'i' (P('i')), as the "
+                           "input was.")
+        jaxpr = str(jax.make_jaxpr(lambda a, c: ported(a, c, mesh))(x, w))
+        if "shard_map[" not in jaxpr:
+            raise Mismatch(f"{what} has the right values but does not use jax.shard_map.")
+    return "the same program as the pmap version, written for a mesh, with no reshape to (n, b, ...)."
+
+
+# ----------------------------------------------------------------------------------------------
+# 06.3 out_specs that check_vma accepts
+
+
+def stats(x):
+    """Per device: this device's sum, and the total over all devices."""
+    local = jnp.sum(x, keepdims=True)
+    return local, jax.lax.psum(local, AXIS)
+
+
+def solution_stats_out_specs():
+    return (P("i"), P())
+
+
+@exercise("06.3", "Choose the out_specs that check_vma accepts", solution=solution_stats_out_specs)
+def check_stats_out_specs(stats_out_specs):
+    specs = call(stats_out_specs, name="stats_out_specs")
+    if not isinstance(specs, (tuple, list)) or len(specs) != 2 or not all(isinstance(s, P) for s in specs):
+        raise Mismatch(f"stats_out_specs() should return a pair of PartitionSpecs, one per output of stats; got "
+                       f"{specs!r}.")
+    n = len(jax.devices())
+    mesh = _mesh(n)
+    x = jax.device_put(np.arange(2.0 * n, dtype=np.float32), NamedSharding(mesh, P(AXIS)))
+    try:
+        local, total = jax.shard_map(stats, mesh=mesh, in_specs=P(AXIS), out_specs=tuple(specs))(x)
+    except ValueError as e:
+        if "can't be statically inferred" in str(e):
+            raise Mismatch(f"out_specs {tuple(specs)}: check_vma rejects P() for the per-device sums, which differ "
+                           "from device to device. Only the psum total is known to be the same everywhere.") from None
+        raise Mismatch(f"out_specs {tuple(specs)} raised ValueError: {str(e).splitlines()[0][:200]}") from None
+    expected_local = np.asarray(x).reshape(n, 2).sum(axis=1)
+    expect_array(local, expected_local, what="the per-device sums, stacked")
+    if np.shape(total) == (n,):
+        raise Mismatch(f"out_specs {tuple(specs)} runs, but returns the total {n} times, once per device, shape "
+                       f"({n},). It is the same on every device: P() returns it once, shape (1,).")
+    expect_array(total, [np.asarray(x).sum()], what="the total")
+    return "P('i') for values that differ per device; P() for the psum, which check_vma can see is replicated."
