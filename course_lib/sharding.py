@@ -189,7 +189,11 @@ def replicate_on_mesh(tree, mesh: Mesh | None = None):
     The ``jit``/``shard_map`` counterpart of ``replicate``: no stacked device axis.
     """
     mesh = device_mesh() if mesh is None else mesh
-    return jax.device_put(tree, NamedSharding(mesh, P()))
+    replicated = NamedSharding(mesh, P())
+    if replicated.is_fully_addressable:
+        return jax.device_put(tree, replicated)
+    # Several processes (lesson 07): each holds the same values and contributes its local copies.
+    return jax.jit(lambda t: t, out_shardings=replicated)(tree)
 
 
 def shard_on_mesh(tree, mesh: Mesh | None = None, axis: str = DEVICE_AXIS):

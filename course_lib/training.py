@@ -180,10 +180,16 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
     else:
         compiled = jax.jit(_global_step(loss_fn, optimizer, has_aux, mesh.size), out_shardings=(replicated, replicated))
 
-    def step(state, batch):
-        return compiled(state, jax.device_put(batch, split))
+    def place(batch):
+        # Host arrays are split over the mesh here; global arrays built by each process from its own part of the
+        # batch (jax.make_array_from_process_local_data, lesson 07) are already in place.
+        return jax.tree.map(lambda x: x if isinstance(x, jax.Array) and x.sharding == split
+                            else jax.device_put(x, split), batch)
 
-    step.lower = lambda state, batch: compiled.lower(state, jax.device_put(batch, split))
+    def step(state, batch):
+        return compiled(state, place(batch))
+
+    step.lower = lambda state, batch: compiled.lower(state, place(batch))
     return step
 
 

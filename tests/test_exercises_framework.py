@@ -11,12 +11,17 @@ from course_lib.exercises import Mismatch, call, check, expect_array, expect_pla
 ALL = ex.exercises()
 
 
-def test_every_lesson_with_exercises_has_at_least_three():
+# What each lesson's issue asks for; three elsewhere.
+MINIMUM_EXERCISES = {"04": 4, "07": 2}
+
+
+def test_every_lesson_with_exercises_has_enough():
     lessons = {}
     for id_ in ALL:
         lessons.setdefault(id_.split(".")[0], []).append(id_)
+    assert set(lessons) >= {"01", "02", "03", "04", "05", "06", "07"}
     for lesson, ids in lessons.items():
-        assert len(ids) >= 3, f"lesson {lesson} has only {ids}"
+        assert len(ids) >= MINIMUM_EXERCISES.get(lesson, 3), f"lesson {lesson} has only {ids}"
 
 
 @pytest.mark.parametrize("id_", list(ALL))

@@ -1,0 +1,125 @@
+"""Data-parallel training of the lesson 05/06 linear regression, as one process of a multi-process job.
+
+Lesson 07. Every process runs this same program (SPMD again, one level up). Each one starts
+JAX's distributed runtime, sees all devices of all processes, builds its own part of each
+global batch, and calls the same jitted step; the gradient all-reduce spans the processes.
+
+From a shell, one command per process::
+
+    python -m course_lib.train_dp --coordinator-address 127.0.0.1:12345 --num-processes 2 --process-id 0 \\
+        --local-devices 4
+    python -m course_lib.train_dp --coordinator-address 127.0.0.1:12345 --num-processes 2 --process-id 1 \\
+        --local-devices 4
+
+On a cluster (Cloud TPU, SLURM, Kubernetes with JobSet) leave out the three coordinator flags:
+``jax.distributed.initialize()`` finds them. ``--local-devices`` simulates CPU devices and is for one
+machine only. Each process prints ``RESULT {json}`` as its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m course_lib.train_dp", description=__doc__.splitlines()[0])
+    p.add_argument("--coordinator-address", help="host:port of process 0 (omit on a cluster: auto-detected)")
+    p.add_argument("--num-processes", type=int, help="how many processes (omit on a cluster)")
+    p.add_argument("--process-id", type=int, help="this process's index, 0..num_processes-1 (omit on a cluster)")
+    p.add_argument("--local-devices", type=int, help="simulate this many CPU devices in this process (one machine)")
+    p.add_argument("--single-process", action="store_true", help="no distributed runtime: all devices local")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--batch-size", type=int, default=64, help="the global batch, over all devices")
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--init-timeout", type=int, default=60, help="seconds to wait for the other processes")
+    return p.parse_args(argv)
+
+
+def start(args) -> None:
+    """Configure devices and start the distributed runtime, before any other JAX operation."""
+    import jax
+
+    if args.local_devices:
+        jax.config.update("jax_platforms", "cpu")
+        jax.config.update("jax_num_cpu_devices", args.local_devices)
+    if args.single_process:
+        return
+    explicit = [args.coordinator_address, args.num_processes, args.process_id]
+    if any(v is not None for v in explicit) and not all(v is not None for v in explicit):
+        raise SystemExit("give all three of --coordinator-address, --num-processes and --process-id, or none "
+                         "(on a cluster, where jax.distributed.initialize() discovers them)")
+    jax.distributed.initialize(coordinator_address=args.coordinator_address, num_processes=args.num_processes,
+                               process_id=args.process_id, initialization_timeout=args.init_timeout)
+
+
+def train(steps: int = 50, batch_size: int = 64, lr: float = 0.1, seed: int = 0, log=print) -> dict:
+    """Train on every device of every process; return this process's view of the result.
+
+    Each process loads only the rows of each global batch that belong to its own devices and
+    assembles the global array with ``jax.make_array_from_process_local_data``.
+    """
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from course_lib import data, sharding, training
+
+    devices = jax.devices()
+    n, pid = len(devices), jax.process_index()
+    mesh = sharding.device_mesh(devices)
+    split = NamedSharding(mesh, P(sharding.DEVICE_AXIS))
+    # Which rows of the (n, B // n, ...) batch are this process's: those of its own devices.
+    mine = [i for i, d in enumerate(mesh.devices.flat) if d.process_index == pid]
+    log(f"process {pid} of {jax.process_count()}: {jax.local_device_count()} local devices, {n} in all; "
+        f"this process feeds device rows {mine[0]}..{mine[-1]}")
+
+    x, y, true_params = data.regression_data(n=1024, seed=seed)
+
+    def loss_fn(params, batch, key):
+        pred = batch["x"] @ params["w"] + params["b"]
+        return training.masked_mean((pred - batch["y"]) ** 2, batch["mask"])
+
+    def my_part_of_each_batch():
+        for batch in data.batches(x, y, batch_size, n_devices=n, seed=seed, epochs=None):
+            yield {k: jax.make_array_from_process_local_data(split, v[mine[0]:mine[-1] + 1], v.shape)
+                   for k, v in batch.items()}
+
+    optimizer = optax.sgd(lr)
+    state = training.init_state({"w": jnp.zeros(x.shape[1]), "b": jnp.float32(0.0)}, optimizer,
+                                jax.random.key(seed), devices=devices, backend="jit")
+    step = training.make_train_step(loss_fn, optimizer, devices=devices, backend="jit")
+    start_time = time.perf_counter()
+    state, history = training.fit(step, state, my_part_of_each_batch(), num_steps=steps, progress=False)
+    for h in history["train"]:
+        if h["step"] % 10 == 0 or h["step"] == steps:
+            log(f"process {pid}: step {h['step']:>4} loss {h['loss']:.6f}")
+    params = jax.tree.map(lambda a: a.addressable_shards[0].data.tolist(), state.params)
+    return {"process_index": pid, "process_count": jax.process_count(), "devices": n,
+            "device_owners": [[d.id, d.process_index, d.platform, d.device_kind] for d in devices],
+            "local_devices": jax.local_device_count(), "steps": steps, "final_loss": history["train"][-1]["loss"],
+            "losses": [h["loss"] for h in history["train"]], "params": params,
+            "seconds": round(time.perf_counter() - start_time, 3)}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    start(args)
+
+    def log(msg):
+        print(msg, flush=True)
+
+    result = train(steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed, log=log)
+    print("RESULT " + json.dumps(result), flush=True)
+    if not args.single_process:
+        import jax
+        jax.distributed.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
