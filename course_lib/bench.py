@@ -67,7 +67,6 @@ def _median(values):
 def run_workload(name, *, global_batch=256, steps=50, repeats=5, scan_steps=10):
     """Time every variant on one workload; returns {variant: {"step_ms": ..., "final_loss": ...}}."""
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
     from course_lib import data, sharding, training

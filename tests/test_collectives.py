@@ -1,6 +1,5 @@
 """course_lib.collectives: each NumPy reference agrees with the real JAX collective on 8 simulated devices."""
 
-import functools
 
 import jax
 import jax.numpy as jnp

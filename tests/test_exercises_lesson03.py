@@ -1,7 +1,6 @@
 """Lesson 03 checkers: the reference passes; typical mistakes get feedback that names them."""
 
 import jax
-import jax.numpy as jnp
 
 from course_lib.exercises import check
 from course_lib.exercises.lesson03 import solution_device_axis_last, solution_predict, solution_scale_on_two

@@ -8,7 +8,6 @@ memory addresses, unexpected errors) and exits non-zero if it finds any.
 """
 
 import argparse
-import os
 import pathlib
 import sys
 import time
