@@ -68,6 +68,7 @@ def run_workload(name, *, global_batch=256, steps=50, repeats=5, scan_steps=10):
     """Time every variant on one workload; returns {variant: {"step_ms": ..., "final_loss": ...}}."""
     import jax
     import numpy as np
+    import optax
 
     from course_lib import data, sharding, training
 
@@ -98,7 +99,7 @@ def run_workload(name, *, global_batch=256, steps=50, repeats=5, scan_steps=10):
     def single_step(p, o, batch):
         loss, grads = jax.value_and_grad(single_loss)(p, batch)
         updates, o = opt.update(grads, o, p)
-        return jax.tree.map(lambda a, u: a + u, p, updates), o, loss
+        return optax.apply_updates(p, updates), o, loss
 
     def run_single():
         p, o = jax.device_put((params, opt.init(params)), dev0)
@@ -134,7 +135,7 @@ def run_workload(name, *, global_batch=256, steps=50, repeats=5, scan_steps=10):
 
     results["pmap"] = timed(run_fit("pmap", pmap_step))
 
-    device_step = training._device_step(loss_fn, opt, False, training.AXIS)
+    device_step = training.device_step(loss_fn, opt)
 
     def scan_body(state, batches):
         return jax.lax.scan(device_step, state, batches)

@@ -23,14 +23,18 @@ from tqdm.auto import tqdm
 
 from . import sharding
 
-__all__ = ["TrainState", "BACKENDS", "init_state", "masked_mean", "make_train_step", "fit", "replicas_identical",
-           "max_divergence"]
+__all__ = ["TrainState", "BACKENDS", "init_state", "masked_mean", "device_step", "make_train_step", "fit",
+           "replicas_identical", "max_divergence"]
 
 AXIS = "devices"
 
 
 class TrainState(NamedTuple):
-    """Everything a step updates, replicated on the devices: each leaf is ``(n_devices, ...)``."""
+    """Everything a step updates, replicated on the devices.
+
+    With the ``"pmap"`` backend each leaf is stacked, ``(n_devices, ...)``; with ``"shard_map"`` and ``"jit"``
+    each leaf keeps its own shape and is replicated with ``P()``.
+    """
 
     params: Any
     opt_state: Any
@@ -84,8 +88,13 @@ def _step_key(state, device_index):
     return jax.random.fold_in(jax.random.fold_in(state.key, state.step), device_index)
 
 
-def _device_step(loss_fn, optimizer, has_aux, axis_name, in_shard_map=False):
-    """One device's view of a step: local gradients, a weighted average over ``axis_name``, the update."""
+def device_step(loss_fn, optimizer, has_aux=False, axis_name=AXIS, in_shard_map=False):
+    """One device's view of a step: local gradients, a weighted average over ``axis_name``, the update.
+
+    ``step(state, shard) -> (state, metrics)``, unmapped: what ``make_train_step`` gives to ``jax.pmap``
+    (or, with ``in_shard_map=True``, to ``jax.shard_map``). Use it to build your own mapped step, e.g. one
+    that fuses several steps per dispatch with ``jax.lax.scan`` (lesson 08).
+    """
 
     def step(state: TrainState, batch):
         key = _step_key(state, jax.lax.axis_index(axis_name))
@@ -162,14 +171,14 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
     """
     _check_backend(backend)
     if backend == "pmap":
-        return jax.pmap(_device_step(loss_fn, optimizer, has_aux, axis_name), axis_name=axis_name, devices=devices)
+        return jax.pmap(device_step(loss_fn, optimizer, has_aux, axis_name), axis_name=axis_name, devices=devices)
     mesh = sharding.device_mesh(devices)
     if mesh.axis_names != (axis_name,):
         mesh = jax.sharding.Mesh(mesh.devices, (axis_name,))
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axis_name))
     if backend == "shard_map":
-        per_device = _device_step(loss_fn, optimizer, has_aux, axis_name, in_shard_map=True)
+        per_device = device_step(loss_fn, optimizer, has_aux, axis_name, in_shard_map=True)
 
         def squeeze_then_step(state, batch):  # shard_map keeps rank: this device's block is (1, B // n, ...)
             return per_device(state, jax.tree.map(lambda x: x[0], batch))

@@ -207,3 +207,19 @@ def test_train_step_diagram_shapes(devices):
     assert g.source.count("forward + backward") == 8 and g.source.count("SGD update") == 8
     assert "mask bool[16], x f32[16,3], y f32[16]" in g.source and "4 parameters" in g.source
     assert g.source.count("-> mean") == 8 and g.source.count("mean -> update") == 8
+
+
+def test_device_step_fused_with_scan_equals_one_step_at_a_time():
+    x, y, _ = data.regression_data(n=256)
+    opt = optax.sgd(0.1)
+    batches = [b for b, _ in zip(data.batches(x, y, 64, epochs=None), range(4))]
+    state = training.init_state(ZERO, opt, jax.random.key(0))
+    one_by_one = training.make_train_step(mse, opt)
+    s1 = state
+    for b in batches:
+        s1, _ = one_by_one(s1, b)
+    fused = jax.pmap(lambda s, chunk: jax.lax.scan(training.device_step(mse, opt), s, chunk), axis_name=training.AXIS)
+    stacked = jax.tree.map(lambda *a: np.stack(a, axis=1), *batches)          # (n, K, b, ...)
+    s2, metrics = fused(state, stacked)
+    assert metrics["loss"].shape == (8, 4)
+    np.testing.assert_allclose(sharding.unreplicate(s2.params)["w"], sharding.unreplicate(s1.params)["w"], rtol=1e-6)
