@@ -9,9 +9,10 @@ One small module per topic, each introduced by the lesson that first writes its 
 - ``course_lib.collectives`` (lesson 04): NumPy reference semantics of every collective, per-device in and out.
 - ``course_lib.data``       (lesson 05): a synthetic regression, the bundled digits, seeded sharded batches.
 - ``course_lib.training``   (lessons 05-06): a data-parallel step from any loss and optax optimizer, with a pmap,
-  shard_map or jit backend, and a bounded ``fit``.
+  shard_map or jit backend, one all-reduce per step, and a bounded ``fit`` that fuses steps per dispatch.
 - ``course_lib.distributed`` (lesson 07): launch and watch several JAX processes on 127.0.0.1.
 - ``course_lib.train_dp``   (lesson 07): the multi-process training worker, ``python -m course_lib.train_dp``.
+- ``course_lib.bench``      (lesson 08): the benchmark, ``python -m course_lib.bench``: six variants of a step, timed.
 - ``course_lib.errors``     (every lesson): show an expected error without stopping "Run All".
 - ``course_lib.exercises``  (every lesson): exercise checkers and reference solutions.
 

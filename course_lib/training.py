@@ -7,11 +7,17 @@ parameters, which therefore stay identical.
 
 ``fit`` runs any step of the form ``step(state, batch) -> (state, metrics)`` (the one
 from ``make_train_step`` or one you wrote), and never lets Python run more than
-``sync_every`` steps ahead of the devices (see ``fit``).
+``max_ahead`` steps ahead of the devices (see ``fit``).
+
+Two things make the library's step cheaper than the one a tutorial writes (lesson 08
+measures both): everything the devices exchange in a step travels in one all-reduce
+(``psum_bucketed``), and ``fit`` runs ``steps_per_call`` steps per dispatch, fused with
+``lax.scan`` (``TrainStep.steps``).
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 from typing import Any, Callable, Iterable, NamedTuple
 
@@ -19,12 +25,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.flatten_util import ravel_pytree
 from tqdm.auto import tqdm
 
 from . import sharding
 
-__all__ = ["TrainState", "BACKENDS", "init_state", "masked_mean", "device_step", "make_train_step", "fit",
-           "replicas_identical", "max_divergence"]
+__all__ = ["TrainState", "TrainStep", "BACKENDS", "init_state", "masked_mean", "psum_bucketed", "device_step",
+           "make_train_step", "fit", "replicas_identical", "max_divergence"]
 
 AXIS = "devices"
 
@@ -88,6 +95,19 @@ def _step_key(state, device_index):
     return jax.random.fold_in(jax.random.fold_in(state.key, state.step), device_index)
 
 
+def psum_bucketed(tree, axis_name=AXIS):
+    """``psum`` of every leaf of ``tree`` over ``axis_name`` in a single all-reduce.
+
+    The leaves are raveled into one vector (promoted to a common dtype), summed across the devices, and cut back
+    into the tree: the same values as ``jax.tree.map(lambda v: lax.psum(v, axis_name), tree)``, with one
+    collective instead of one per leaf. This is "gradient bucketing": each all-reduce has a fixed cost (every
+    device must arrive before any can leave), so few large ones beat many small ones. Use it inside a mapped
+    function (``pmap``/``shard_map``) where ``axis_name`` is bound.
+    """
+    flat, unravel = ravel_pytree(tree)
+    return unravel(jax.lax.psum(flat, axis_name))
+
+
 def device_step(loss_fn, optimizer, has_aux=False, axis_name=AXIS, in_shard_map=False):
     """One device's view of a step: local gradients, a weighted average over ``axis_name``, the update.
 
@@ -108,16 +128,15 @@ def device_step(loss_fn, optimizer, has_aux=False, axis_name=AXIS, in_shard_map=
         out, grads = jax.value_and_grad(loss_fn, has_aux=has_aux)(params, batch, key)
         loss, aux = out if has_aux else (out, {})
         # Each device's weight is its number of real examples; without a mask all weigh the same (a pmean).
+        # The weighted sums of the gradients, the loss and the metrics, and the total weight, cross the devices
+        # together: one all-reduce per step instead of one per leaf.
         count = _count(batch)
-        total = jax.lax.psum(count, axis_name)
-
-        def average(v):
-            return jax.lax.psum(v * count, axis_name) / total
-
-        grads = jax.tree.map(average, grads)
+        weighted = (jax.tree.map(lambda g: g * count, grads), loss * count, jax.tree.map(lambda a: a * count, aux))
+        (grads, loss, aux), total = psum_bucketed((weighted, count), axis_name)
+        grads, loss, aux = jax.tree.map(lambda v: v / total, (grads, loss, aux))
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        metrics = {"loss": average(loss), **jax.tree.map(average, aux)}
+        metrics = {"loss": loss, **aux}
         return TrainState(params, opt_state, state.key, state.step + 1), metrics
 
     return step
@@ -144,8 +163,36 @@ def _global_step(loss_fn, optimizer, has_aux, n):
     return step
 
 
+class TrainStep:
+    """A data-parallel training step, from ``make_train_step``.
+
+    ``step(state, batch) -> (state, metrics)`` runs one step: ``batch`` leaves ``(n, B // n, ...)``.
+    ``step.steps(state, batches) -> (state, metrics)`` runs ``K = len(batches)`` steps in one dispatch, fused
+    with ``lax.scan`` inside one compiled program: ``batches`` is a list of ``K`` batches like the one ``step``
+    takes, and every metric comes back with one value per step, ``(K,)`` (``(n, K)`` with the pmap backend, one
+    row per device). Each new ``K`` compiles once. ``fit`` uses ``steps`` on its own.
+    """
+
+    def __init__(self, one, many, backend, place=lambda batch: batch):
+        self._one, self._many, self._place = one, many, place
+        self.backend = backend
+
+    def __call__(self, state, batch):
+        return self._one(state, self._place(batch))
+
+    def steps(self, state, batches):
+        return self._many(state, [self._place(b) for b in batches])
+
+    def lower(self, state, batch):
+        """The compiler's view of one step (``.compile().as_text()`` for the HLO), as ``jax.jit(...).lower``."""
+        return self._one.lower(state, self._place(batch))
+
+    def __repr__(self):
+        return f"TrainStep(backend={self.backend!r})"
+
+
 def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, *, has_aux: bool = False,
-                    axis_name: str = AXIS, devices=None, backend: str = "pmap") -> Callable:
+                    axis_name: str = AXIS, devices=None, backend: str = "pmap") -> TrainStep:
     """A data-parallel training step, with one of three backends that compute the same thing.
 
     Args:
@@ -164,42 +211,59 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
           shardings tell the compiler to split it, and it inserts the gradient all-reduce itself.
 
     Returns:
-      ``step(state, batch) -> (state, metrics)`` for a state from ``init_state(..., backend=backend)`` and a
-      sharded batch ``(n, B // n, ...)`` as ``data.batches`` yields. Gradients, loss and metrics are averaged
+      a ``TrainStep``: ``step(state, batch) -> (state, metrics)`` for a state from
+      ``init_state(..., backend=backend)`` and a sharded batch ``(n, B // n, ...)`` as ``data.batches`` yields,
+      and ``step.steps(state, [batch, ...])`` for several steps in one dispatch. Gradients, loss and metrics are averaged
       over the devices, weighted by each device's number of real examples (``batch["mask"]``, if present),
       so padding counts for nothing.
     """
     _check_backend(backend)
     if backend == "pmap":
-        return jax.pmap(device_step(loss_fn, optimizer, has_aux, axis_name), axis_name=axis_name, devices=devices)
+        per_device = device_step(loss_fn, optimizer, has_aux, axis_name)
+        one = jax.pmap(per_device, axis_name=axis_name, devices=devices)
+        many = jax.pmap(lambda state, group: jax.lax.scan(per_device, state, _stack(group)),
+                        axis_name=axis_name, devices=devices)
+        return TrainStep(one, many, backend)
     mesh = sharding.device_mesh(devices)
     if mesh.axis_names != (axis_name,):
         mesh = jax.sharding.Mesh(mesh.devices, (axis_name,))
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axis_name))
+    P = jax.sharding.PartitionSpec
+    replicated = jax.sharding.NamedSharding(mesh, P())
+    split = jax.sharding.NamedSharding(mesh, P(axis_name))
     if backend == "shard_map":
         per_device = device_step(loss_fn, optimizer, has_aux, axis_name, in_shard_map=True)
 
-        def squeeze_then_step(state, batch):  # shard_map keeps rank: this device's block is (1, B // n, ...)
-            return per_device(state, jax.tree.map(lambda x: x[0], batch))
+        def squeeze(tree):  # shard_map keeps rank: this device's block is (1, B // n, ...)
+            return jax.tree.map(lambda x: x[0], tree)
 
-        P = jax.sharding.PartitionSpec
-        mapped = jax.shard_map(squeeze_then_step, mesh=mesh, in_specs=(P(), P(axis_name)), out_specs=(P(), P()))
-        compiled = jax.jit(mapped)
+        def one_step(state, batch):
+            return per_device(state, squeeze(batch))
+
+        def scan_steps(state, group):
+            return jax.lax.scan(per_device, state, _stack(squeeze(group)))
+
+        one, many = (jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P(), P(axis_name)), out_specs=(P(), P())))
+                     for f in (one_step, scan_steps))
     else:
-        compiled = jax.jit(_global_step(loss_fn, optimizer, has_aux, mesh.size), out_shardings=(replicated, replicated))
+        global_step = _global_step(loss_fn, optimizer, has_aux, mesh.size)
+
+        def scan_steps(state, group):
+            return jax.lax.scan(global_step, state, _stack(group))
+
+        one, many = (jax.jit(f, out_shardings=(replicated, replicated)) for f in (global_step, scan_steps))
 
     def place(batch):
         # Host arrays are split over the mesh here; global arrays built by each process from its own part of the
         # batch (jax.make_array_from_process_local_data, lesson 07) are already in place.
-        return jax.tree.map(lambda x: x if isinstance(x, jax.Array) and x.sharding == split
+        return jax.tree.map(lambda x: x if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(split, x.ndim)
                             else jax.device_put(x, split), batch)
 
-    def step(state, batch):
-        return compiled(state, place(batch))
+    return TrainStep(one, many, backend, place)
 
-    step.lower = lambda state, batch: compiled.lower(state, place(batch))
-    return step
+
+def _stack(batches):
+    """Inside the compiled program: ``K`` batches -> one, each leaf with a new leading axis ``K`` to scan over."""
+    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *batches)
 
 
 def _check_batch(batch, n: int) -> None:
@@ -220,26 +284,39 @@ def _check_batch(batch, n: int) -> None:
                          "have the same number of examples.")
 
 
+def _first_copy(value):
+    """One device's block of a metric: ``(1, ...)`` of a pmap output ``(n, ...)``, all of a replicated one."""
+    return value.addressable_shards[0].data if isinstance(value, jax.Array) else value
+
+
 def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int | None = None,
-        eval_fn: Callable | None = None, eval_every: int | None = None, sync_every: int = 10,
-        progress: bool = True, desc: str = "training"):
+        eval_fn: Callable | None = None, eval_every: int | None = None, steps_per_call: int = 10,
+        max_ahead: int = 20, progress: bool = True, desc: str = "training"):
     """Run ``step`` over ``batches``; return the final state and a history of metrics.
 
-    Never more than ``sync_every`` steps ahead of the devices. JAX dispatches work
-    asynchronously, so a loop that never reads a result would queue steps as fast as
-    Python can issue them: memory for their inputs piles up, errors surface far from
-    their cause, and on some JAX versions (0.9 to 0.10 on a 2-core CPU) a long queue of
-    collectives aborted in a rendezvous. Every ``sync_every`` steps ``fit`` fetches the
-    queued metrics, which waits for those steps to finish; between syncs nothing is read,
-    so the devices are not stalled by a host read every step (lesson 08 measures that).
+    Two rules make the loop fast and safe (lesson 08 measures both):
+
+    * Several steps per dispatch. When ``step`` can fuse steps (a ``TrainStep`` from ``make_train_step``),
+      ``fit`` hands ``steps_per_call`` consecutive batches to ``step.steps``, which runs them as one compiled
+      program (a ``lax.scan``), paying Python's dispatch once for all of them. The result is the
+      same as one step at a time. Steps left over before an evaluation or at the end run one at a time, and so
+      does a step you wrote yourself.
+    * Bounded, never blocking every step. JAX dispatches asynchronously: a loop that never reads a result
+      queues steps as fast as Python issues them (memory for their inputs piles up, errors surface far from their
+      cause, and on JAX 0.9 to 0.10 on a 2-core CPU a long queue of collectives aborted in a rendezvous), while a
+      loop that reads the loss every step stalls the devices every step. ``fit`` reads the metrics of the
+      oldest dispatch only when more than ``max_ahead`` steps would otherwise be in flight, so the devices always
+      have the next dispatch queued while Python waits.
 
     Args:
       step: ``step(state, batch) -> (state, metrics)``, e.g. from ``make_train_step``.
       state: the replicated ``TrainState`` (or any pytree your step takes).
-      batches: an iterable of sharded batches, e.g. ``data.batches(...)``.
+      batches: an iterable of sharded batches, leaves ``(n, B // n, ...)``, e.g. ``data.batches(...)``.
       num_steps: stop after this many steps (default: when ``batches`` ends).
       eval_fn: ``eval_fn(state) -> dict`` of numbers, called every ``eval_every`` steps and at the end.
-      sync_every: the most steps dispatched ahead of the devices.
+      steps_per_call: steps fused into one dispatch (1: one dispatch per step).
+      max_ahead: the most steps dispatched and not yet read back; at least ``steps_per_call`` when ``step`` can
+        fuse steps (twice it keeps the devices busy while Python reads).
       progress: show a tqdm progress bar.
 
     Returns:
@@ -247,14 +324,21 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
       ``history["eval"]`` a list of ``{"step", ...}`` from ``eval_fn``.
 
     Raises:
-      ValueError: bad ``num_steps``/``sync_every``/``eval_every``, a batch not sharded for the state's
-        devices, or no batches at all.
+      ValueError: bad ``num_steps``/``steps_per_call``/``max_ahead``/``eval_every``, a batch not sharded for the
+        state's devices, or no batches at all.
     """
-    if num_steps is not None and (not isinstance(num_steps, int) or num_steps < 1):
+    def whole(v):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+    if num_steps is not None and not whole(num_steps):
         raise ValueError(f"num_steps must be a whole number >= 1 (or None for every batch), got {num_steps!r}.")
-    if not isinstance(sync_every, int) or sync_every < 1:
-        raise ValueError(f"sync_every must be a whole number >= 1, got {sync_every!r}.")
-    if eval_every is not None and (eval_fn is None or not isinstance(eval_every, int) or eval_every < 1):
+    if not whole(steps_per_call):
+        raise ValueError(f"steps_per_call must be a whole number >= 1, got {steps_per_call!r}.")
+    fused = steps_per_call if steps_per_call > 1 and callable(getattr(step, "steps", None)) else 1
+    if not whole(max_ahead) or max_ahead < fused:
+        raise ValueError(f"max_ahead must be a whole number >= steps_per_call ({fused}), got {max_ahead!r}; "
+                         f"use max_ahead={2 * fused} to keep the devices busy while Python reads results.")
+    if eval_every is not None and (eval_fn is None or not whole(eval_every)):
         raise ValueError("eval_every needs an eval_fn and a whole number >= 1.")
     try:
         iterator = iter(batches)
@@ -265,34 +349,57 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
         iterator = itertools.islice(iterator, num_steps)
     n = len(jax.tree.leaves(state)[0].devices())  # the devices the state lives on, whatever the backend
     history = {"train": [], "eval": []}
-    pending = []
+    in_flight = collections.deque()  # (first step, number of steps, metrics), oldest first
     bar = tqdm(total=num_steps, desc=desc, disable=not progress, mininterval=1.0)
 
-    def sync():
-        values = jax.device_get([m for _, m in pending])  # waits for these steps: the bound on running ahead
-        for (i, _), m in zip(pending, values):
-            history["train"].append({"step": i, **{k: float(np.asarray(v).reshape(-1)[0]) for k, v in m.items()}})
-        bar.update(len(pending))
-        if history["train"]:
-            bar.set_postfix(loss=f"{history['train'][-1]['loss']:.4f}")
-        pending.clear()
+    def read_oldest():
+        first, k, metrics = in_flight.popleft()
+        # Waits for these steps to finish: the bound on running ahead. The metrics are the same on every device
+        # (averaged over all of them), so one device's copy is read, not a gather from all of them.
+        values = jax.device_get({name: _first_copy(v) for name, v in metrics.items()})
+        values = {name: np.asarray(v).reshape(-1, k)[0] for name, v in values.items()}
+        for j in range(k):
+            history["train"].append({"step": first + j, **{name: float(v[j]) for name, v in values.items()}})
+        bar.update(k)
+        bar.set_postfix(loss=f"{history['train'][-1]['loss']:.4f}")
+
+    def dispatch(first, group):
+        nonlocal state
+        while in_flight and sum(k for _, k, _ in in_flight) + len(group) > max_ahead:
+            read_oldest()
+        if len(group) > 1:
+            state, metrics = step.steps(state, group)
+        else:
+            state, metrics = step(state, group[0])
+        in_flight.append((first, len(group), metrics))
+
+    def run(last, group):  # a full group in one dispatch; a short one a step at a time (no new compile)
+        if len(group) == fused:
+            dispatch(last - len(group) + 1, group)
+        else:
+            for j, batch in enumerate(group):
+                dispatch(last - len(group) + 1 + j, [batch])
 
     def evaluate(i):
         history["eval"].append({"step": i, **{k: float(v) for k, v in eval_fn(state).items()}})
 
-    i = 0
+    i, group = 0, []
     try:
         for i, batch in enumerate(iterator, start=1):
             if i == 1:
                 _check_batch(batch, n)
-            state, metrics = step(state, batch)
-            pending.append((i, metrics))
-            if len(pending) >= sync_every:
-                sync()
-            if eval_every and i % eval_every == 0:
-                sync()
+            group.append(batch)
+            at_eval = bool(eval_every) and i % eval_every == 0
+            if len(group) == fused or at_eval:
+                run(i, group)
+                group = []
+            if at_eval:
+                while in_flight:
+                    read_oldest()
                 evaluate(i)
-        sync()
+        run(i, group)
+        while in_flight:
+            read_oldest()
     finally:
         bar.close()
     if i == 0:

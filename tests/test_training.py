@@ -109,29 +109,107 @@ def test_a_1000_step_fit_finishes_without_hanging():
     assert time.monotonic() - start < 100
 
 
-def test_fit_never_runs_more_than_sync_every_steps_ahead():
-    """Count the steps dispatched but not yet synced, with a step that records what fit does."""
-    in_flight, worst = [], [0]
+class Recorder:
+    """A stand-in step that records what fit does: which steps it dispatched and which results it read back.
 
-    def step(state, batch):
-        in_flight.append(1)
-        worst[0] = max(worst[0], len(in_flight))
-        return state, {"loss": jnp.zeros(8)}
+    Every metric holds the number of its step, so a read tells which steps it waited for.
+    """
 
-    real_get = jax.device_get
+    def __init__(self, fusable):
+        self.dispatched, self.read, self.calls, self.worst_ahead = 0, 0, [], 0
+        if fusable:
+            self.steps = self._steps
 
-    def device_get(tree):
-        in_flight.clear()
-        return real_get(tree)
+    def _record(self, k):
+        self.calls.append(k)
+        first = self.dispatched + 1
+        self.dispatched += k
+        self.worst_ahead = max(self.worst_ahead, self.dispatched - self.read)
+        return first
 
-    state = sharding.replicate({"w": jnp.zeros(1)})
-    batch = {"x": np.zeros((8, 1, 1))}
-    jax_get, jax.device_get = jax.device_get, device_get
-    try:
-        training.fit(step, state, [batch] * 95, sync_every=7, progress=False)
-    finally:
-        jax.device_get = jax_get
-    assert worst[0] == 7
+    def __call__(self, state, batch):
+        assert np.shape(batch["x"]) == (8, 1, 1)
+        return state, {"loss": jnp.full(8, float(self._record(1)))}
+
+    def _steps(self, state, batches):
+        assert all(np.shape(b["x"]) == (8, 1, 1) for b in batches)
+        k = len(batches)
+        first = self._record(k)
+        return state, {"loss": jnp.tile(jnp.arange(first, first + k, dtype=jnp.float32), (8, 1))}
+
+    def run(self, monkeypatch, steps, **kwargs):
+        real_get = jax.device_get
+
+        def device_get(tree):
+            values = real_get(tree)
+            self.read = max(self.read, int(np.max(values["loss"])))
+            return values
+
+        monkeypatch.setattr(jax, "device_get", device_get)
+        state = sharding.replicate({"w": jnp.zeros(1)})
+        return training.fit(self, state, [{"x": np.zeros((8, 1, 1))}] * steps, progress=False, **kwargs)
+
+
+def test_fit_never_runs_more_than_max_ahead_steps_ahead_one_step_per_dispatch(monkeypatch):
+    rec = Recorder(fusable=False)
+    _, history = rec.run(monkeypatch, 95, steps_per_call=10, max_ahead=7)
+    assert rec.calls == [1] * 95, "a step without .steps runs one step per dispatch"
+    assert rec.worst_ahead == 7
+    assert [h["step"] for h in history["train"]] == list(range(1, 96))
+    assert [h["loss"] for h in history["train"]] == [float(i) for i in range(1, 96)]
+
+
+def test_fit_fuses_steps_per_call_and_keeps_one_dispatch_queued(monkeypatch):
+    rec = Recorder(fusable=True)
+    _, history = rec.run(monkeypatch, 95, steps_per_call=10, max_ahead=20, eval_fn=lambda s: {}, eval_every=45)
+    # 4 fused calls up to the evaluation at step 45 and the 5 left over one at a time; the same up to 90; the last
+    # 5 steps one at a time.
+    assert rec.calls == [10] * 4 + [1] * 5 + [10] * 4 + [1] * 5 + [1] * 5
+    assert rec.worst_ahead == 20, "the next dispatch is queued while the oldest is read"
+    assert [h["step"] for h in history["train"]] == list(range(1, 96))
+    assert [h["loss"] for h in history["train"]] == [float(i) for i in range(1, 96)], "per-step metrics, in order"
+    assert [e["step"] for e in history["eval"]] == [45, 90, 95]
+
+
+def test_fit_with_fused_steps_equals_one_step_per_dispatch():
+    x, y, _ = data.regression_data(n=512)
+    opt = optax.adam(0.05)
+    results = {}
+    for k in (1, 10):
+        state = training.init_state(ZERO, opt, jax.random.key(0))
+        step = training.make_train_step(mse, opt)
+        results[k] = training.fit(step, state, data.batches(x, y, 64, epochs=None), num_steps=25,
+                                  steps_per_call=k, progress=False)
+    (s1, h1), (s10, h10) = results[1], results[10]
+    np.testing.assert_allclose([h["loss"] for h in h10["train"]], [h["loss"] for h in h1["train"]], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(s10.params), jax.tree.leaves(s1.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    assert int(sharding.unreplicate(s10.step)) == 25
+
+
+@pytest.mark.parametrize("backend", ["pmap", "shard_map"])
+def test_device_step_sends_everything_in_one_all_reduce(backend):
+    """Gradients of 2 leaves, the loss, a metric and the example count: one all-reduce in the compiled step."""
+    opt = optax.sgd(0.1)
+
+    def loss_with_metric(params, batch, key):
+        loss = mse(params, batch, key)
+        return loss, {"rmse": jnp.sqrt(loss)}
+
+    x, y, _ = data.regression_data(n=64)
+    state = training.init_state(ZERO, opt, jax.random.key(0), backend=backend)
+    step = training.make_train_step(loss_with_metric, opt, has_aux=True, backend=backend)
+    hlo = step.lower(state, next(data.batches(x, y, 64))).compile().as_text()
+    assert hlo.count(" all-reduce(") == 1, hlo
+
+
+def test_psum_bucketed_equals_psum_per_leaf():
+    tree = {"a": jnp.arange(16.0).reshape(8, 2), "b": jnp.arange(8.0), "c": jnp.ones((8, 2, 3), jnp.bfloat16)}
+    bucketed = jax.pmap(lambda t: training.psum_bucketed(t, "i"), axis_name="i")(tree)
+    per_leaf = jax.pmap(lambda t: jax.tree.map(lambda v: jax.lax.psum(v, "i"), t), axis_name="i")(tree)
+    for k in tree:
+        assert bucketed[k].dtype == tree[k].dtype and bucketed[k].shape == tree[k].shape
+        np.testing.assert_array_equal(np.asarray(bucketed[k], np.float32), np.asarray(per_leaf[k], np.float32))
 
 
 def test_mlp_on_digits_reaches_95_percent(tmp_path):
@@ -168,7 +246,9 @@ def test_mlp_on_digits_reaches_95_percent(tmp_path):
 
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"num_steps": 0}, ValueError, "num_steps must be a whole number >= 1"),
-    ({"sync_every": 0}, ValueError, "sync_every must be a whole number >= 1"),
+    ({"steps_per_call": 0}, ValueError, "steps_per_call must be a whole number >= 1"),
+    ({"steps_per_call": 10, "max_ahead": 5}, ValueError, r"max_ahead must be a whole number >= steps_per_call \(10\)"),
+    ({"max_ahead": True}, ValueError, "max_ahead must be a whole number"),
     ({"eval_every": 5}, ValueError, "eval_every needs an eval_fn"),
 ])
 def test_fit_rejects_bad_settings(kwargs, error, message):
