@@ -220,9 +220,7 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
     _check_backend(backend)
     if backend == "pmap":
         per_device = device_step(loss_fn, optimizer, has_aux, axis_name)
-        one = jax.pmap(per_device, axis_name=axis_name, devices=devices)
-        many = jax.pmap(lambda state, group: jax.lax.scan(per_device, state, _stack(group)),
-                        axis_name=axis_name, devices=devices)
+        one, many = (jax.pmap(f, axis_name=axis_name, devices=devices) for f in (per_device, _scanned(per_device)))
         return TrainStep(one, many, backend)
     mesh = sharding.device_mesh(devices)
     if mesh.axis_names != (axis_name,):
@@ -233,24 +231,15 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
     if backend == "shard_map":
         per_device = device_step(loss_fn, optimizer, has_aux, axis_name, in_shard_map=True)
 
-        def squeeze(tree):  # shard_map keeps rank: this device's block is (1, B // n, ...)
-            return jax.tree.map(lambda x: x[0], tree)
+        def squeezed(f):  # shard_map keeps rank: this device's block is (1, B // n, ...)
+            return lambda state, batches: f(state, jax.tree.map(lambda x: x[0], batches))
 
-        def one_step(state, batch):
-            return per_device(state, squeeze(batch))
-
-        def scan_steps(state, group):
-            return jax.lax.scan(per_device, state, _stack(squeeze(group)))
-
-        one, many = (jax.jit(jax.shard_map(f, mesh=mesh, in_specs=(P(), P(axis_name)), out_specs=(P(), P())))
-                     for f in (one_step, scan_steps))
+        one, many = (jax.jit(jax.shard_map(squeezed(f), mesh=mesh, in_specs=(P(), P(axis_name)),
+                                           out_specs=(P(), P())))
+                     for f in (per_device, _scanned(per_device)))
     else:
         global_step = _global_step(loss_fn, optimizer, has_aux, mesh.size)
-
-        def scan_steps(state, group):
-            return jax.lax.scan(global_step, state, _stack(group))
-
-        one, many = (jax.jit(f, out_shardings=(replicated, replicated)) for f in (global_step, scan_steps))
+        one, many = (jax.jit(f, out_shardings=(replicated, replicated)) for f in (global_step, _scanned(global_step)))
 
     def place(batch):
         # Host arrays are split over the mesh here; global arrays built by each process from its own part of the
@@ -261,9 +250,15 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
     return TrainStep(one, many, backend, place)
 
 
-def _stack(batches):
-    """Inside the compiled program: ``K`` batches -> one, each leaf with a new leading axis ``K`` to scan over."""
-    return jax.tree.map(lambda *leaves: jnp.stack(leaves), *batches)
+def _scanned(step):
+    """``step(state, batch)`` -> ``steps(state, [batch_1, ..., batch_K])``: the K steps as one ``lax.scan``.
+
+    The K batches are stacked inside the compiled program, each leaf with a new leading axis ``K`` to scan over;
+    every metric comes back with one value per step.
+    """
+    def steps(state, batches):
+        return jax.lax.scan(step, state, jax.tree.map(lambda *leaves: jnp.stack(leaves), *batches))
+    return steps
 
 
 def _check_batch(batch, n: int) -> None:

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from course_lib import bench, training
+from course_lib import bench
 
 VARIANTS = ["single_jit", "naive_pmap", "pmap_step", "pmap_scan", "shard_map", "jit_sharded"]
 
@@ -52,12 +52,6 @@ def test_another_scan_steps_is_not_the_default_path_and_reports_no_goals(devices
     assert report["default_variant"] is None and report["goals"] == {}
     assert list(report["workloads"]["regression"]) == ["naive_pmap", "pmap_scan"]
     assert "<- default" not in bench.table(report)
-
-
-def test_the_default_path_is_fit_with_its_defaults():
-    """If fit's default steps_per_call changes, the benchmark's default variant follows it."""
-    import inspect
-    assert bench._fit_default("steps_per_call") == inspect.signature(training.fit).parameters["steps_per_call"].default
 
 
 @pytest.mark.parametrize("kwargs, message", [
