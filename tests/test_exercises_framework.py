@@ -12,14 +12,14 @@ ALL = ex.exercises()
 
 
 # What each lesson's issue asks for; three elsewhere.
-MINIMUM_EXERCISES = {"04": 4, "07": 2}
+MINIMUM_EXERCISES = {"04": 4, "06": 2, "07": 1, "08": 2}
 
 
 def test_every_lesson_with_exercises_has_enough():
     lessons = {}
     for id_ in ALL:
         lessons.setdefault(id_.split(".")[0], []).append(id_)
-    assert set(lessons) >= {"01", "02", "03", "04", "05", "06", "07"}
+    assert set(lessons) >= {"01", "02", "03", "04", "05", "06", "07", "08"}
     for lesson, ids in lessons.items():
         assert len(ids) >= MINIMUM_EXERCISES.get(lesson, 3), f"lesson {lesson} has only {ids}"
 

@@ -1,23 +1,20 @@
 """Lesson 07 checkers: the reference passes; typical mistakes get feedback that names them."""
 
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
 from course_lib.exercises import check
-from course_lib.exercises.lesson07 import solution_local_part, solution_process_rows
+from course_lib.exercises.lesson07 import solution_ported
 
 
-def test_07_1_process_rows():
-    assert check("07.1", solution_process_rows)
-    interleaved = check("07.1", lambda b, n, p: slice(p, b, n))
-    assert "interleaved" in interleaved.message
-    off_by_one = check("07.1", lambda b, n, p: slice(p * (b // n), (p + 1) * (b // n) + 1))
-    assert "has shape" in off_by_one.message
-    not_a_slice = check("07.1", lambda b, n, p: list(range(p * (b // n), (p + 1) * (b // n))))
-    assert "should return a slice" in not_a_slice.message
-
-
-def test_07_2_local_part():
-    assert check("07.2", solution_local_part)
-    contiguous = check("07.2", lambda batch, devices, p: batch[p * 4:(p + 1) * 4] if len(
-        {d.process_index for d in devices}) == 2 else solution_local_part(batch, devices, p))
-    assert "read each device's process_index" in contiguous.message
-    everything = check("07.2", lambda batch, devices, p: batch)
-    assert "has shape (8, 3, 2); expected (4, 3, 2)" in everything.message
+def test_07_1_ported():
+    assert check("07.1", solution_ported)
+    wrong_out = check("07.1", lambda x, w, m: jax.shard_map(lambda a, c: jnp.tanh(a @ c), mesh=m,
+                                                            in_specs=(P("i"), P()), out_specs=P())(x, w))
+    assert "P() would claim they are all the same" in wrong_out.message
+    no_shard_map = check("07.1", lambda x, w, m: jnp.tanh(x @ w))
+    assert "does not use jax.shard_map" in no_shard_map.message
+    wrong_in = check("07.1", lambda x, w, m: jax.shard_map(lambda a, c: jnp.tanh(a @ c), mesh=m,
+                                                           in_specs=(P(), P()), out_specs=P("i"))(x, w))
+    assert "in_specs must match how the inputs are placed" in wrong_in.message

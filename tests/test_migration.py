@@ -1,4 +1,4 @@
-"""Lesson 06's migration table, row by row: the pmap form and today's form give the same result."""
+"""Lesson 07's migration table, row by row: the pmap form and today's form give the same result."""
 
 import jax
 import jax.numpy as jnp

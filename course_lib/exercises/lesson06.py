@@ -1,4 +1,4 @@
-"""Lesson 06 exercises: placing arrays on a mesh, porting pmap to shard_map, out_specs that check_vma accepts."""
+"""Lesson 06 exercises: placing arrays on a mesh, out_specs that check_vma accepts."""
 
 import jax
 import jax.numpy as jnp
@@ -63,47 +63,7 @@ def check_place(place):
 
 
 # ----------------------------------------------------------------------------------------------
-# 06.2 Port a pmap function to shard_map
-
-
-def pmap_version(x, w):
-    """The lesson's pmap code: x (n, b, d) one block per device, w (d, k) broadcast -> (n, b, k)."""
-    return jax.pmap(lambda xb, wb: jnp.tanh(xb @ wb), in_axes=(0, None))(x, w)
-
-
-def solution_ported(x, w, mesh):
-    def block(xb, wb):                 # xb: this device's rows (B // n, d); wb: all of w
-        return jnp.tanh(xb @ wb)
-
-    return jax.shard_map(block, mesh=mesh, in_specs=(P("i"), P()), out_specs=P("i"))(x, w)
-
-
-@exercise("06.2", "Port a pmap function to shard_map", solution=solution_ported)
-def check_ported(ported):
-    rng = np.random.default_rng(6)
-    for n, b, d, k in [(len(jax.devices()), 2, 3, 4), (4, 3, 2, 2)]:
-        mesh = _mesh(n)
-        x = jax.device_put(rng.normal(size=(n * b, d)).astype(np.float32), NamedSharding(mesh, P(AXIS)))
-        w = jax.device_put(rng.normal(size=(d, k)).astype(np.float32), NamedSharding(mesh, P()))
-        got = call(ported, x, w, mesh, name="ported", hints={
-            "can't be statically inferred": "The output differs from device to device: out_specs P('i') stacks "
-                                            "the blocks; P() would claim they are all the same.",
-            "does not match the specs of the input": "in_specs must match how the inputs are placed: x split "
-                                                     "P('i'), w replicated P().",
-        })
-        what = f"ported(x {x.shape}, w {w.shape}) on {n} devices"
-        expect_array(got, np.tanh(np.asarray(x) @ np.asarray(w)), what=what, rtol=1e-5)
-        if not isinstance(got, jax.Array) or _spec(got) is None or tuple(_spec(got))[:1] != (AXIS,):
-            raise Mismatch(f"{what} has sharding {_spec(got)}; expected the rows split over 'i' (P('i')), as the "
-                           "input was.")
-        jaxpr = str(jax.make_jaxpr(lambda a, c: ported(a, c, mesh))(x, w))
-        if "shard_map[" not in jaxpr:
-            raise Mismatch(f"{what} has the right values but does not use jax.shard_map.")
-    return "the same program as the pmap version, written for a mesh, with no reshape to (n, b, ...)."
-
-
-# ----------------------------------------------------------------------------------------------
-# 06.3 out_specs that check_vma accepts
+# 06.2 out_specs that check_vma accepts
 
 
 def stats(x):
@@ -116,7 +76,7 @@ def solution_stats_out_specs():
     return (P("i"), P())
 
 
-@exercise("06.3", "Choose the out_specs that check_vma accepts", solution=solution_stats_out_specs)
+@exercise("06.2", "Choose the out_specs that check_vma accepts", solution=solution_stats_out_specs)
 def check_stats_out_specs(stats_out_specs):
     specs = call(stats_out_specs, name="stats_out_specs")
     if not isinstance(specs, (tuple, list)) or len(specs) != 2 or not all(isinstance(s, P) for s in specs):

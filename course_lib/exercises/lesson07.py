@@ -1,76 +1,49 @@
-"""Lesson 07 exercises: which part of a global batch each process loads."""
+"""Lesson 07 exercises: porting pmap code to shard_map."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from . import Mismatch, call, exercise, expect_array
+from .lesson06 import AXIS, _mesh, _spec
 
 
 # ----------------------------------------------------------------------------------------------
-# 07.1 The rows of a global batch that one process loads
+# 07.1 Port a pmap function to shard_map
 
 
-def solution_process_rows(global_batch, num_processes, process_id):
-    per_process = global_batch // num_processes
-    return slice(process_id * per_process, (process_id + 1) * per_process)
+def pmap_version(x, w):
+    """The lesson's pmap code: x (n, b, d) one block per device, w (d, k) broadcast -> (n, b, k)."""
+    return jax.pmap(lambda xb, wb: jnp.tanh(xb @ wb), in_axes=(0, None))(x, w)
 
 
-@exercise("07.1", "The rows of the global batch one process loads", solution=solution_process_rows)
-def check_process_rows(process_rows):
-    for batch, procs in [(64, 2), (96, 4), (30, 3), (8, 8)]:
-        per = batch // procs
-        seen = []
-        for pid in range(procs):
-            got = call(process_rows, batch, procs, pid, name="process_rows")
-            what = f"process_rows({batch}, {procs}, {pid})"
-            if not isinstance(got, slice):
-                raise Mismatch(f"{what} should return a slice, like slice(start, stop); got {type(got).__name__}.")
-            rows = list(range(batch))[got]
-            if got.step not in (None, 1) and len(rows) == per:
-                raise Mismatch(f"{what} takes every {got.step}-th row (interleaved). Give each process one "
-                               f"contiguous block of {per} rows, so its rows line up with its devices.")
-            expect_array(rows, list(range(pid * per, (pid + 1) * per)), what=f"the rows of {what}")
-            seen += rows
-        if sorted(seen) != list(range(batch)):
-            raise Mismatch(f"for a batch of {batch} on {procs} processes the slices do not cover every row once.")
-    return "each process loads one contiguous block of batch // num_processes rows."
+def solution_ported(x, w, mesh):
+    def block(xb, wb):                 # xb: this device's rows (B // n, d); wb: all of w
+        return jnp.tanh(xb @ wb)
+
+    return jax.shard_map(block, mesh=mesh, in_specs=(P("i"), P()), out_specs=P("i"))(x, w)
 
 
-# ----------------------------------------------------------------------------------------------
-# 07.2 The local part of a sharded batch, read from the devices' owners
-
-
-class FakeDevice:
-    """A stand-in for a jax.Device with the one attribute the exercise reads."""
-
-    def __init__(self, id, process_index):
-        self.id, self.process_index = id, process_index
-
-    def __repr__(self):
-        return f"Device(id={self.id}, process_index={self.process_index})"
-
-
-def solution_local_part(batch, devices, process_index):
-    rows = [i for i, d in enumerate(devices) if d.process_index == process_index]
-    return batch[rows]
-
-
-@exercise("07.2", "This process's rows of a sharded batch, from the devices it owns",
-          solution=solution_local_part)
-def check_local_part(local_part):
-    layouts = {
-        "2 processes x 4 devices, in order": [FakeDevice(i, i // 4) for i in range(8)],
-        "2 processes, devices interleaved": [FakeDevice(i, i % 2) for i in range(8)],
-        "4 processes x 2 devices": [FakeDevice(i, i // 2) for i in range(8)],
-    }
-    batch = np.arange(8 * 3 * 2).reshape(8, 3, 2)
-    for name, devices in layouts.items():
-        for pid in sorted({d.process_index for d in devices}):
-            got = call(local_part, batch, devices, pid, name="local_part")
-            owned = [i for i, d in enumerate(devices) if d.process_index == pid]
-            what = f"local_part for process {pid} ({name})"
-            if np.shape(got)[:1] == (len(owned),) and not np.array_equal(got, batch[owned]) and \
-                    np.array_equal(got, batch[pid * len(owned):(pid + 1) * len(owned)]):
-                raise Mismatch(f"{what} returns a contiguous block of rows, but this process owns the devices at "
-                               f"positions {owned}: read each device's process_index instead of assuming an order.")
-            expect_array(got, batch[owned], what=what)
-    return "each process feeds exactly the devices it owns, wherever they sit in the mesh."
+@exercise("07.1", "Port a pmap function to shard_map", solution=solution_ported)
+def check_ported(ported):
+    rng = np.random.default_rng(6)
+    for n, b, d, k in [(len(jax.devices()), 2, 3, 4), (4, 3, 2, 2)]:
+        mesh = _mesh(n)
+        x = jax.device_put(rng.normal(size=(n * b, d)).astype(np.float32), NamedSharding(mesh, P(AXIS)))
+        w = jax.device_put(rng.normal(size=(d, k)).astype(np.float32), NamedSharding(mesh, P()))
+        got = call(ported, x, w, mesh, name="ported", hints={
+            "can't be statically inferred": "The output differs from device to device: out_specs P('i') stacks "
+                                            "the blocks; P() would claim they are all the same.",
+            "does not match the specs of the input": "in_specs must match how the inputs are placed: x split "
+                                                     "P('i'), w replicated P().",
+        })
+        what = f"ported(x {x.shape}, w {w.shape}) on {n} devices"
+        expect_array(got, np.tanh(np.asarray(x) @ np.asarray(w)), what=what, rtol=1e-5)
+        if not isinstance(got, jax.Array) or _spec(got) is None or tuple(_spec(got))[:1] != (AXIS,):
+            raise Mismatch(f"{what} has sharding {_spec(got)}; expected the rows split over 'i' (P('i')), as the "
+                           "input was.")
+        jaxpr = str(jax.make_jaxpr(lambda a, c: ported(a, c, mesh))(x, w))
+        if "shard_map[" not in jaxpr:
+            raise Mismatch(f"{what} has the right values but does not use jax.shard_map.")
+    return "the same program as the pmap version, written for a mesh, with no reshape to (n, b, ...)."
