@@ -146,8 +146,10 @@ class Checkpoints:
 
     def steps(self) -> list[int]:
         """Every complete step in the directory, oldest first (a step still being written is not one)."""
-        self._manager.reload()
-        return sorted(self._manager.all_steps())
+        # Orbax writes a step into "<step>.orbax-checkpoint-tmp..." and renames it to "<step>" once complete.
+        if not self.directory.is_dir():
+            return []
+        return sorted(int(p.name) for p in self.directory.iterdir() if p.is_dir() and p.name.isdigit())
 
     def latest_step(self) -> int | None:
         """The newest complete step, or ``None`` in an empty directory."""
