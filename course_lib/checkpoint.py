@@ -212,6 +212,13 @@ class Checkpoints:
             raise CheckpointError(f"step={step} is not in {self.directory.name}/; the steps there are {available}. "
                                   "Pass one of them, or step=None for the newest.")
         targets = _targets(like, devices, sharding)
+        for path, t in jax.tree_util.tree_flatten_with_path(targets)[0]:
+            try:  # checked here: a failure inside Orbax's reader leaves its background threads complaining
+                t.sharding.shard_shape(t.shape)
+            except ValueError as e:
+                raise ValueError(f"sharding= does not fit leaf {jax.tree_util.keystr(path)} of shape {t.shape}: "
+                                 f"{e}. Use a device count that divides that axis, or replicate the leaf "
+                                 "with P().") from None
         ocp = _ocp()
         args = ocp.args.Composite(state=ocp.args.StandardRestore(targets), extra=ocp.args.JsonRestore())
         try:
@@ -223,12 +230,8 @@ class Checkpoints:
                 raise CheckpointError(f"the state given as like= does not match step {step} in "
                                       f"{self.directory.name}/: {first} Build like= the way the saved state was "
                                       "built (same model, optimizer and backend).") from None
-            if "partitioned" in text and "evenly divide" in text:
-                raise  # an indivisible sharding: JAX's own message says it best
             raise self._damaged(step, e, available) from None
         except Exception as e:  # tensorstore and file errors for damaged files
-            if type(e).__name__ == "IndivisibleError":  # a sharding that does not divide: JAX's message is clear
-                raise
             raise self._damaged(step, e, available) from None
         return _rewrap_keys(restored["state"], like), dict(restored["extra"] or {})
 
