@@ -140,3 +140,15 @@ def test_two_processes_save_together_and_one_process_restores(tmp_path, devices)
     state, extra = checkpoint.restore(directory, like, devices=devices)
     assert extra["position"] == 20
     np.testing.assert_array_equal(np.asarray(state["state"].params["w"]), results[0].result["params"]["w"])
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_unwritable_directory_gets_a_clear_error(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        with pytest.raises(PermissionError, match="cannot be written.*Pass a directory you can write to"):
+            checkpoint.save(locked / "run", 1, {"w": jnp.zeros(3)})
+    finally:
+        locked.chmod(0o700)
