@@ -35,7 +35,7 @@ __all__ = ["Op", "Dispatch", "Marker", "Trace", "capture", "find_trace", "load",
 # HLO ops that move data between devices. `psum_invariant` is how shard_map names its psum.
 COLLECTIVE = re.compile(r"all-reduce|all_reduce|allreduce|psum|all-gather|all_gather|reduce-scatter|"
                         r"reduce_scatter|psum_scatter|collective-permute|ppermute|all-to-all|all_to_all", re.I)
-HOST_READ = re.compile(r"np\.asarray\(jax\.Array\)|__float__|__array__|_value|device_get|block_until_ready")
+HOST_READ = re.compile(r"np\.asarray\(jax\.Array\)|__float__|__array__|device_get|block_until_ready")
 
 
 @dataclasses.dataclass(frozen=True)
