@@ -62,9 +62,12 @@ def check_restore_onto(restore_onto):
                                    f"expected ids {[d.id for d in target]}. Pass the devices to the restore.")
                 if not leaf.sharding.is_fully_replicated:
                     raise Mismatch(f"{what}: leaf {name} is split over the devices; the saved state is replicated.")
-            want = jax.tree.leaves(saved)
-            for a, b in zip(jax.tree.leaves(got), want):
-                if np.asarray(a).tobytes() != np.asarray(b).tobytes():
+            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(saved)):
+                try:
+                    a = np.asarray(a)
+                except Exception as e:  # e.g. an array that was deleted or donated
+                    raise Mismatch(f"{what} returned an array that cannot be read ({type(e).__name__}).") from None
+                if a.tobytes() != np.asarray(b).tobytes():
                     raise Mismatch(f"{what} returned values that differ from the saved ones, e.g. {np.asarray(a)} "
                                    f"instead of {np.asarray(b)}: restore the checkpoint, not like=.")
     return "the saved state came back bit for bit, whole on each of the devices you were given."
