@@ -13,6 +13,11 @@ One small module per topic, each introduced by the lesson that first writes its 
 - ``course_lib.distributed`` (lesson 07): launch and watch several JAX processes on 127.0.0.1.
 - ``course_lib.train_dp``   (lesson 07): the multi-process training worker, ``python -m course_lib.train_dp``.
 - ``course_lib.bench``      (lesson 08): the benchmark, ``python -m course_lib.bench``: six variants of a step, timed.
+- ``course_lib.checkpoint`` (lesson 11): Orbax checkpoints: save, restore onto the given devices or sharding,
+  latest step, resume a data iterator; clear errors for missing, damaged or mismatched checkpoints.
+- ``course_lib.checkpoint_worker`` (lesson 11): several processes saving one checkpoint, and a save killed half-way.
+- ``course_lib.profile``    (lesson 11): capture a ``jax.profiler`` trace of N steps, parse it per device,
+  summarise (step time, compute, collectives, gaps), plot a timeline.
 - ``course_lib.errors``     (every lesson): show an expected error without stopping "Run All".
 - ``course_lib.exercises``  (every lesson): exercise checkers and reference solutions.
 

@@ -1,0 +1,300 @@
+"""Checkpoints of a training run with Orbax: save on one set of devices, restore onto another, resume.
+
+Lesson 11. A checkpoint is one directory per step, ``<directory>/<step>/``, written by
+``orbax-checkpoint``: the ``TrainState`` (every array, with its shape and dtype, not its devices)
+and a small JSON record of everything else a run needs to go on exactly where it stopped (the
+position of the data iterator, a seed, your notes).
+
+* ``Checkpoints(directory, keep=3, asynchronous=True)`` is the directory: ``save``, ``restore``,
+  ``steps``, ``latest_step``, ``wait``. ``save``, ``restore`` and ``latest_step`` are the same as
+  one-line functions.
+* ``restore`` reads the arrays straight onto the devices you name (``devices=``, replicated with
+  ``P()``) or the shardings you give (``sharding=``): a state saved from 8 devices restores onto 4,
+  or onto 1, and Orbax reads each device's part from disk.
+* ``resume(make_batches, position)`` restarts a seeded data iterator at a given batch, so that a
+  resumed run sees the batches the uninterrupted run would have seen.
+
+What makes it safe (Orbax does the work; lesson 11 shows each): a save writes into a temporary
+directory and renames it into place only when every file is written, so a crash mid-save leaves
+no step that looks valid; ``keep=N`` deletes all but the newest N steps; ``asynchronous=True``
+writes in a background thread while training goes on; with several processes every process
+writes its own arrays and process 0 alone writes the metadata.
+
+Errors name the argument, the value and the fix: a missing directory or step, a damaged
+checkpoint, a state whose structure differs from the saved one, a directory that cannot be
+written, and a step older than one already saved (Orbax itself skips such a save silently).
+
+Save states whose leaves have the same shape on any number of devices: those of the
+``"shard_map"`` and ``"jit"`` backends (replicated with ``P()``) or sharded states (lesson 10). A
+``"pmap"`` state is stacked, ``(n_devices, ...)``, and only restores onto as many devices.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pathlib
+from typing import Any, Callable, Iterable, Iterator
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+__all__ = ["Checkpoints", "CheckpointError", "save", "restore", "latest_step", "steps", "resume", "replicated_on",
+           "TMP_MARKER"]
+
+TMP_MARKER = ".orbax-checkpoint-tmp"  # what Orbax adds to the name of a step directory still being written
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, damaged, or does not match the state it is restored into."""
+
+
+def _ocp():
+    import orbax.checkpoint as ocp  # imported on first use: it takes a second and is only needed here
+    return ocp
+
+
+def _is_key(x) -> bool:
+    return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _keys_to_data(tree):
+    """Typed PRNG keys -> their raw ``uint32`` data (Orbax stores plain arrays)."""
+    return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
+
+
+def _writable(directory: pathlib.Path) -> None:
+    existing = directory
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise NotADirectoryError(f"directory={str(directory)!r}: {str(existing)!r} is a file, not a directory. "
+                                 "Pass a directory for the checkpoints.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(f"directory={str(directory)!r} cannot be written ({str(existing)!r} is not writable "
+                              "by this user). Pass a directory you can write to, e.g. under tempfile.mkdtemp().")
+
+
+def replicated_on(devices) -> NamedSharding:
+    """``NamedSharding(Mesh(devices, ("devices",)), P())``: a whole copy of an array on each of ``devices``."""
+    devices = list(devices)
+    if not devices:
+        raise ValueError("devices=[]: restore needs at least one device, e.g. jax.devices()[:4].")
+    return NamedSharding(jax.sharding.Mesh(np.array(devices), ("devices",)), P())
+
+
+def _targets(like, devices, sharding):
+    """The abstract arrays to restore into: ``like``'s shapes and dtypes, placed as asked."""
+    if devices is not None and sharding is not None:
+        raise ValueError("give devices= or sharding=, not both.")
+    leaves, treedef = jax.tree.flatten(like)
+    if sharding is None:
+        shardings = [replicated_on(devices)] * len(leaves) if devices is not None else \
+            [getattr(x, "sharding", None) for x in leaves]
+    elif isinstance(sharding, jax.sharding.Sharding):
+        shardings = [sharding] * len(leaves)
+    else:
+        shardings, sharding_def = jax.tree.flatten(sharding, is_leaf=lambda s: isinstance(s, jax.sharding.Sharding))
+        if sharding_def != treedef:
+            raise ValueError(f"sharding= must be one Sharding or a pytree of them shaped like the state; got "
+                             f"{sharding_def}, the state is {treedef}.")
+    if any(s is None for s in shardings):
+        shardings = [s or replicated_on(jax.devices()[:1]) for s in shardings]
+    out = []
+    for x, s in zip(leaves, shardings):
+        if _is_key(x):
+            data = jax.random.key_data(x) if isinstance(x, jax.Array) else \
+                jax.eval_shape(jax.random.key_data, x)
+            out.append(jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=s))
+        else:
+            out.append(jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s))
+    return jax.tree.unflatten(treedef, out)
+
+
+def _rewrap_keys(restored, like):
+    def back(r, x):
+        return jax.random.wrap_key_data(r, impl=jax.random.key_impl(x)) if _is_key(x) else r
+    return jax.tree.map(back, restored, like)
+
+
+class Checkpoints:
+    """A directory of checkpoints, one per step: ``<directory>/<step>/``.
+
+    Args:
+      directory: where the steps go; created if missing.
+      keep: keep only the newest ``keep`` steps (``None``: all of them).
+      asynchronous: ``save`` returns once the arrays are copied off the devices, and a background thread
+        writes them; call ``wait()`` (or leave the ``with`` block) before reading the files.
+
+    Use it as a context manager, or call ``close()``: both wait for a save still being written.
+    """
+
+    def __init__(self, directory, *, keep: int | None = None, asynchronous: bool = False):
+        if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
+            raise ValueError(f"keep must be a whole number >= 1 (or None to keep every step), got {keep!r}.")
+        self.directory = pathlib.Path(directory).absolute()
+        _writable(self.directory)
+        ocp = _ocp()
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=asynchronous,
+                                               cleanup_tmp_directories=False)
+        try:
+            self._manager = ocp.CheckpointManager(self.directory, options=options)
+        except OSError as e:
+            raise PermissionError(f"directory={str(directory)!r} cannot be written ({e.strerror or e}). Pass a "
+                                  "directory you can write to, e.g. under tempfile.mkdtemp().") from None
+
+    def steps(self) -> list[int]:
+        """Every complete step in the directory, oldest first (a step still being written is not one)."""
+        # Orbax writes a step into "<step>.orbax-checkpoint-tmp..." and renames it to "<step>" once complete.
+        if not self.directory.is_dir():
+            return []
+        return sorted(int(p.name) for p in self.directory.iterdir() if p.is_dir() and p.name.isdigit())
+
+    def latest_step(self) -> int | None:
+        """The newest complete step, or ``None`` in an empty directory."""
+        done = self.steps()
+        return done[-1] if done else None
+
+    def save(self, step: int, state, extra: dict | None = None) -> None:
+        """Save ``state`` (any pytree of arrays, e.g. a ``TrainState``) and ``extra`` (JSON) as ``step``.
+
+        Raises:
+          ValueError: ``step`` is not newer than the latest saved step (Orbax would skip it silently), or
+            ``extra`` is not JSON.
+        """
+        if not isinstance(step, (int, np.integer)) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"step must be a whole number >= 0, got {step!r}.")
+        latest = self.latest_step()
+        if latest is not None and step <= latest:
+            raise ValueError(f"step={step}, but {self.directory.name}/ already holds step {latest}: Orbax would skip "
+                             f"this save without a word. Resume from step {latest} (restore it), or save to an "
+                             "empty directory for a new run.")
+        import json
+        try:
+            json.dumps(extra or {})
+        except TypeError as e:
+            raise ValueError(f"extra must hold only JSON values (numbers, strings, lists, dicts): {e}. "
+                             "Convert arrays with .tolist() or int().") from None
+        ocp = _ocp()
+        args = ocp.args.Composite(state=ocp.args.StandardSave(_keys_to_data(state)),
+                                  extra=ocp.args.JsonSave(extra or {}))
+        if not self._manager.save(int(step), args=args, force=True):
+            raise CheckpointError(f"Orbax did not save step {step} in {self.directory.name}/.")
+
+    def wait(self) -> None:
+        """Block until an asynchronous save has been written and renamed into place."""
+        self._manager.wait_until_finished()
+
+    def restore(self, like, *, step: int | None = None, devices=None, sharding=None):
+        """Read ``step`` (default: the newest) into arrays shaped like ``like``, on the devices asked for.
+
+        Args:
+          like: a pytree with the saved state's structure, shapes and dtypes (a fresh ``TrainState`` from
+            ``training.init_state``, or ``jax.ShapeDtypeStruct`` leaves); its values are not used.
+          devices: put every leaf, whole, on each of these devices (``P()`` over a mesh of them).
+          sharding: one ``jax.sharding.Sharding`` for every leaf, or a pytree of them shaped like ``like``.
+            With neither, each leaf goes where ``like``'s leaf lives.
+
+        Returns:
+          ``(state, extra)``: ``state`` shaped like ``like``, ``extra`` the dict given to ``save``.
+
+        Raises:
+          CheckpointError: no such directory or step, a damaged step, or ``like`` does not match what was saved.
+        """
+        available = self.steps() if self.directory.is_dir() else []
+        if step is None:
+            if not available:
+                raise CheckpointError(f"no checkpoint in {self.directory.name}/ (it is empty or missing). Save one "
+                                      "first, or pass the directory the run wrote to.")
+            step = available[-1]
+        elif step not in available:
+            raise CheckpointError(f"step={step} is not in {self.directory.name}/; the steps there are {available}. "
+                                  "Pass one of them, or step=None for the newest.")
+        targets = _targets(like, devices, sharding)
+        for path, t in jax.tree_util.tree_flatten_with_path(targets)[0]:
+            try:  # checked here: a failure inside Orbax's reader leaves its background threads complaining
+                t.sharding.shard_shape(t.shape)
+            except ValueError as e:
+                raise ValueError(f"sharding= does not fit leaf {jax.tree_util.keystr(path)} of shape {t.shape}: "
+                                 f"{e}. Use a device count that divides that axis, or replicate the leaf "
+                                 "with P().") from None
+        ocp = _ocp()
+        args = ocp.args.Composite(state=ocp.args.StandardRestore(targets), extra=ocp.args.JsonRestore())
+        try:
+            restored = self._manager.restore(step, args=args)
+        except (ValueError, TypeError) as e:
+            text = str(e)
+            if "tree structures do not match" in text or "not compatible with the stored shape" in text:
+                first = " ".join(ln.strip() for ln in text.splitlines()[:6] if ln.strip())
+                raise CheckpointError(f"the state given as like= does not match step {step} in "
+                                      f"{self.directory.name}/: {first} Build like= the way the saved state was "
+                                      "built (same model, optimizer and backend).") from None
+            raise self._damaged(step, e, available) from None
+        except Exception as e:  # tensorstore and file errors for damaged files
+            raise self._damaged(step, e, available) from None
+        return _rewrap_keys(restored["state"], like), dict(restored["extra"] or {})
+
+    def _damaged(self, step, error, available) -> CheckpointError:
+        what = (str(error).splitlines() or [""])[0].replace(str(self.directory.parent) + os.sep, "")[:200]
+        others = [s for s in available if s != step]
+        return CheckpointError(f"step {step} in {self.directory.name}/ could not be read; it looks damaged (truncated "
+                               f"or edited files; Orbax says {type(error).__name__}: {what}). Restore another step "
+                               f"({others or 'none left'}), or delete this one.")
+
+    def close(self) -> None:
+        """Wait for a save in progress, then release Orbax's background threads."""
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"Checkpoints({self.directory.name!r}, steps={self.steps()})"
+
+
+def save(directory, step: int, state, extra: dict | None = None) -> None:
+    """Save ``state`` and ``extra`` as ``<directory>/<step>/`` and wait until it is written (see ``Checkpoints``)."""
+    with Checkpoints(directory) as ckpt:
+        ckpt.save(step, state, extra)
+
+
+def restore(directory, like, *, step: int | None = None, devices=None, sharding=None):
+    """``(state, extra)`` from ``<directory>/<step>/`` (default: newest), placed as asked (see ``Checkpoints.restore``)."""
+    directory = pathlib.Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"directory={str(directory.name)!r} does not exist: no checkpoint to restore. Pass the "
+                              "directory the run saved to.")
+    with Checkpoints(directory) as ckpt:
+        return ckpt.restore(like, step=step, devices=devices, sharding=sharding)
+
+
+def steps(directory) -> list[int]:
+    """The complete steps in ``directory``, oldest first; ``[]`` if there is none (or no directory)."""
+    directory = pathlib.Path(directory)
+    if not directory.is_dir():
+        return []
+    with Checkpoints(directory) as ckpt:
+        return ckpt.steps()
+
+
+def latest_step(directory) -> int | None:
+    """The newest complete step in ``directory``, or ``None``."""
+    done = steps(directory)
+    return done[-1] if done else None
+
+
+def resume(make_batches: Callable[[], Iterable], position: int) -> Iterator:
+    """The batches of ``make_batches()`` from number ``position`` on (0-based): where a stopped run left off.
+
+    ``make_batches`` must give the same sequence every time (a seeded ``data.batches``); the first
+    ``position`` batches are generated and dropped, so the next one is the batch the uninterrupted run
+    would have used next. Save ``position`` (the number of batches used so far) in the checkpoint's ``extra``.
+    """
+    if not isinstance(position, (int, np.integer)) or isinstance(position, bool) or position < 0:
+        raise ValueError(f"position must be a whole number >= 0 (batches already used), got {position!r}.")
+    return itertools.islice(iter(make_batches()), int(position), None)

@@ -1,0 +1,154 @@
+"""course_lib.checkpoint: save on 8 devices, restore on 4 and 1, resume exactly; safe saves; clear errors."""
+
+import os
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from course_lib import checkpoint, checkpoint_worker, data, distributed, training
+
+X, Y, _ = data.regression_data(n=1024)
+OPT = optax.adam(0.05)
+
+
+def loss_fn(params, batch, key):
+    return training.masked_mean((batch["x"] @ params["w"] + params["b"] - batch["y"]) ** 2, batch["mask"])
+
+
+def fresh(devs):
+    return training.init_state({"w": jnp.zeros(3), "b": jnp.float32(0.0)}, OPT, jax.random.key(1), devs,
+                               backend="shard_map")
+
+
+def make_batches(n):
+    return lambda: data.batches(X, Y, 64, n_devices=n, seed=3, epochs=None)
+
+
+def run(state, devs, batches, steps):
+    step = training.make_train_step(loss_fn, OPT, devices=devs, backend="shard_map")
+    return training.fit(step, state, batches, num_steps=steps, progress=False)
+
+
+def bits(tree):
+    return [np.asarray(x).tobytes() for x in jax.tree.leaves(jax.tree.map(
+        lambda v: jax.random.key_data(v) if jax.dtypes.issubdtype(v.dtype, jax.dtypes.prng_key) else v, tree))]
+
+
+def test_save_on_8_restore_on_4_and_1_and_resume_equals_uninterrupted(tmp_path, devices):
+    whole, whole_hist = run(fresh(devices), devices, make_batches(8)(), 150)
+    first, _ = run(fresh(devices), devices, make_batches(8)(), 100)
+    checkpoint.save(tmp_path / "run", 100, first, {"position": 100})
+    assert checkpoint.latest_step(tmp_path / "run") == 100
+    for n in (4, 1):
+        state, extra = checkpoint.restore(tmp_path / "run", fresh(devices), devices=devices[:n])
+        assert extra == {"position": 100}
+        assert all(set(x.devices()) == set(devices[:n]) for x in jax.tree.leaves(state))
+        assert bits(state) == bits(first)                      # what was saved, bit for bit
+    state, extra = checkpoint.restore(tmp_path / "run", fresh(devices), devices=devices)
+    resumed, hist = run(state, devices, checkpoint.resume(make_batches(8), extra["position"]), 50)
+    assert [h["loss"] for h in hist["train"]] == [h["loss"] for h in whole_hist["train"][100:]]
+    assert bits(resumed) == bits(whole)                         # same devices: bitwise
+    # On 4 devices the same global batches are summed in another order: equal to float tolerance.
+    state4, _ = checkpoint.restore(tmp_path / "run", fresh(devices), devices=devices[:4])
+    resumed4, _ = run(state4, devices[:4], checkpoint.resume(make_batches(4), 100), 50)
+    np.testing.assert_allclose(resumed4.params["w"], whole.params["w"], rtol=1e-4, atol=1e-5)
+
+
+def test_resume_skips_the_batches_already_used():
+    again = list(checkpoint.resume(lambda: iter(range(10)), 7))
+    assert again == [7, 8, 9]
+    with pytest.raises(ValueError, match="position must be a whole number"):
+        checkpoint.resume(lambda: iter(range(3)), -1)
+
+
+def test_keep_and_asynchronous_save(tmp_path, devices):
+    state = fresh(devices)
+    with checkpoint.Checkpoints(tmp_path / "run", keep=2, asynchronous=True) as ckpt:
+        for step in (10, 20, 30):
+            ckpt.save(step, state, {"position": step})
+        ckpt.wait()
+        assert ckpt.steps() == [20, 30]
+    assert sorted(os.listdir(tmp_path / "run")) == ["20", "30"]
+
+
+def test_a_save_killed_mid_way_leaves_the_previous_checkpoint_restorable(tmp_path):
+    directory = tmp_path / "run"
+    checkpoint.save(directory, 100, {"w": jnp.arange(3.0)}, {"position": 100})
+    report = checkpoint_worker.crash_mid_save(directory, 200, megabytes=32)
+    assert report["returncode"] == -9 and report["killed_mid_save"], report
+    assert any(name.startswith("200" + checkpoint.TMP_MARKER) for name in report["left_behind"])
+    assert checkpoint.steps(directory) == [100]                 # the half-written step does not count
+    state, extra = checkpoint.restore(directory, {"w": jnp.zeros(3)})
+    assert extra == {"position": 100} and state["w"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_truncated_or_corrupted_checkpoint_gets_a_clear_error(tmp_path):
+    directory = tmp_path / "run"
+    for step in (1, 2):
+        checkpoint.save(directory, step, {"w": jnp.arange(3.0)})
+    for f in (directory / "2").rglob("*"):
+        if f.is_file() and f.parent.name == "d":
+            f.write_bytes(f.read_bytes()[:10])                  # truncated data files
+    with pytest.raises(checkpoint.CheckpointError, match=r"step 2 in run/ could not be read; it looks damaged"):
+        checkpoint.restore(directory, {"w": jnp.zeros(3)}, step=2)
+    (directory / "1" / "state" / "_METADATA").write_text("{not json")
+    with pytest.raises(checkpoint.CheckpointError, match=r"step 1 in run/ .*damaged.*Restore another step \(\[2\]\)"):
+        checkpoint.restore(directory, {"w": jnp.zeros(3)}, step=1)
+
+
+def test_clear_errors(tmp_path, devices):
+    directory = tmp_path / "run"
+    with pytest.raises(checkpoint.CheckpointError, match="does not exist"):
+        checkpoint.restore(directory, {"w": jnp.zeros(3)})
+    checkpoint.save(directory, 5, {"w": jnp.arange(8.0), "b": jnp.float32(1)})
+    with pytest.raises(checkpoint.CheckpointError, match="step=7 is not in run/; the steps there are \\[5\\]"):
+        checkpoint.restore(directory, {"w": jnp.zeros(8), "b": jnp.float32(0)}, step=7)
+    with pytest.raises(checkpoint.CheckpointError, match="does not match step 5"):
+        checkpoint.restore(directory, {"w": jnp.zeros(8)})
+    with pytest.raises(checkpoint.CheckpointError, match="does not match step 5"):
+        checkpoint.restore(directory, {"w": jnp.zeros(6), "b": jnp.float32(0)})
+    with pytest.raises(ValueError, match="already holds step 5"):
+        checkpoint.save(directory, 3, {"w": jnp.arange(8.0), "b": jnp.float32(1)})
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises((NotADirectoryError, PermissionError), match="directory="):
+        checkpoint.save(tmp_path / "a_file" / "run", 1, {"w": jnp.zeros(3)})
+    split3 = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devices[:3]), ("d",)),
+                                        jax.sharding.PartitionSpec("d"))
+    with pytest.raises(ValueError, match="evenly divide"):
+        checkpoint.restore(directory, {"w": jnp.zeros(8), "b": jnp.float32(0)},
+                           sharding={"w": split3, "b": checkpoint.replicated_on(devices[:3])})
+
+
+def test_two_processes_save_together_and_one_process_restores(tmp_path, devices):
+    directory = tmp_path / "mp"
+    results = distributed.launch(2, 4, module="course_lib.checkpoint_worker",
+                                 args=["--directory", str(directory), "--steps", "20", "--save-every", "10"],
+                                 timeout=180)
+    assert [r.result["saved"] for r in results] == [[10, 20], [10, 20]]
+    assert "checkpoint saved" in results[0].output and "checkpoint saved" not in results[1].output
+    step_dir = directory / "20" / "state"
+    assert {p.name for p in step_dir.iterdir() if p.name.startswith("ocdbt.process_")} == \
+        {"ocdbt.process_0", "ocdbt.process_1"}                  # both processes wrote arrays
+    assert len(list(step_dir.glob("_METADATA"))) == 1          # one metadata file, by process 0
+    like = {"state": training.init_state({"w": jnp.zeros(3), "b": jnp.float32(0.0)}, optax.sgd(0.1),
+                                         jax.random.key(0), devices, backend="jit"),
+            "last_batch_x": jnp.zeros((8, 8, 3))}
+    state, extra = checkpoint.restore(directory, like, devices=devices)
+    assert extra["position"] == 20
+    np.testing.assert_array_equal(np.asarray(state["state"].params["w"]), results[0].result["params"]["w"])
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_unwritable_directory_gets_a_clear_error(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        with pytest.raises(PermissionError, match="cannot be written.*Pass a directory you can write to"):
+            checkpoint.save(locked / "run", 1, {"w": jnp.zeros(3)})
+    finally:
+        locked.chmod(0o700)
