@@ -108,6 +108,7 @@ def test_jit_backend_compiles_the_plain_jit_step():
     hlo = hlo.compile().as_text()
     reduces = [line for line in hlo.splitlines() if " all-reduce(" in line or " all-reduce-start(" in line]
     assert len(reduces) == 1 and "f32[3]" in reduces[0], reduces
+    assert " all-gather(" not in hlo and " all-to-all(" not in hlo, "merging (n, B // n) into (B,) moves no rows"
     # A masked mean also sums the real rows over the devices (its denominator) before the gradients: two.
     hlo = training.make_train_step(mse, opt, backend="jit").lower(state, next(data.batches(x, y, 64)))
     assert sum(" all-reduce(" in line for line in hlo.compile().as_text().splitlines()) == 2
