@@ -142,20 +142,22 @@ def device_step(loss_fn, optimizer, has_aux=False, axis_name=AXIS, in_shard_map=
     return step
 
 
-def _global_step(loss_fn, optimizer, has_aux, n):
-    """The same step written for the whole global batch ``(n, B // n, ...)``; the compiler splits it."""
+def _global_step(loss_fn, optimizer, has_aux):
+    """The single-device step on the whole global batch; the compiler splits it over the devices.
+
+    ``step(state, batch) -> (state, metrics)`` with ``batch`` leaves ``(n, B // n, ...)``: they are merged into the
+    global batch ``(B, ...)`` (a reshape; each device keeps its rows, nothing moves) and ``loss_fn`` sees all ``B``
+    rows at once, with one key per step. There is no per-device code and no collective here: the batch's sharding
+    makes the compiler split the work and insert the all-reduces. A loss that is a (masked) mean over the rows gives
+    the same average as the other backends' count-weighted one: the sum over the real rows of all devices divided by
+    their number.
+    """
 
     def step(state: TrainState, batch):
-        keys = jax.vmap(lambda i: _step_key(state, i))(jnp.arange(n))
-
-        def weighted_loss(params):
-            out = jax.vmap(loss_fn, in_axes=(None, 0, 0))(params, batch, keys)   # one loss per shard
-            losses, aux = out if has_aux else (out, {})
-            counts = jax.vmap(_count)(batch) if isinstance(batch, dict) and "mask" in batch else jnp.ones(n)
-            weights = counts / jnp.sum(counts)
-            return jnp.sum(losses * weights), jax.tree.map(lambda a: jnp.sum(a * weights), aux)
-
-        (loss, aux), grads = jax.value_and_grad(weighted_loss, has_aux=True)(state.params)
+        whole = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), batch)   # (n, B // n, ...) -> (B, ...)
+        key = jax.random.fold_in(state.key, state.step)
+        out, grads = jax.value_and_grad(loss_fn, has_aux=has_aux)(state.params, whole, key)
+        loss, aux = out if has_aux else (out, {})
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         return TrainState(params, opt_state, state.key, state.step + 1), {"loss": loss, **aux}
@@ -207,8 +209,11 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
         * ``"pmap"``: ``jax.pmap`` of the per-device step, state replicated as ``(n, ...)``;
         * ``"shard_map"``: ``jax.jit(jax.shard_map(...))`` of the same per-device step, state replicated
           with ``P()``, batch split with ``P(axis_name)``;
-        * ``"jit"``: plain ``jax.jit`` of the step written for the whole global batch; the inputs'
-          shardings tell the compiler to split it, and it inserts the gradient all-reduce itself.
+        * ``"jit"``: plain ``jax.jit`` of the single-device step on the whole global batch (lesson 07):
+          ``loss_fn`` sees all ``B`` rows (``(B, ...)`` per leaf) and one key per step; the inputs'
+          shardings tell the compiler to split it, and it inserts the all-reduces itself. With a (masked)
+          mean loss the result is the same as the other backends'; random draws (dropout) differ, since
+          the key is not split per device.
 
     Returns:
       a ``TrainStep``: ``step(state, batch) -> (state, metrics)`` for a state from
@@ -238,7 +243,7 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
                                            out_specs=(P(), P())))
                      for f in (per_device, _scanned(per_device)))
     else:
-        global_step = _global_step(loss_fn, optimizer, has_aux, mesh.size)
+        global_step = _global_step(loss_fn, optimizer, has_aux)
         one, many = (jax.jit(f, out_shardings=(replicated, replicated)) for f in (global_step, _scanned(global_step)))
 
     def place(batch):

@@ -38,7 +38,7 @@ def test_three_backends_give_the_same_parameters_after_100_steps():
         assert training.replicas_identical(state.params)
 
 
-def test_three_backends_agree_with_dropout_keys_and_padding():
+def _digits_mlp(dropout):
     x_train, y_train, _, _ = data.digits()
     keys = jax.random.split(jax.random.key(1))
     params = [{"w": jax.random.normal(keys[0], (64, 32)) * 0.2, "b": jnp.zeros(32)},
@@ -46,14 +46,45 @@ def test_three_backends_agree_with_dropout_keys_and_padding():
 
     def loss(p, batch, key):
         h = jax.nn.relu(batch["x"] @ p[0]["w"] + p[0]["b"])
-        h = jnp.where(jax.random.bernoulli(key, 0.8, h.shape), h / 0.8, 0.0)
+        if dropout:
+            h = jnp.where(jax.random.bernoulli(key, 0.8, h.shape), h / 0.8, 0.0)
         ce = optax.softmax_cross_entropy_with_integer_labels(h @ p[1]["w"] + p[1]["b"], batch["y"])
         return training.masked_mean(ce, batch["mask"])
 
+    # 300 rows in batches of 128: the third batch has 44 real rows, so the devices hold 16, 16, 12, 0, ... of them
     batches = lambda: data.batches(x_train[:300], y_train[:300], 128, epochs=None, remainder="pad")  # noqa: E731
+    return loss, params, batches
+
+
+def test_three_backends_agree_with_padding_on_uneven_devices():
+    loss, params, batches = _digits_mlp(dropout=False)
     losses = {b: train(b, loss, params, optax.adam(1e-3), batches, 8)[1] for b in training.BACKENDS}
     for backend in ("shard_map", "jit"):
-        np.testing.assert_allclose(losses[backend], losses["pmap"], rtol=1e-4)
+        np.testing.assert_allclose(losses[backend], losses["pmap"], rtol=1e-5)
+
+
+def test_per_device_backends_agree_with_dropout_keys_and_padding():
+    loss, params, batches = _digits_mlp(dropout=True)
+    losses = {b: train(b, loss, params, optax.adam(1e-3), batches, 8)[1] for b in ("pmap", "shard_map")}
+    np.testing.assert_allclose(losses["shard_map"], losses["pmap"], rtol=1e-4)
+
+
+def test_jit_backend_gives_the_global_batch_one_new_key_per_step():
+    seen = []
+
+    def loss(params, batch, key):
+        seen.append(batch["x"].shape)
+        return jnp.sum(params["w"]) * 0.0, {"noise": jax.random.uniform(key)}
+
+    x, y, _ = data.regression_data(n=256)
+    opt = optax.sgd(0.1)
+    state = training.init_state({"w": jnp.zeros(3), "b": jnp.float32(0.0)}, opt, jax.random.key(0), backend="jit")
+    step = training.make_train_step(loss, opt, has_aux=True, backend="jit")
+    batches = data.batches(x, y, 64, epochs=None)
+    state, m1 = step(state, next(batches))
+    state, m2 = step(state, next(batches))
+    assert seen == [(64, 3)], "traced once, on the whole global batch (64, 3), not on one device's (8, 3)"
+    assert m1["noise"].shape == () and float(m1["noise"]) != float(m2["noise"]), "a new key each step"
 
 
 def test_jit_backend_has_the_compiler_insert_the_all_reduce():
@@ -63,6 +94,24 @@ def test_jit_backend_has_the_compiler_insert_the_all_reduce():
     step = training.make_train_step(mse, opt, backend="jit")
     hlo = step.lower(state, next(data.batches(x, y, 64))).compile().as_text()
     assert "all-reduce" in hlo
+
+
+def test_jit_backend_compiles_the_plain_jit_step():
+    """A mean loss: one all-reduce, of the gradients and the loss together, as for lesson 07's jit_step."""
+    def mean_loss(params, batch, key):
+        return jnp.mean((batch["x"] @ params["w"] + params["b"] - batch["y"]) ** 2)
+
+    x, y, _ = data.regression_data(n=128)
+    opt = optax.sgd(0.1)
+    state = training.init_state({"w": jnp.zeros(3), "b": jnp.float32(0.0)}, opt, jax.random.key(0), backend="jit")
+    hlo = training.make_train_step(mean_loss, opt, backend="jit").lower(state, next(data.batches(x, y, 64)))
+    hlo = hlo.compile().as_text()
+    reduces = [line for line in hlo.splitlines() if " all-reduce(" in line or " all-reduce-start(" in line]
+    assert len(reduces) == 1 and "f32[3]" in reduces[0], reduces
+    assert " all-gather(" not in hlo and " all-to-all(" not in hlo, "merging (n, B // n) into (B,) moves no rows"
+    # A masked mean also sums the real rows over the devices (its denominator) before the gradients: two.
+    hlo = training.make_train_step(mse, opt, backend="jit").lower(state, next(data.batches(x, y, 64)))
+    assert sum(" all-reduce(" in line for line in hlo.compile().as_text().splitlines()) == 2
 
 
 def test_unknown_backend():
