@@ -58,7 +58,7 @@ def test_05_2_max_divergence():
 
     assert "device 1's copy of 'b' differs by 2.0" in check("05.2", signed).message
     per_leaf = check("05.2", lambda t: np.array([solution_max_divergence(t["w"]), solution_max_divergence(t["b"])]))
-    assert "should return one number" in per_leaf.message
+    assert "should be one number" in per_leaf.message
 
 
 def test_05_3_masked_mse():
