@@ -95,6 +95,13 @@ class Exercise:
         """Run the checker on ``answer``; any problem becomes a ``Feedback``, never an exception."""
         if answer is None or answer is Ellipsis:
             return Feedback(self.id, False, NO_ANSWER, started=False)
+        if not callable(answer) and callable(self.solution):
+            try:
+                params = ", ".join(inspect.signature(self.solution).parameters)
+            except (TypeError, ValueError):
+                params = "..."
+            return Feedback(self.id, False, f"expected a function, your_function({params}), passed to check itself "
+                                            f"(not its result); got {describe_tree(answer)}.")
         _last_call.clear()
         try:
             return Feedback(self.id, True, self.checker(answer))
@@ -141,20 +148,23 @@ def exercise(id: str, title: str, *, solution: Callable, returns: str = "", hint
 _HINTS_LOADED: set[str] = set()
 
 
+def _add_hints(module) -> None:
+    """Append the hints of ``module.HINTS`` (``{"10.1": ["a nudge", "the key API"]}``) to its exercises, once."""
+    if module.__name__ in _HINTS_LOADED:
+        return
+    for id_, extra in getattr(module, "HINTS", {}).items():
+        if id_ not in _REGISTRY:
+            raise ValueError(f"{module.__name__}.HINTS names exercise {id_!r}, which is not registered")
+        extra = (extra,) if isinstance(extra, str) else tuple(extra)
+        ex = _REGISTRY[id_]
+        _REGISTRY[id_] = dataclasses.replace(ex, hints=ex.hints + extra)
+    _HINTS_LOADED.add(module.__name__)
+
+
 def _load_all() -> None:
     for info in pkgutil.iter_modules(__path__):
         if info.name.startswith("lesson"):
-            module = importlib.import_module(f"{__name__}.{info.name}")
-            if module.__name__ in _HINTS_LOADED:
-                continue
-            for id_, extra in getattr(module, "HINTS", {}).items():
-                if id_ not in _REGISTRY:
-                    raise ValueError(f"{module.__name__}.HINTS names exercise {id_!r}, which is not registered")
-                if isinstance(extra, str):
-                    extra = [extra]
-                ex = _REGISTRY[id_]
-                _REGISTRY[id_] = dataclasses.replace(ex, hints=ex.hints + tuple(extra))
-            _HINTS_LOADED.add(module.__name__)
+            _add_hints(importlib.import_module(f"{__name__}.{info.name}"))
 
 
 def exercises() -> dict[str, Exercise]:
