@@ -464,7 +464,8 @@ def vmap_calls(fn, *args) -> int | None:
 
     ``vmap`` leaves no trace in a jaxpr, so this counts the batching traces JAX starts while ``fn`` runs,
     however and whenever the ``vmap``ped function was built. Use inputs of a shape the learner is unlikely
-    to have used, so that no jit cache skips the tracing.
+    to have used; if none is seen, JAX's caches are cleared and ``fn`` runs once more, so that a jit cache
+    cannot hide a ``vmap``.
     """
     try:
         from jax._src.interpreters import batching
@@ -478,11 +479,17 @@ def vmap_calls(fn, *args) -> int | None:
         count[0] += 1
         return original(self, *a, **k)
 
-    trace_cls.__init__ = counting_init
-    try:
-        fn(*args)
-    except Exception:
-        return 0
-    finally:
-        trace_cls.__init__ = original
+    def run():
+        trace_cls.__init__ = counting_init
+        try:
+            fn(*args)
+        except Exception:
+            pass
+        finally:
+            trace_cls.__init__ = original
+        return count[0]
+
+    if run() == 0:
+        jax.clear_caches()  # a jit cache may have skipped the tracing: look once more, with nothing cached
+        run()
     return count[0]

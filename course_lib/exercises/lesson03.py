@@ -48,6 +48,7 @@ def check_scale_on_two(scale_on_two):
         x = jnp.asarray(_data(shape, seed=shape[0] * shape[1]))
         got = call(scale_on_two, x, s, name="scale_on_two", hints=dict([SCALAR_MAPPED, TOO_MANY_SLICES]))
         what = f"scale_on_two(x {shape}, {s})"
+        as_array(got, what=what, expected_shape=shape)
         if tuple(np.shape(got)) == (2, shape[0] // 2) + shape[1:]:
             raise Mismatch(f"{what} has shape {np.shape(got)}: the per-device blocks. Reshape the result back to "
                            f"{shape}.")
