@@ -302,3 +302,28 @@ def test_bad_answers_get_feedback_not_an_exception(id_, answer_name):
     assert feedback.message and str(feedback).startswith(f"[{id_}] ✘ Not yet: ")
     # Each checker names the problem itself: the framework's safety net is not needed for these.
     assert "Checking it failed with" not in feedback.message, feedback.message
+
+
+# ---------------------------------------------------------------------------------------------
+# The notebooks offer every exercise with check, hint and solution.
+
+import json
+import pathlib
+
+NOTEBOOK_DIR = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
+IMPORT_LINE = "from course_lib.exercises import check, hint, solution"
+
+
+def _notebook(lesson):
+    found = sorted(NOTEBOOK_DIR.glob(f"{lesson}_*.ipynb"))
+    return json.loads(found[0].read_text()) if found else None
+
+
+@pytest.mark.parametrize("id_", [i for i in ALL if _notebook(i.split(".")[0]) is not None])
+def test_every_exercise_is_offered_in_its_notebook_with_hint_then_solution(id_):
+    cells = _notebook(id_.split(".")[0])["cells"]
+    checking = [c for c in cells if c["cell_type"] == "code" and f'check("{id_}", ' in "".join(c["source"])]
+    assert checking, f"no cell of its notebook calls check({id_!r}, ...)"
+    assert all(IMPORT_LINE in "".join(c["source"]) for c in checking), f"the cell checking {id_} imports {IMPORT_LINE}"
+    markdown = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    assert f'Stuck? `hint("{id_}")` first' in markdown and f'then `solution("{id_}")`' in markdown
