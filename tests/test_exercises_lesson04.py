@@ -70,8 +70,6 @@ def test_04_4_gather_all():
 
 
 def test_04_raises_or_wrong_structure():
-    import numpy as np
-
     fb = check("04.1", lambda x, a: jax.lax.ppermute(x, a, ring(a))[0, 0])
     assert not fb and "pmap(ring_allreduce)(Array float32[8]) raised" in fb.message
     fb = check("04.1", lambda x, a: (x, jax.lax.psum(x, a)))
@@ -81,8 +79,8 @@ def test_04_raises_or_wrong_structure():
     fb = check("04.2", lambda x, a: {"mean": jax.lax.pmean(jnp.mean(x), a), "var": jnp.var(x)})
     assert not fb and "should return a pair (mean, var); got dict{'mean': Array float32[8]" in fb.message
     fb = check("04.2", lambda x, a: (jax.lax.pmean(x, a), jnp.var(x)))
-    assert not fb and "the mean should be an array of shape (8,)" not in fb.message and "got shape" not in fb.message
-    assert "mean and var should be one number per device" in fb.message or "the mean" in fb.message
+    assert not fb and "mean and var should be one number per device (pmap gives shape (8,)); got (8, 6) and (8,)" in (
+        fb.message)
     fb = check("04.3", lambda x, a: jax.lax.ppermute(x, a, [(i, i + 1) for i in range(8)]))
     assert not fb and "pmap(rotate_right)" in fb.message and "raised" in fb.message
     fb = check("04.3", lambda x, a: [x, x])
@@ -91,4 +89,3 @@ def test_04_raises_or_wrong_structure():
     assert not fb and "pmap(gather_all)(Array float32[8]) raised" in fb.message
     fb = check("04.4", lambda x, a: (x,) * jax.lax.psum(1, a))
     assert not fb and "should be an array of shape (8, 8), got tuple(" in fb.message
-    assert np.isfinite(0)

@@ -49,5 +49,7 @@ def test_06_2_raises_or_wrong_structure():
     assert not fb and "a pair of PartitionSpecs" in fb.message and "got dict{'local'" in fb.message
     fb = check("06.2", lambda: (P("i"), P(), P()))
     assert not fb and "a pair of PartitionSpecs" in fb.message
+    fb = check("06.2", lambda: (P("i"), P(undefined_name)))  # noqa: F821
+    assert not fb and "stats_out_specs() raised NameError: name 'undefined_name' is not defined" in fb.message
     fb = check("06.2", lambda: ("i", None))
     assert not fb and "got tuple(str 'i', NoneType)" in fb.message

@@ -34,8 +34,6 @@ def test_08_1_raises_or_wrong_structure():
 
 def test_08_2_expected_answer_is_private():
     # Fails on the checker before issue 14: it built its expected answer from the batch the learner zeroed.
-    import numpy as np
-
     def zero_and_return_zeros(batch, devices, p):
         rows = [i for i, d in enumerate(devices) if d.process_index == p]
         batch[...] = 0
@@ -50,7 +48,6 @@ def test_08_2_expected_answer_is_private():
 
     fb = check("08.2", sorts_devices)
     assert not fb and "changed its input devices in place" in fb.message
-    assert np.isfinite(0)
 
 
 def test_08_2_raises_or_wrong_structure():

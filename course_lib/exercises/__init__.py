@@ -456,11 +456,12 @@ def pmap_specs(fn, *args, name: str = "your function", untraceable: str = "") ->
         eqns = primitives(fn, *args, name=name)
     except Mismatch as e:
         raise Mismatch(f"{e} {untraceable}".strip()) from None
-    return [(tuple(e.params["in_specs"]), tuple(e.params["out_specs"])) for e in eqns if e.primitive.name == "shard_map"]
+    return [(tuple(e.params["in_specs"]), tuple(e.params["out_specs"]))
+            for e in eqns if e.primitive.name == "shard_map"]
 
 
 def vmap_calls(fn, *args) -> int | None:
-    """How many times calling ``fn(*args)`` ran a ``vmap``ped function (``None`` if this JAX cannot tell).
+    """How many times calling ``fn(*args)`` ran a ``vmap``ped function (``None`` if it raised, or JAX cannot tell).
 
     ``vmap`` leaves no trace in a jaxpr, so this counts the batching traces JAX starts while ``fn`` runs,
     however and whenever the ``vmap``ped function was built. Use inputs of a shape the learner is unlikely
@@ -483,13 +484,14 @@ def vmap_calls(fn, *args) -> int | None:
         trace_cls.__init__ = counting_init
         try:
             fn(*args)
-        except Exception:
-            pass
         finally:
             trace_cls.__init__ = original
         return count[0]
 
-    if run() == 0:
-        jax.clear_caches()  # a jit cache may have skipped the tracing: look once more, with nothing cached
-        run()
+    try:
+        if run() == 0:
+            jax.clear_caches()  # a jit cache may have skipped the tracing: look once more, with nothing cached
+            run()
+    except Exception:
+        return None  # fn fails on these inputs: the checker's own call of fn will say how
     return count[0]

@@ -75,7 +75,9 @@ def solution_batched_norms(x):
                  "The exercise is about the mechanism: jnp.linalg.norm(x, axis=1) gets the numbers but not the "
                  "point; write norm(v) = jnp.sqrt(jnp.sum(v ** 2)) and vmap it."])
 def check_batched_norms(batched_norms):
-    for b, d in [(8, 3), (5, 7), (1, 2)]:
+    probe = jnp.asarray(_batch(7, 13, seed=713))  # first, and a shape no earlier call is likely to have cached
+    vmaps = vmap_calls(batched_norms, probe)
+    for b, d in [(8, 3), (5, 7), (1, 2), (7, 13)]:
         x = _batch(b, d, seed=b * 10 + d)
         got = call(batched_norms, jnp.asarray(x), name="batched_norms")
         as_array(got, what=f"batched_norms(x {x.shape})", expected_shape=(b,))
@@ -86,8 +88,7 @@ def check_batched_norms(batched_norms):
             raise Mismatch(f"batched_norms(x {x.shape}) returned shape ({d},): one value per column. Map over "
                            "axis 0 (the rows), not axis 1.")
         expect_array(got, np.sqrt((x**2).sum(axis=1)), what=f"batched_norms(x {x.shape})", rtol=1e-4)
-    probe = jnp.asarray(_batch(7, 13, seed=713))  # a shape no earlier call is likely to have cached
-    if vmap_calls(batched_norms, probe) == 0:
+    if vmaps == 0:
         raise Mismatch("batched_norms has the right values, but no jax.vmap ran while it computed them: it works "
                        "on the whole batch at once (jnp.linalg.norm(x, axis=1), or a sum over axis 1). The "
                        "exercise is vmap: write the norm of one row, norm(v), and return jax.vmap(norm)(x).")
