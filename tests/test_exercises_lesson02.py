@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from course_lib.exercises import check
 from course_lib.exercises.lesson02 import solution_block_on, solution_split_batch, solution_sum_of_squares
@@ -45,6 +46,7 @@ def test_02_3_block_on():
     assert "values differ" in wrong_device.message
 
 
+@pytest.mark.filterwarnings("ignore:Setting the shape on a NumPy array:DeprecationWarning")
 def test_02_1_expected_answer_is_private():
     # Fails on the checker before issue 14: its expected answer was a view of the learner's input.
     def zero_then_reshape(x, n):
