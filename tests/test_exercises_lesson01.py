@@ -38,3 +38,48 @@ def test_01_3_norms_on_devices():
     assert "right values but lives on one device" in vmapped.message and "jax.pmap" in vmapped.message
     wrong_values = check("01.3", jax.pmap(lambda v: jnp.sum(v)))
     assert "values differ" in wrong_values.message
+
+
+def test_01_1_raises_or_wrong_structure():
+    fb = check("01.1", lambda x, ds: [jax.device_put(x[i], d) for i, d in enumerate(ds[:100])][len(ds)])
+    assert not fb and "split_across(ndarray float32[16, 3], list) raised IndexError" in fb.message
+    fb = check("01.1", lambda x, ds: {d.id: x for d in ds})
+    assert not fb and "should return a list of 8 arrays, got dict{" in fb.message
+    fb = check("01.1", lambda x, ds: [(p, d) for p, d in zip(np.split(x, len(ds)), ds)])
+    assert not fb and "piece 0 of a (16, 3) batch on 8 devices should be an array of shape (2, 3), got tuple(" in (
+        fb.message)
+
+
+def test_01_2_needs_vmap_not_only_the_numbers():
+    # Fails on the checker before issue 14: it praised these "for using vmap".
+    fb = check("01.2", lambda x: jnp.linalg.norm(x, axis=1))
+    assert not fb and "no jax.vmap ran" in fb.message and "jax.vmap(norm)(x)" in fb.message
+    assert not check("01.2", lambda x: jnp.sqrt(jnp.sum(x**2, axis=1)))
+    # vmap built before check() runs, even behind a jit, still counts.
+    prebuilt = jax.jit(jax.vmap(lambda v: jnp.sqrt(jnp.sum(v**2))))
+    prebuilt(jnp.ones((8, 3)))
+    assert check("01.2", prebuilt)
+    assert check("01.2", lambda x: prebuilt(x))
+
+
+def test_01_2_raises_or_wrong_structure():
+    fb = check("01.2", lambda x: jax.vmap(lambda v: jnp.sqrt(jnp.sum(v**2)), in_axes=2)(x))
+    assert not fb and "batched_norms(Array float32[8, 3]) raised ValueError" in fb.message
+    fb = check("01.2", lambda x: (jax.vmap(jnp.linalg.norm)(x), x))
+    assert not fb and "should be an array of shape (8,), got tuple(Array float32[8], Array float32[8, 3])" in (
+        fb.message)
+
+
+def test_01_3_needs_pmap_and_survives_wrong_structures():
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    def placed_by_hand(x):
+        mesh = jax.make_mesh((x.shape[0],), ("a",), devices=jax.devices()[:x.shape[0]])
+        return jax.device_put(jnp.sqrt(jnp.sum(x**2, axis=1)), NamedSharding(mesh, P("a")))
+
+    fb = check("01.3", placed_by_hand)
+    assert not fb and "its program has no jax.pmap" in fb.message
+    fb = check("01.3", jax.pmap(lambda v: jnp.sqrt(jnp.sum(v**2)), in_axes=2))
+    assert not fb and "norms_on_devices(Array float32[8, 3]) raised IndexError" in fb.message
+    fb = check("01.3", lambda x: {"norms": solution_norms_on_devices(x)})
+    assert not fb and "should be an array of shape (8,), got dict{'norms': Array float32[8]}" in fb.message

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from course_lib.exercises import check
 from course_lib.exercises.lesson02 import solution_block_on, solution_split_batch, solution_sum_of_squares
@@ -43,3 +44,44 @@ def test_02_3_block_on():
     assert "copied to the host" in on_host.message
     wrong_device = check("02.3", lambda y, i: y.addressable_shards[0].data[0])
     assert "values differ" in wrong_device.message
+
+
+@pytest.mark.filterwarnings("ignore:Setting the shape on a NumPy array:DeprecationWarning")
+def test_02_1_expected_answer_is_private():
+    # Fails on the checker before issue 14: its expected answer was a view of the learner's input.
+    def zero_then_reshape(x, n):
+        x[...] = 0
+        return x.reshape((n, x.shape[0] // n) + x.shape[1:])
+
+    fb = check("02.1", zero_then_reshape)
+    assert not fb and "changed its input x in place: its values changed" in fb.message
+
+    def reshape_in_place(x, n):
+        x.shape = (n, x.shape[0] // n) + x.shape[1:]
+        return x
+
+    fb = check("02.1", reshape_in_place)
+    assert not fb and "changed its input x in place: its shape changed to (8, 2, 3)" in fb.message
+
+
+def test_02_1_raises_or_wrong_structure():
+    fb = check("02.1", lambda x, n: jax.eval_shape(lambda a: a.reshape((n, -1) + a.shape[1:]), x))
+    assert not fb and "got ShapeDtypeStruct float32[8, 2, 3]" in fb.message and "jax.eval_shape" in fb.message
+    fb = check("02.1", lambda x, n: x.reshape(n, x.shape[0] // n, x.shape[1]))
+    assert not fb and "split_batch(ndarray float32[12, 2, 2], int) raised ValueError" in fb.message
+    fb = check("02.1", lambda x, n: np.split(x, n))
+    assert not fb and "should be an array of shape (8, 2, 3), got list[ndarray float32[2, 3]" in fb.message
+
+
+def test_02_2_raises_or_wrong_structure():
+    fb = check("02.2", jax.pmap(lambda b: jnp.sum(b**2), in_axes=3))
+    assert not fb and "sum_of_squares(Array float32[8, 2, 3]) raised IndexError" in fb.message
+    fb = check("02.2", lambda xs: (solution_sum_of_squares(xs), xs))
+    assert not fb and "should be an array of shape (8,), got tuple(" in fb.message
+
+
+def test_02_3_raises_or_wrong_structure():
+    fb = check("02.3", lambda y, i: y.addressable_shards[i + 8].data[0])
+    assert not fb and "block_on(Array float32[8, 3], int) raised IndexError" in fb.message
+    fb = check("02.3", lambda y, i: y.addressable_shards[i])
+    assert not fb and "should be an array of shape (3,), got Shard" in fb.message

@@ -67,3 +67,25 @@ def test_04_4_gather_all():
     assert "starting with its own" in check("04.4", own_first).message
     only_self = check("04.4", lambda x, a: jnp.stack([x] * jax.lax.psum(1, a)))
     assert "values differ" in only_self.message
+
+
+def test_04_raises_or_wrong_structure():
+    fb = check("04.1", lambda x, a: jax.lax.ppermute(x, a, ring(a))[0, 0])
+    assert not fb and "pmap(ring_allreduce)(Array float32[8]) raised" in fb.message
+    fb = check("04.1", lambda x, a: (x, jax.lax.psum(x, a)))
+    assert not fb and "should be an array of shape (8,), got tuple(Array float32[8], Array float32[8])" in fb.message
+    fb = check("04.2", lambda x, a: jax.lax.pmean(jnp.mean(x), "devices"))
+    assert not fb and "unbound axis name" in fb.message
+    fb = check("04.2", lambda x, a: {"mean": jax.lax.pmean(jnp.mean(x), a), "var": jnp.var(x)})
+    assert not fb and "should return a pair (mean, var); got dict{'mean': Array float32[8]" in fb.message
+    fb = check("04.2", lambda x, a: (jax.lax.pmean(x, a), jnp.var(x)))
+    assert not fb and "mean and var should be one number per device (pmap gives shape (8,)); got (8, 6) and (8,)" in (
+        fb.message)
+    fb = check("04.3", lambda x, a: jax.lax.ppermute(x, a, [(i, i + 1) for i in range(8)]))
+    assert not fb and "pmap(rotate_right)" in fb.message and "raised" in fb.message
+    fb = check("04.3", lambda x, a: [x, x])
+    assert not fb and "got list[Array float32[8, 2], Array float32[8, 2]]" in fb.message
+    fb = check("04.4", lambda x, a: jnp.stack([x] * 8)[a])
+    assert not fb and "pmap(gather_all)(Array float32[8]) raised" in fb.message
+    fb = check("04.4", lambda x, a: (x,) * jax.lax.psum(1, a))
+    assert not fb and "should be an array of shape (8, 8), got tuple(" in fb.message

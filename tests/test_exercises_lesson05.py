@@ -58,7 +58,7 @@ def test_05_2_max_divergence():
 
     assert "device 1's copy of 'b' differs by 2.0" in check("05.2", signed).message
     per_leaf = check("05.2", lambda t: np.array([solution_max_divergence(t["w"]), solution_max_divergence(t["b"])]))
-    assert "should return one number" in per_leaf.message
+    assert "should be one number" in per_leaf.message
 
 
 def test_05_3_masked_mse():
@@ -68,3 +68,43 @@ def test_05_3_masked_mse():
     assert "divides by all 8 rows" in by_all.message
     nan = check("05.3", lambda p, y, m: jnp.sum(m * (p - y) ** 2) / jnp.sum(m))
     assert "returned nan" in nan.message and "max(number of real rows, 1)" in nan.message
+
+
+def test_05_1_swapped_or_wrong_structure():
+    def swapped(loss_fn, params, batch, lr):
+        new_params, loss = solution_dp_step(loss_fn, params, batch, lr)
+        return loss, new_params
+
+    fb = check("05.1", swapped)
+    assert not fb and "the loss first and the parameters second" in fb.message
+    fb = check("05.1", lambda loss_fn, params, batch, lr: solution_dp_step(loss_fn, params, batch, lr)[0])
+    assert not fb and "should return a pair (new_params, loss); got dict{" in fb.message
+
+    def renamed(loss_fn, params, batch, lr):
+        new_params, loss = solution_dp_step(loss_fn, params, batch, lr)
+        return {"weights": new_params["w"], "bias": new_params["b"]}, loss
+
+    fb = check("05.1", renamed)
+    assert not fb and "new_params, the first thing dp_step returns should have the structure dict{'w'" in fb.message
+
+    def wrong_key(loss_fn, params, batch, lr):
+        return params["weights"], 0.0
+
+    fb = check("05.1", wrong_key)
+    assert not fb and "pmap(dp_step)(dict, dict, float) raised KeyError: 'weights'" in fb.message
+
+
+def test_05_2_raises_or_wrong_structure():
+    fb = check("05.2", lambda t: {k: solution_max_divergence(v) for k, v in t.items()})
+    assert not fb and "should be one number, got dict{'b': float, 'w': float}" in fb.message
+    fb = check("05.2", lambda t: t["w"].addressable_shards[8].data)
+    assert not fb and "max_divergence(dict) raised IndexError" in fb.message
+
+
+def test_05_3_forgot_to_reduce_or_raises():
+    fb = check("05.3", lambda p, y, m: m * (p - y) ** 2)
+    assert not fb and "should be one number, got shape (8,)" in fb.message and "reduce" in fb.message
+    fb = check("05.3", lambda p, y, m: jnp.sum(m * (p - y) ** 2) / m.sum(axis=1))
+    assert not fb and "masked_mse(Array float32[8], Array float32[8], Array bool[8]) raised" in fb.message
+    fb = check("05.3", lambda p, y, m: (jnp.mean((p - y) ** 2), m.sum()))
+    assert not fb and "should be one number, got tuple(" in fb.message

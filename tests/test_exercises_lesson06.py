@@ -28,3 +28,28 @@ def test_06_2_out_specs():
     assert "check_vma rejects P() for the per-device sums" in check("06.2", lambda: (P(), P())).message
     assert "returns the total 8 times" in check("06.2", lambda: (P("i"), P("i"))).message
     assert "a pair of PartitionSpecs" in check("06.2", lambda: P("i")).message
+
+
+def test_06_1_swapped_or_wrong_structure_or_raises():
+    fb = check("06.1", lambda p, b, m: solution_place(p, b, m)[::-1])
+    assert not fb and "place returned (batch, params): the batch first" in fb.message
+    fb = check("06.1", lambda p, b, m: jax.device_put((p, b), NamedSharding(m, P("j"))))
+    assert not fb and "place(dict, dict, Mesh) raised" in fb.message
+    fb = check("06.1", lambda p, b, m: [jax.device_put(p["w"], NamedSharding(m, P())),
+                                        jax.device_put(b["x"], NamedSharding(m, P("i")))])
+    assert not fb and "the params place returns should have the structure dict{'w'" in fb.message
+    fb = check("06.1", lambda p, b, m: {"params": p, "batch": b})
+    assert not fb and "should return a pair (params, batch); got dict{'params'" in fb.message
+
+
+def test_06_2_raises_or_wrong_structure():
+    fb = check("06.2", lambda: (P("j"), P()))
+    assert not fb and "out_specs (P('j',), P()) raised ValueError" in fb.message
+    fb = check("06.2", lambda: {"local": P("i"), "total": P()})
+    assert not fb and "a pair of PartitionSpecs" in fb.message and "got dict{'local'" in fb.message
+    fb = check("06.2", lambda: (P("i"), P(), P()))
+    assert not fb and "a pair of PartitionSpecs" in fb.message
+    fb = check("06.2", lambda: (P("i"), P(undefined_name)))  # noqa: F821
+    assert not fb and "stats_out_specs() raised NameError: name 'undefined_name' is not defined" in fb.message
+    fb = check("06.2", lambda: ("i", None))
+    assert not fb and "got tuple(str 'i', NoneType)" in fb.message

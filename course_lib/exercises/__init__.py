@@ -2,32 +2,40 @@
 
 Each lesson's exercises live in ``course_lib/exercises/lessonNN.py``. A notebook calls
 
-    from course_lib.exercises import check, solution
+    from course_lib.exercises import check, hint, solution
     check("02.1", split_batch)      # prints ✔ or ✘ with what was expected and what came back
-    solution("02.1")                 # prints a reference solution, when you are stuck
+    hint("02.1")                     # the next hint: first a nudge, then the key API
+    solution("02.1")                 # prints a reference solution, when the hints are not enough
+    progress()                       # which exercises this kernel has tried and passed, per lesson
 
-A checker never raises because the answer is wrong: a wrong answer (or one that raises,
-or one not written yet) gives a ``Feedback`` that prints what was expected and what came
-back, shapes included, so "Run All" goes on. The test suite runs every reference
-solution through the same checker.
+``check`` never raises for anything the learner's code does or returns: an answer that
+raises, returns the wrong structure or type, or changes its inputs in place gives a
+``Feedback`` that prints what was expected (structure, shapes, dtypes) and what came back,
+so "Run All" goes on. The only error is an unknown exercise id. The test suite runs every
+reference solution, and a battery of wrong answers, through the same checkers.
 
 Writing a checker::
 
     def solution_double(x):
         return 2 * x
 
-    @exercise("99.1", "Double it", solution=solution_double)
+    @exercise("99.1", "Double it", solution=solution_double, returns="an array shaped like x",
+              hints=["Every element, times two.", "`2 * x` works on a whole jax.Array."])
     def check_double(double):
         got = call(double, jnp.arange(3.0), name="double")
         expect_array(got, jnp.arange(3.0) * 2, what="double(jnp.arange(3.0))")
         return "double(x) is 2 * x."
 
 A checker raises ``Mismatch`` with the learner-facing explanation when something is off,
-and returns the success message otherwise.
+and returns the success message otherwise. Build expected answers from private copies of
+the inputs, before the learner's code runs (``call`` also reports an input changed in place).
+Hints can also come from a module-level dict in the lesson module,
+``HINTS = {"10.1": ["a nudge", "the key API"], ...}``; they follow any given to ``@exercise``.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import importlib
 import inspect
@@ -37,8 +45,8 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-__all__ = ["Feedback", "Mismatch", "Exercise", "exercise", "check", "solution", "exercises", "call",
-           "expect_array", "expect_placed_on", "describe"]
+__all__ = ["Feedback", "Mismatch", "Exercise", "exercise", "check", "hint", "solution", "progress", "exercises",
+           "call", "expect_array", "expect_placed_on", "expect_scalar", "expect_structure", "describe", "as_array"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +56,7 @@ class Feedback:
     exercise: str
     passed: bool
     message: str
+    started: bool = True  # False for a placeholder: no answer written yet
 
     def __bool__(self) -> bool:
         return self.passed
@@ -63,41 +72,99 @@ class Mismatch(Exception):
     """Raised inside a checker: the answer is wrong, and the message says how."""
 
 
+class _NotStarted(Mismatch):
+    """The answer is still a placeholder (it returned None)."""
+
+
+# What the learner's code returned most recently, for feedback when a checker cannot use it.
+_last_call: dict[str, Any] = {}
+
+NO_ANSWER = "no answer yet: write your code in the cell above, then run it again."
+
+
 @dataclasses.dataclass(frozen=True)
 class Exercise:
     id: str
     title: str
     checker: Callable[[Any], str]
     solution: Callable
+    returns: str = ""
+    hints: tuple[str, ...] = ()
 
     def check(self, answer) -> Feedback:
+        """Run the checker on ``answer``; any problem becomes a ``Feedback``, never an exception."""
         if answer is None or answer is Ellipsis:
-            return Feedback(self.id, False, "no answer yet: write your code in the cell above, then run it again.")
+            return Feedback(self.id, False, NO_ANSWER, started=False)
+        if not callable(answer) and callable(self.solution):
+            try:
+                params = ", ".join(inspect.signature(self.solution).parameters)
+            except (TypeError, ValueError):
+                params = "..."
+            return Feedback(self.id, False, f"expected a function, your_function({params}), passed to check itself "
+                                            f"(not its result); got {describe_tree(answer)}.")
+        _last_call.clear()
         try:
             return Feedback(self.id, True, self.checker(answer))
+        except _NotStarted as e:
+            return Feedback(self.id, False, str(e), started=False)
         except Mismatch as e:
             return Feedback(self.id, False, str(e))
+        except Exception as e:  # a safety net: the answer broke the checker itself
+            return Feedback(self.id, False, self._could_not_use(e))
+
+    def _could_not_use(self, error: Exception) -> str:
+        first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+        parts = []
+        if "result" in _last_call:
+            parts.append(f"{_last_call['call']} returned {describe_tree(_last_call['result'])}")
+        else:
+            parts.append("the checker could not run your answer")
+        if self.returns:
+            parts.append(f"expected {self.returns}")
+        text = "; ".join(parts)
+        return f"{text}. (Checking it failed with {type(error).__name__}: {first})"
 
 
 _REGISTRY: dict[str, Exercise] = {}
 
 
-def exercise(id: str, title: str, *, solution: Callable):
-    """Register the decorated function as the checker of exercise ``id``."""
+def exercise(id: str, title: str, *, solution: Callable, returns: str = "", hints=()):
+    """Register the decorated function as the checker of exercise ``id``.
+
+    Args:
+      returns: what a right answer returns (structure, shapes, dtypes), quoted when an answer breaks the checker.
+      hints: graded hints, a nudge first and the key API last, shown one at a time by ``hint(id)``.
+    """
 
     def register(checker):
         if id in _REGISTRY:
             raise ValueError(f"exercise {id} is registered twice")
-        _REGISTRY[id] = Exercise(id, title, checker, solution)
+        _REGISTRY[id] = Exercise(id, title, checker, solution, returns, tuple(hints))
         return checker
 
     return register
 
 
+_HINTS_LOADED: set[str] = set()
+
+
+def _add_hints(module) -> None:
+    """Append the hints of ``module.HINTS`` (``{"10.1": ["a nudge", "the key API"]}``) to its exercises, once."""
+    if module.__name__ in _HINTS_LOADED:
+        return
+    for id_, extra in getattr(module, "HINTS", {}).items():
+        if id_ not in _REGISTRY:
+            raise ValueError(f"{module.__name__}.HINTS names exercise {id_!r}, which is not registered")
+        extra = (extra,) if isinstance(extra, str) else tuple(extra)
+        ex = _REGISTRY[id_]
+        _REGISTRY[id_] = dataclasses.replace(ex, hints=ex.hints + extra)
+    _HINTS_LOADED.add(module.__name__)
+
+
 def _load_all() -> None:
     for info in pkgutil.iter_modules(__path__):
         if info.name.startswith("lesson"):
-            importlib.import_module(f"{__name__}.{info.name}")
+            _add_hints(importlib.import_module(f"{__name__}.{info.name}"))
 
 
 def exercises() -> dict[str, Exercise]:
@@ -113,9 +180,34 @@ def _get(id: str) -> Exercise:
     return all_[id]
 
 
+# This kernel's record: attempts and passes per exercise, and how many hints were shown. In memory only.
+_attempts: collections.Counter = collections.Counter()
+_passed: set[str] = set()
+_hints_shown: collections.Counter = collections.Counter()
+
+
 def check(id: str, answer) -> Feedback:
     """Check ``answer`` (usually your function) for exercise ``id``; returns a printable ``Feedback``."""
-    return _get(id).check(answer)
+    feedback = _get(id).check(answer)
+    if feedback.started:
+        _attempts[id] += 1
+        if feedback.passed:
+            _passed.add(id)
+    return feedback
+
+
+def hint(id: str) -> None:
+    """Print the next hint for exercise ``id``: a nudge first, then the key API; ``solution(id)`` comes after."""
+    ex = _get(id)
+    shown = _hints_shown[id]
+    if shown >= len(ex.hints):
+        print(f"[{id}] No hints left ({len(ex.hints)} shown). Next step: solution({id!r}) prints a reference "
+              "solution.")
+        return
+    _hints_shown[id] = shown + 1
+    last = shown + 1 == len(ex.hints)
+    after = f" That was the last one: solution({id!r}) is next." if last else f" Run hint({id!r}) again for more."
+    print(f"[{id}] Hint {shown + 1} of {len(ex.hints)}: {ex.hints[shown]}{after}")
 
 
 def solution(id: str) -> None:
@@ -125,28 +217,118 @@ def solution(id: str) -> None:
     print(inspect.getsource(ex.solution))
 
 
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """Per lesson, each exercise's state in this kernel. Prints as text, or as a table in a notebook."""
+
+    rows: tuple[tuple[str, str, str, int, int], ...]  # (id, title, state, attempts, hints shown)
+
+    def __str__(self) -> str:
+        lines, lesson = [], None
+        for id_, title, state, attempts, hints in self.rows:
+            if id_.split(".")[0] != lesson:
+                lesson = id_.split(".")[0]
+                lines.append(f"Lesson {lesson}")
+            mark = {"passed": "✔", "attempted": "✘", "not tried": "·"}[state]
+            extra = f" ({attempts} attempt{'s' * (attempts != 1)}" + (f", {hints} hint{'s' * (hints != 1)}"
+                                                                      if hints else "") + ")" if attempts else ""
+            lines.append(f"  {mark} {id_} {title}: {state}{extra}")
+        passed = sum(r[2] == "passed" for r in self.rows)
+        lines.append(f"{passed} of {len(self.rows)} exercises passed in this kernel.")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer, cycle):
+        printer.text(str(self))
+
+
+def progress(lesson: str | None = None) -> Progress:
+    """Which exercises this kernel has attempted and passed, per lesson (``lesson="02"`` for one)."""
+    rows = []
+    for id_, ex in exercises().items():
+        if lesson is not None and id_.split(".")[0] != lesson:
+            continue
+        state = "passed" if id_ in _passed else "attempted" if _attempts[id_] else "not tried"
+        rows.append((id_, ex.title, state, _attempts[id_], _hints_shown[id_]))
+    if not rows:
+        raise KeyError(f"there are no exercises for lesson {lesson!r}")
+    return Progress(tuple(rows))
+
+
 # ---------------------------------------------------------------------------------------------
 # Building blocks for checkers. Each raises Mismatch with a sentence meant for the learner.
 
 
 def describe(x) -> str:
     """``Array f32[2,3]``, ``ndarray i64[4]``, ``float``: what a value is, in a few characters."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return f"ShapeDtypeStruct {np.dtype(x.dtype).name}{list(x.shape)} (a shape and dtype only, with no values)"
     if hasattr(x, "shape") and hasattr(x, "dtype"):
         kind = "Array" if isinstance(x, jax.Array) else type(x).__name__
-        return f"{kind} {np.dtype(x.dtype).name}{list(x.shape)}"
+        try:
+            return f"{kind} {np.dtype(x.dtype).name}{list(x.shape)}"
+        except TypeError:
+            return f"{kind} {x.dtype}{list(x.shape)}"
+    if isinstance(x, str):
+        return f"str {x[:40]!r}" + ("..." if len(x) > 40 else "")
     return type(x).__name__
+
+
+def describe_tree(x, depth: int = 0) -> str:
+    """``tuple(dict{'w': Array float32[3], 'b': Array float32[]}, Array float32[8])``: a value's structure."""
+    if depth > 3:
+        return "..."
+    if isinstance(x, (tuple, list)) and not hasattr(x, "_fields"):
+        inner = ", ".join(describe_tree(v, depth + 1) for v in x[:6]) + (", ..." if len(x) > 6 else "")
+        return f"{type(x).__name__}({inner})" if isinstance(x, tuple) else f"list[{inner}]"
+    if isinstance(x, dict):
+        items = list(x.items())
+        inner = ", ".join(f"{k!r}: {describe_tree(v, depth + 1)}" for k, v in items[:6])
+        return "dict{" + inner + (", ..." if len(items) > 6 else "") + "}"
+    return describe(x)
+
+
+def _arg_names(fn, n: int) -> list[str]:
+    try:
+        names = [p for p in inspect.signature(fn).parameters][:n]
+    except (TypeError, ValueError):
+        names = []
+    return names + [f"argument {i + 1}" for i in range(len(names), n)]
+
+
+def _snapshot(args):
+    """The inputs' structure, their leaves, and a private copy of every NumPy leaf (those can change in place)."""
+    leaves, treedef = jax.tree.flatten(args)
+    return treedef, leaves, [np.array(v, copy=True) if isinstance(v, np.ndarray) else None for v in leaves]
+
+
+def _changed(before, args) -> str | None:
+    treedef, leaves, copies = before
+    now, now_def = jax.tree.flatten(args)
+    if now_def != treedef:
+        return "its structure changed (an item was added, removed or replaced)"
+    for old, new, copy in zip(leaves, now, copies):
+        if old is not new:
+            return "one of its items was replaced"
+        if copy is not None:
+            same = new.shape == copy.shape and np.array_equal(new, copy, equal_nan=np.issubdtype(copy.dtype,
+                                                                                                np.inexact))
+            if not same:
+                return "its values changed" if new.shape == copy.shape else f"its shape changed to {new.shape}"
+    return None
 
 
 def call(fn, *args, name: str | None = None, hints: dict[str, str] | None = None, **kwargs):
     """Call the learner's ``fn``; if it raises, say so in a ``Mismatch`` naming the inputs.
 
     ``hints`` maps a fragment of an expected error message to an explanation that is added
-    to the feedback when the learner's code raises an error containing it.
+    to the feedback when the learner's code raises an error containing it. An input that the
+    call changes in place (a NumPy array written to, a dict or list edited) is reported too.
     """
     if not callable(fn):
-        raise Mismatch(f"expected a function, got {describe(fn)}.")
+        raise Mismatch(f"expected a function, got {describe_tree(fn)}.")
     name = name or getattr(fn, "__name__", "your function")
     shown = ", ".join([describe(a) for a in args] + [f"{k}={describe(v)}" for k, v in kwargs.items()])
+    before = [_snapshot(a) for a in args]
     try:
         result = fn(*args, **kwargs)
     except Exception as e:  # the learner's error, reported rather than raised
@@ -154,33 +336,75 @@ def call(fn, *args, name: str | None = None, hints: dict[str, str] | None = None
         extra = [hint for fragment, hint in (hints or {}).items() if fragment in str(e)]
         shown_error = first if len(first) <= 300 else first[:300] + " ..."
         raise Mismatch(" ".join([f"{name}({shown}) raised {type(e).__name__}: {shown_error}", *extra])) from None
+    _last_call.update(call=f"{name}({shown})", result=result)
+    for arg_name, snap, arg in zip(_arg_names(fn, len(args)), before, args):
+        change = _changed(snap, arg)
+        if change:
+            raise Mismatch(f"{name}({shown}) changed its input {arg_name} in place: {change}. Leave the inputs "
+                           "alone and return a new value (the caller may still need them, and jax.Arrays cannot "
+                           "be changed in place at all).")
     if result is None:
-        raise Mismatch(f"{name}({shown}) returned None: write the function's body, and `return` its result.")
+        raise _NotStarted(f"{name}({shown}) returned None: write the function's body, and `return` its result.")
     return result
+
+
+def as_array(got, *, what: str = "the result", expected_shape=None) -> np.ndarray:
+    """``got`` as a NumPy array of numbers, or a ``Mismatch`` saying what it is instead."""
+    want = f"an array of shape {tuple(expected_shape)}" if expected_shape is not None else "an array"
+    if got is None:
+        raise Mismatch(f"{what} is None: did the function forget to `return`?")
+    if isinstance(got, jax.ShapeDtypeStruct):
+        raise Mismatch(f"{what} should be {want}, got {describe(got)}: jax.eval_shape describes a result without "
+                       "computing it. Call the function itself.")
+    if isinstance(got, (tuple, list, dict)) and any(hasattr(v, "shape") for v in jax.tree.leaves(got)):
+        raise Mismatch(f"{what} should be {want}, got {describe_tree(got)}.")
+    if isinstance(got, jax.core.Tracer):
+        raise Mismatch(f"{what} should be {want}, got a tracer that escaped its transformation ({describe(got)}): "
+                       "return values from inside jit/pmap, do not store them in globals.")
+    try:
+        values = np.asarray(got)
+    except Exception:
+        values = None
+    if values is None or values.dtype == object or not (np.issubdtype(values.dtype, np.number)
+                                                         or values.dtype == bool):
+        raise Mismatch(f"{what} should be {want}, got {describe_tree(got)}.")
+    return values
 
 
 def expect_array(got, expected, *, what: str = "the result", rtol: float = 1e-5, atol: float = 1e-6) -> None:
     """``got`` has ``expected``'s shape and (to tolerance) values."""
     expected = np.asarray(expected)
-    if got is None:
-        raise Mismatch(f"{what} is None: did the function forget to `return`?")
-    if not hasattr(got, "shape"):
-        try:
-            converted = np.asarray(got)
-        except Exception:
-            converted = None
-        if converted is None or converted.dtype == object:
-            raise Mismatch(f"{what} should be an array of shape {expected.shape}, got {describe(got)}.")
-        got = converted
-    if tuple(got.shape) != expected.shape:
-        raise Mismatch(f"{what} has shape {tuple(got.shape)}; expected {expected.shape}.")
-    values = np.asarray(got)
+    values = as_array(got, what=what, expected_shape=expected.shape)
+    if values.shape != expected.shape:
+        raise Mismatch(f"{what} has shape {values.shape}; expected {expected.shape}.")
+    if values.dtype == bool and expected.dtype != bool:
+        values = values.astype(expected.dtype)
     if not np.allclose(values, expected, rtol=rtol, atol=atol, equal_nan=True):
         wrong = ~np.isclose(values, expected, rtol=rtol, atol=atol, equal_nan=True)
         first = tuple(int(i) for i in np.argwhere(wrong)[0]) if wrong.ndim else ()
+        is_nan = np.issubdtype(values.dtype, np.inexact) and bool(np.isnan(values[first]))
+        nan = " (NaN where a number was expected)" if is_nan else ""
         raise Mismatch(
             f"{what} has the right shape {expected.shape} but {int(wrong.sum())} of {wrong.size} values differ; "
-            f"first at index {first}: expected {expected[first].tolist()!r}, got {values[first].tolist()!r}.")
+            f"first at index {first}: expected {expected[first].tolist()!r}, got {values[first].tolist()!r}{nan}.")
+
+
+def expect_scalar(got, *, what: str = "the result", per: str = "") -> float:
+    """``got`` is one number (a Python number or a 0-d array); returns it as a float."""
+    if isinstance(got, (tuple, list, dict, str)) or got is None:
+        raise Mismatch(f"{what} should be one number, got {describe_tree(got)}" + (f": {per}" if per else "") + ".")
+    values = as_array(got, what=what, expected_shape=())
+    if values.shape != ():
+        raise Mismatch(f"{what} should be one number, got shape {values.shape} ({describe(got)})"
+                       + (f": {per}" if per else "") + ".")
+    return float(values)
+
+
+def expect_structure(got, like, *, what: str = "the result", hint: str = "") -> None:
+    """``got`` has the pytree structure of ``like`` (same containers and keys)."""
+    if jax.tree.structure(got) != jax.tree.structure(like):
+        raise Mismatch(f"{what} should have the structure {describe_tree(like)}; got {describe_tree(got)}."
+                       + (f" {hint}" if hint else ""))
 
 
 def expect_placed_on(got, devices, *, what: str = "the result", split: bool = True) -> None:
@@ -194,3 +418,80 @@ def expect_placed_on(got, devices, *, what: str = "the result", split: bool = Tr
                        f"expected the {len(devices)} devices with ids {[d.id for d in devices]}.")
     if split and len(devices) > 1 and got.sharding.is_fully_replicated:
         raise Mismatch(f"{what} holds a full copy on every device; expected one block per device.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Mechanism checks: did the answer use the tool the exercise teaches, not only reach the numbers?
+
+
+def _eqns(jaxpr):
+    """Every equation of a jaxpr, inside nested jaxprs (jit, shard_map, scan, ...) too."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for sub in (value if isinstance(value, (tuple, list)) else [value]):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    yield from _eqns(inner)
+
+
+def primitives(fn, *args, name: str = "your function") -> list:
+    """The equations of ``fn(*args)``'s program, nested ones included (``pmap`` shows as ``shard_map``)."""
+    try:
+        closed = jax.make_jaxpr(fn)(*args)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise Mismatch(f"{name} gives the right values, but the checker could not read its program with "
+                       f"jax.make_jaxpr ({type(e).__name__}: {first}), so it cannot see which mechanism it uses. Keep "
+                       "the function in JAX: no np.asarray, float() or .tolist() on its inputs.") from None
+    return list(_eqns(closed.jaxpr))
+
+
+def pmap_specs(fn, *args, name: str = "your function", untraceable: str = "") -> list[tuple[tuple, tuple]]:
+    """``(in_specs, out_specs)`` of every ``pmap``/``shard_map`` in ``fn(*args)``'s program.
+
+    ``untraceable`` is added to the feedback when the program cannot be read (the likely cause).
+    """
+    try:
+        eqns = primitives(fn, *args, name=name)
+    except Mismatch as e:
+        raise Mismatch(f"{e} {untraceable}".strip()) from None
+    return [(tuple(e.params["in_specs"]), tuple(e.params["out_specs"]))
+            for e in eqns if e.primitive.name == "shard_map"]
+
+
+def vmap_calls(fn, *args) -> int | None:
+    """How many times calling ``fn(*args)`` ran a ``vmap``ped function (``None`` if it raised, or JAX cannot tell).
+
+    ``vmap`` leaves no trace in a jaxpr, so this counts the batching traces JAX starts while ``fn`` runs,
+    however and whenever the ``vmap``ped function was built. Use inputs of a shape the learner is unlikely
+    to have used; if none is seen, JAX's caches are cleared and ``fn`` runs once more, so that a jit cache
+    cannot hide a ``vmap``.
+    """
+    try:
+        from jax._src.interpreters import batching
+        trace_cls = batching.BatchTrace
+        original = trace_cls.__init__
+    except (ImportError, AttributeError):
+        return None
+    count = [0]
+
+    def counting_init(self, *a, **k):
+        count[0] += 1
+        return original(self, *a, **k)
+
+    def run():
+        trace_cls.__init__ = counting_init
+        try:
+            fn(*args)
+        finally:
+            trace_cls.__init__ = original
+        return count[0]
+
+    try:
+        if run() == 0:
+            jax.clear_caches()  # a jit cache may have skipped the tracing: look once more, with nothing cached
+            run()
+    except Exception:
+        return None  # fn fails on these inputs: the checker's own call of fn will say how
+    return count[0]

@@ -4,7 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import Mismatch, call, describe, exercise, expect_array, expect_placed_on
+from . import (Mismatch, as_array, call, describe_tree, exercise, expect_array, expect_placed_on, pmap_specs,
+               vmap_calls)
 
 
 def _batch(b, d, seed):
@@ -21,22 +22,27 @@ def solution_split_across(x, devices):
     return [jax.device_put(x[i * size:(i + 1) * size], d) for i, d in enumerate(devices)]
 
 
-@exercise("01.1", "Split a batch across devices by hand", solution=solution_split_across)
+@exercise("01.1", "Split a batch across devices by hand", solution=solution_split_across,
+          returns="a list of len(devices) jax.Arrays, piece i of shape (B // n, d) on devices[i]",
+          hints=["Each device gets B // n consecutive rows: work out where piece i starts and ends.",
+                 "Slice x[i * size:(i + 1) * size] and place it with jax.device_put(piece, devices[i]), "
+                 "in a list comprehension over enumerate(devices)."])
 def check_split_across(split_across):
     devices = jax.devices()
     for n, b, d in [(len(devices), 2 * len(devices), 3), (4, 12, 2), (2, 2, 5)]:
         devs = devices[:n]
         x = _batch(b, d, seed=n)
-        pieces = call(split_across, x, devs, name="split_across")
+        pieces = call(split_across, x.copy(), list(devs), name="split_across")
         if not isinstance(pieces, (list, tuple)):
             raise Mismatch(f"split_across(x {x.shape}, {n} devices) should return a list of {n} arrays, "
-                           f"got {describe(pieces)}.")
+                           f"got {describe_tree(pieces)}.")
         if len(pieces) != n:
             raise Mismatch(f"split_across(x {x.shape}, {n} devices) returned {len(pieces)} pieces; expected {n}, "
                            "one per device.")
         size = b // n
         for i, (piece, dev) in enumerate(zip(pieces, devs)):
             what = f"piece {i} of a {x.shape} batch on {n} devices"
+            as_array(piece, what=what, expected_shape=(size, d))
             if size > 1 and np.shape(piece) == (size, d) and np.allclose(np.asarray(piece), x[i::n]):
                 raise Mismatch(f"{what} holds rows {i}, {i + n}, {i + 2 * n}, ... (x[i::n]): every n-th row. "
                                f"Give each device consecutive rows: piece i is x[i * {size}:(i + 1) * {size}].")
@@ -61,11 +67,20 @@ def solution_batched_norms(x):
     return jax.vmap(norm)(x)
 
 
-@exercise("01.2", "Batch a per-example function with vmap", solution=solution_batched_norms)
+@exercise("01.2", "Batch a per-example function with vmap", solution=solution_batched_norms,
+          returns="an array of shape (B,), one norm per row of x (B, d)",
+          hints=["Write the norm of ONE row first, a function of a vector of shape (d,); do not think about "
+                 "the batch yet.",
+                 "jax.vmap(norm)(x) maps that function over axis 0 of x: one call per row, one result per row.",
+                 "The exercise is about the mechanism: jnp.linalg.norm(x, axis=1) gets the numbers but not the "
+                 "point; write norm(v) = jnp.sqrt(jnp.sum(v ** 2)) and vmap it."])
 def check_batched_norms(batched_norms):
-    for b, d in [(8, 3), (5, 7), (1, 2)]:
+    probe = jnp.asarray(_batch(7, 13, seed=713))  # first, and a shape no earlier call is likely to have cached
+    vmaps = vmap_calls(batched_norms, probe)
+    for b, d in [(8, 3), (5, 7), (1, 2), (7, 13)]:
         x = _batch(b, d, seed=b * 10 + d)
         got = call(batched_norms, jnp.asarray(x), name="batched_norms")
+        as_array(got, what=f"batched_norms(x {x.shape})", expected_shape=(b,))
         if hasattr(got, "shape") and tuple(got.shape) == ():
             raise Mismatch(f"batched_norms(x {x.shape}) returned a single number: the norm of the whole batch? "
                            f"Expected one norm per row, shape ({b},).")
@@ -73,6 +88,10 @@ def check_batched_norms(batched_norms):
             raise Mismatch(f"batched_norms(x {x.shape}) returned shape ({d},): one value per column. Map over "
                            "axis 0 (the rows), not axis 1.")
         expect_array(got, np.sqrt((x**2).sum(axis=1)), what=f"batched_norms(x {x.shape})", rtol=1e-4)
+    if vmaps == 0:
+        raise Mismatch("batched_norms has the right values, but no jax.vmap ran while it computed them: it works "
+                       "on the whole batch at once (jnp.linalg.norm(x, axis=1), or a sum over axis 1). The "
+                       "exercise is vmap: write the norm of one row, norm(v), and return jax.vmap(norm)(x).")
     return "vmap turned a function of one example into a function of a batch."
 
 
@@ -87,7 +106,11 @@ def solution_norms_on_devices(x):
     return jax.pmap(norm)(x)
 
 
-@exercise("01.3", "The same function on every device, with pmap", solution=solution_norms_on_devices)
+@exercise("01.3", "The same function on every device, with pmap", solution=solution_norms_on_devices,
+          returns="a jax.Array of shape (n,), one norm per row, spread over the n devices (row i on device i)",
+          hints=["The same per-row function as in 01.2; only the transformation changes.",
+                 "jax.pmap(norm)(x) runs norm on each device, row i on device i; x's leading axis must equal "
+                 "the number of devices used."])
 def check_norms_on_devices(norms_on_devices):
     devices = jax.devices()
     for n, d in [(len(devices), 3), (4, 6)]:
@@ -100,4 +123,7 @@ def check_norms_on_devices(norms_on_devices):
                            f"NumPy's) answer. Use jax.pmap so that each of the {n} rows is computed on its own "
                            "device.")
         expect_placed_on(got, devices[:n], what=what)
+        if not pmap_specs(norms_on_devices, jnp.asarray(x), name="norms_on_devices"):
+            raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap: use "
+                           "jax.pmap(norm)(x), one row per device.")
     return "one program, one row per device, the results spread over the devices."

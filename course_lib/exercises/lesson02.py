@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import Mismatch, call, describe, exercise, expect_array, expect_placed_on
+from . import Mismatch, as_array, call, describe, exercise, expect_array, expect_placed_on, pmap_specs
 
 
 def _data(shape, seed):
@@ -19,19 +19,25 @@ def solution_split_batch(x, n):
     return x.reshape((n, x.shape[0] // n) + x.shape[1:])
 
 
-@exercise("02.1", "Reshape a batch for pmap: (B, ...) -> (n, B // n, ...)", solution=solution_split_batch)
+@exercise("02.1", "Reshape a batch for pmap: (B, ...) -> (n, B // n, ...)", solution=solution_split_batch,
+          returns="an array of shape (n, B // n, ...) with x's values, device i's block the rows "
+                  "i * B // n to (i + 1) * B // n",
+          hints=["Only the shape changes, not the order of the values: no transpose, no copy by hand.",
+                 "x.reshape((n, x.shape[0] // n) + x.shape[1:]): the device axis first, then the rows of each "
+                 "block, then every other axis unchanged."])
 def check_split_batch(split_batch):
     for shape, n in [((16, 3), 8), ((12, 2, 2), 4), ((6,), 3), ((8, 5), 1)]:
-        x = _data(shape, seed=sum(shape) + n)
+        original = _data(shape, seed=sum(shape) + n)          # private: the learner gets a copy
+        x = original.copy()
         b = shape[0]
-        expected = x.reshape((n, b // n) + shape[1:])
+        expected = original.reshape((n, b // n) + shape[1:]).copy()
         got = call(split_batch, x, n, name="split_batch")
         what = f"split_batch(x {shape}, n={n})"
-        got_shape = tuple(np.shape(got))
+        got_shape = as_array(got, what=what, expected_shape=expected.shape).shape
         if got_shape == (b // n, n) + shape[1:] and b // n != n:
             raise Mismatch(f"{what} has shape {got_shape}; expected {expected.shape}. The device axis (size {n}) "
                            "comes first: pmap maps over axis 0.")
-        if got_shape == expected.shape and np.allclose(np.asarray(got), x.reshape((b // n, n) + shape[1:])
+        if got_shape == expected.shape and np.allclose(np.asarray(got), original.reshape((b // n, n) + shape[1:])
                                                        .swapaxes(0, 1)) and n > 1 and b // n > 1:
             raise Mismatch(f"{what} has the right shape but device 0 got rows 0, {n}, ... (every "
                            f"{n}-th row): the rows were interleaved. Reshape directly to (n, B // n, ...), with no "
@@ -48,14 +54,17 @@ def solution_sum_of_squares(xs):
     return jax.pmap(lambda block: jnp.sum(block**2))(xs)
 
 
-@exercise("02.2", "Per-device sums of squares with pmap", solution=solution_sum_of_squares)
+@exercise("02.2", "Per-device sums of squares with pmap", solution=solution_sum_of_squares,
+          returns="a jax.Array of shape (n,), device i's sum of squares of xs[i], spread over the n devices",
+          hints=["Write what ONE device does with its block (b, d): one number. pmap does the rest.",
+                 "jax.pmap(lambda block: jnp.sum(block ** 2))(xs): jnp.sum with no axis sums the whole block."])
 def check_sum_of_squares(sum_of_squares):
     devices = jax.devices()
     for n, b, d in [(len(devices), 2, 3), (4, 5, 2), (2, 1, 1)]:
         xs = _data((n, b, d), seed=n * 100 + b * 10 + d)
         got = call(sum_of_squares, jnp.asarray(xs), name="sum_of_squares")
         what = f"sum_of_squares(xs {xs.shape})"
-        got_shape = tuple(np.shape(got))
+        got_shape = as_array(got, what=what, expected_shape=(n,)).shape
         if got_shape == (n, b) and b > 1:
             raise Mismatch(f"{what} has shape {got_shape}; expected ({n},). Each device should sum over its whole "
                            f"block ({b}, {d}), not only its last axis.")
@@ -66,6 +75,9 @@ def check_sum_of_squares(sum_of_squares):
             raise Mismatch(f"{what} has the right values but lives on one device: compute it with jax.pmap, "
                            "one block per device.")
         expect_placed_on(got, devices[:n], what=what)
+        if not pmap_specs(sum_of_squares, jnp.asarray(xs), name="sum_of_squares"):
+            raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap: compute it with "
+                           "jax.pmap, one block per device.")
     return "one sum per device, computed where its block lives."
 
 
@@ -77,7 +89,12 @@ def solution_block_on(y, i):
     return y.addressable_shards[i].data[0]
 
 
-@exercise("02.3", "Read one device's block without a global gather", solution=solution_block_on)
+@exercise("02.3", "Read one device's block without a global gather", solution=solution_block_on,
+          returns="a jax.Array of shape y.shape[1:], living on device i only",
+          hints=["y[i] asks for a value that every device can see: a gather. Ask y for the piece device i "
+                 "already holds instead.",
+                 "y.addressable_shards[i].data is device i's block, still on device i, with pmap's device axis "
+                 "of size 1 in front: index it with [0]."])
 def check_block_on(block_on):
     devices = jax.devices()
     for shape in [(len(devices), 3), (len(devices), 2, 2)]:
@@ -85,7 +102,7 @@ def check_block_on(block_on):
         for i in [0, 3, len(devices) - 1]:
             got = call(block_on, y, i, name="block_on")
             what = f"block_on(y {y.shape}, {i})"
-            if tuple(np.shape(got)) == (1,) + shape[1:]:
+            if tuple(as_array(got, what=what, expected_shape=shape[1:]).shape) == (1,) + shape[1:]:
                 raise Mismatch(f"{what} has shape {(1,) + shape[1:]}; expected {shape[1:]}. A shard's data keeps "
                                "pmap's device axis, of size 1: index it with [0].")
             expect_array(got, np.asarray(y)[i], what=what)

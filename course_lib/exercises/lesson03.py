@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import Mismatch, call, exercise, expect_array, expect_placed_on
+from . import Mismatch, as_array, call, exercise, expect_array, expect_placed_on, pmap_specs
 
 
 def _data(shape, seed):
@@ -31,18 +31,36 @@ def solution_scale_on_two(x, s):
     return out.reshape(x.shape)
 
 
-@exercise("03.1", "Scale a batch by a shared scalar on 2 devices", solution=solution_scale_on_two)
+def _unmapped(specs) -> int:
+    """How many inputs of the pmaps in ``specs`` went whole to every device (in_axes=None: P())."""
+    return max((sum(len(tuple(s)) == 0 for s in ins) for ins, _ in specs), default=0)
+
+
+@exercise("03.1", "Scale a batch by a shared scalar on 2 devices", solution=solution_scale_on_two,
+          returns="an array of x's shape (B, d), x * s, computed with pmap on the first 2 devices",
+          hints=["Three steps: reshape x to (2, B // 2, d), pmap on 2 devices, reshape the result back to x's "
+                 "shape. The scalar must not be split.",
+                 "jax.pmap(lambda block, factor: block * factor, in_axes=(0, None), devices=jax.devices()[:2])"
+                 "(blocks, s): in_axes=None sends s whole to both devices."])
 def check_scale_on_two(scale_on_two):
     two = jax.devices()[:2]
     for shape, s in [((4, 3), 2.0), ((8, 2), -0.5), ((6, 5), 3.0)]:
         x = jnp.asarray(_data(shape, seed=shape[0] * shape[1]))
         got = call(scale_on_two, x, s, name="scale_on_two", hints=dict([SCALAR_MAPPED, TOO_MANY_SLICES]))
         what = f"scale_on_two(x {shape}, {s})"
+        as_array(got, what=what, expected_shape=shape)
         if tuple(np.shape(got)) == (2, shape[0] // 2) + shape[1:]:
             raise Mismatch(f"{what} has shape {np.shape(got)}: the per-device blocks. Reshape the result back to "
                            f"{shape}.")
         expect_array(got, np.asarray(x) * s, what=what)
         expect_placed_on(got, two, what=what + " (computed with pmap on 2 devices, devices=jax.devices()[:2])")
+    specs = pmap_specs(scale_on_two, x, s, name="scale_on_two")
+    if not specs:
+        raise Mismatch("scale_on_two has the right values on 2 devices, but its program has no jax.pmap: the "
+                       "exercise is pmap with in_axes=(0, None).")
+    if not _unmapped(specs):
+        raise Mismatch("scale_on_two has the right values, but the scalar was mapped too (made into an array with "
+                       "one copy per device): broadcast it instead, with in_axes=(0, None).")
     return "one block per device, the scalar broadcast with in_axes=None, and the result reshaped back."
 
 
@@ -57,14 +75,24 @@ def solution_predict(params, xs):
     return jax.pmap(predict_block, in_axes=({"w": None, "b": None}, 0))(params, xs)
 
 
-@exercise("03.2", "Broadcast the parameters, map the batch", solution=solution_predict)
+@exercise("03.2", "Broadcast the parameters, map the batch", solution=solution_predict,
+          returns="a jax.Array of shape (n, b, k), xs[i] @ w + b for each device i, spread over the n devices",
+          hints=["The parameters are the same for every device: they must not be split, nor copied by hand "
+                 "into a stack of n.",
+                 "in_axes takes a pytree: in_axes=({'w': None, 'b': None}, 0), or simply in_axes=(None, 0), "
+                 "broadcasts the whole params dict and maps xs over axis 0."])
 def check_predict(predict):
     devices = jax.devices()
+    name = getattr(predict, "__name__", "predict")
     for n, b, d, k in [(len(devices), 2, 3, 2), (4, 3, 2, 5)]:
         params = {"w": jnp.asarray(_data((d, k), seed=d * k)), "b": jnp.asarray(_data((k,), seed=k))}
         xs = jnp.asarray(_data((n, b, d), seed=n * b))
-        got = call(predict, params, xs, hints=dict([PARAMS_MAPPED, SCALAR_MAPPED]))
-        what = f"{getattr(predict, '__name__', 'predict')}(params w {params['w'].shape} b {params['b'].shape}, xs {xs.shape})"
+        got = call(predict, dict(params), xs, name=name, hints=dict([PARAMS_MAPPED, SCALAR_MAPPED]))
+        what = f"{name}(params w {params['w'].shape} b {params['b'].shape}, xs {xs.shape})"
+        if isinstance(got, (tuple, list, dict)):
+            raise Mismatch(f"{what} should return one array of shape {(n, b, k)}, the predictions; got "
+                           f"{type(got).__name__}.")
+        as_array(got, what=what, expected_shape=(n, b, k))
         expected = np.asarray(xs) @ np.asarray(params["w"]) + np.asarray(params["b"])
         if tuple(np.shape(got)) == expected.shape and np.allclose(np.asarray(got), np.asarray(xs) @ params["w"],
                                                                   atol=1e-5):
@@ -74,6 +102,16 @@ def check_predict(predict):
             raise Mismatch(f"{what} has the right values but lives on one device: run it with jax.pmap, the "
                            "parameters broadcast (in_axes=None) and the batch mapped (in_axes=0).")
         expect_placed_on(got, devices[:n], what=what)
+    specs = pmap_specs(predict, params, xs, name=name, untraceable=(
+        "If it copies the parameters once per device first (sharding.replicate, np.stack), that copy is what "
+        "in_axes=None saves: pass params as they are, with in_axes=(None, 0)."))
+    if not specs:
+        raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap: use jax.pmap with "
+                       "in_axes=(None, 0).")
+    if _unmapped(specs) < len(params):
+        raise Mismatch(f"{what} has the right values, but the parameters were mapped over the devices (stacked "
+                       "or replicated into one copy per device, then in_axes=0): broadcast them instead, with "
+                       "in_axes=(None, 0), so that pmap sends them whole to every device.")
     return "the parameters went whole to every device, the batch one block per device."
 
 
@@ -85,7 +123,11 @@ def solution_device_axis_last(xs):
     return jax.pmap(lambda row: 2.0 * row, out_axes=1)(xs)
 
 
-@exercise("03.3", "Put the device axis last with out_axes", solution=solution_device_axis_last)
+@exercise("03.3", "Put the device axis last with out_axes", solution=solution_device_axis_last,
+          returns="a jax.Array of shape (b, n): column i is 2 * xs[i], computed on device i",
+          hints=["pmap stacks the per-device results along some axis of the output; you choose which one, "
+                 "inside pmap, not with a transpose afterwards.",
+                 "jax.pmap(lambda row: 2.0 * row, out_axes=1)(xs) stacks the results along axis 1."])
 def check_device_axis_last(device_axis_last):
     devices = jax.devices()
     for n, b in [(len(devices), 5), (4, 3), (3, 3)]:
@@ -93,6 +135,7 @@ def check_device_axis_last(device_axis_last):
         got = call(device_axis_last, xs, name="device_axis_last")
         what = f"device_axis_last(xs {xs.shape})"
         expected = (2.0 * np.asarray(xs)).T
+        as_array(got, what=what, expected_shape=(b, n))
         if n != b and tuple(np.shape(got)) == (n, b):
             raise Mismatch(f"{what} has shape {(n, b)}: the device axis is still first. Expected {(b, n)}: "
                            "pmap's out_axes=1 stacks the per-device results along axis 1.")
@@ -102,4 +145,13 @@ def check_device_axis_last(device_axis_last):
                            "column i should be device i's result (out_axes=1).")
         expect_array(got, expected, what=what)
         expect_placed_on(got, devices[:n], what=what)
+        specs = pmap_specs(device_axis_last, xs, name="device_axis_last")
+        if not specs:
+            raise Mismatch(f"{what} has the right values, but its program has no jax.pmap: use jax.pmap with "
+                           "out_axes=1.")
+        if not any(len(tuple(s)) >= 2 and tuple(s)[0] is None and tuple(s)[1] is not None
+                   for _, outs in specs for s in outs):
+            raise Mismatch(f"{what} has the right values, but pmap stacked the results along axis 0 and the axes "
+                           "were swapped afterwards (.T, transpose, swapaxes or moveaxis): an extra copy. Let pmap "
+                           "put the device axis last itself: out_axes=1.")
     return "each device's result is a column: the device axis is axis 1."

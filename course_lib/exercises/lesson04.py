@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import collectives as C
-from . import Mismatch, call, exercise, expect_array
+from . import Mismatch, as_array, call, describe_tree, exercise, expect_array, primitives
 
 AXIS = "i"
 
@@ -26,9 +26,8 @@ def _run(fn, xs, name):
 
 
 def _uses(fn, xs, primitive: str) -> bool:
-    jaxpr = jax.make_jaxpr(jax.pmap(lambda x: fn(x, AXIS), axis_name=AXIS, devices=jax.devices()[:xs.shape[0]]))(
-        jnp.asarray(xs))
-    return f"{primitive}[" in str(jaxpr)
+    mapped = jax.pmap(lambda x: fn(x, AXIS), axis_name=AXIS, devices=jax.devices()[:xs.shape[0]])
+    return any(e.primitive.name == primitive for e in primitives(mapped, jnp.asarray(xs), name="your function"))
 
 
 def _cases(shapes, seed=0):
@@ -53,12 +52,18 @@ def solution_ring_allreduce(x, axis_name):
     return total
 
 
-@exercise("04.1", "Build psum from ppermute (a ring all-reduce)", solution=solution_ring_allreduce)
+@exercise("04.1", "Build psum from ppermute (a ring all-reduce)", solution=solution_ring_allreduce,
+          returns="on each device, an array shaped like x: the sum of every device's x",
+          hints=["Pass a value round the ring: each device sends to its right-hand neighbour and adds what "
+                 "arrives from its left. How many hops until every value has visited every device?",
+                 "n = jax.lax.psum(1, axis_name) is the device count; "
+                 "jax.lax.ppermute(v, axis_name, [(i, (i + 1) % n) for i in range(n)]) is one hop. Do n - 1 "
+                 "hops, keep passing the received value on, and add each one to a running total."])
 def check_ring_allreduce(ring_allreduce):
     for xs in _cases([(), (3,), (2, 2)], seed=1):
-        got = _run(ring_allreduce, xs, "ring_allreduce")
         n = xs.shape[0]
         what = f"ring_allreduce on {n} devices, per-device shape {xs.shape[1:]}"
+        got = as_array(_run(ring_allreduce, xs, "ring_allreduce"), what=what, expected_shape=xs.shape)
         right = np.shape(got) == xs.shape and np.allclose(got, C.psum(xs))
         if not right and np.shape(got) == xs.shape and np.allclose(got, C.psum(xs) + xs):
             raise Mismatch(f"{what}: every device ends with the sum plus its own value once more: that is n = {n} "
@@ -82,7 +87,12 @@ def solution_global_mean_var(x, axis_name):
     return mean, var
 
 
-@exercise("04.2", "A global mean and variance from per-device shards", solution=solution_global_mean_var)
+@exercise("04.2", "A global mean and variance from per-device shards", solution=solution_global_mean_var,
+          returns="a pair (mean, var), each one number per device, the same on every device",
+          hints=["Each device sees only its shard. The statistics of ALL the data need a collective; and the "
+                 "variance must measure deviations from the global mean, not the shard's.",
+                 "mean = jax.lax.pmean(jnp.mean(x), axis_name); then var = jax.lax.pmean(jnp.mean((x - mean) ** 2),"
+                 " axis_name). (Every shard has the same size, so the mean of means is the global mean.)"])
 def check_global_mean_var(global_mean_var):
     for xs in _cases([(6,), (3,)], seed=2):
         xs = xs + np.arange(xs.shape[0], dtype=np.float32)[:, None] * 3  # shards with different means
@@ -90,8 +100,8 @@ def check_global_mean_var(global_mean_var):
         n = xs.shape[0]
         what = f"global_mean_var on {n} devices with {xs.shape[1]} values each"
         if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise Mismatch(f"{what} should return a pair (mean, var); got {type(got).__name__}.")
-        mean, var = (np.asarray(v) for v in got)
+            raise Mismatch(f"{what} should return a pair (mean, var); got {describe_tree(got)}.")
+        mean, var = (as_array(v, what=f"{what}: {k}", expected_shape=(n,)) for k, v in zip(("mean", "var"), got))
         if mean.shape != (n,) or var.shape != (n,):
             raise Mismatch(f"{what}: mean and var should be one number per device (pmap gives shape ({n},)); got "
                            f"{mean.shape} and {var.shape}.")
@@ -116,12 +126,17 @@ def solution_rotate_right(x, axis_name):
     return jax.lax.ppermute(x, axis_name, [(i, (i + 1) % n) for i in range(n)])
 
 
-@exercise("04.3", "Rotate the shards one device to the right", solution=solution_rotate_right)
+@exercise("04.3", "Rotate the shards one device to the right", solution=solution_rotate_right,
+          returns="on device i, an array shaped like x: device (i - 1) % n's x",
+          hints=["One collective, one hop: every device sends its x to its right-hand neighbour, and the last "
+                 "device's x wraps round to device 0.",
+                 "jax.lax.ppermute(x, axis_name, perm) with perm = [(i, (i + 1) % n) for i in range(n)], "
+                 "n = jax.lax.psum(1, axis_name): pairs (source, destination)."])
 def check_rotate_right(rotate_right):
     for xs in _cases([(2,), (2, 3)], seed=3):
-        got = _run(rotate_right, xs, "rotate_right")
         n = xs.shape[0]
         what = f"rotate_right on {n} devices"
+        got = as_array(_run(rotate_right, xs, "rotate_right"), what=what, expected_shape=xs.shape)
         shifted = np.roll(xs, 1, axis=0)
         right = np.shape(got) == xs.shape and np.allclose(got, shifted)
         if not right and np.shape(got) == xs.shape and np.allclose(got, np.roll(xs, -1, axis=0)):
@@ -131,6 +146,8 @@ def check_rotate_right(rotate_right):
             raise Mismatch(f"{what}: device 0 received nothing (zeros): the last device must send to device 0, so "
                            f"the ring closes: (n - 1, 0) = ({n - 1}, 0).")
         expect_array(got, shifted, what=f"{what} (row i is what device i holds)")
+    if not _uses(rotate_right, xs, "ppermute"):
+        raise Mismatch("right values, but the rotation must be one jax.lax.ppermute: each device sends its own x.")
     return "each shard moved one device to the right, and the last one wrapped round to device 0."
 
 
@@ -151,14 +168,19 @@ def solution_gather_all(x, axis_name):
     return gathered
 
 
-@exercise("04.4", "Build all_gather from ppermute", solution=solution_gather_all)
+@exercise("04.4", "Build all_gather from ppermute", solution=solution_gather_all,
+          returns="on each device, an array of shape (n,) + x.shape: row j is device j's x",
+          hints=["The ring of 04.1 again, but instead of adding what arrives, store it; and keep track of "
+                 "which device each arriving value came from.",
+                 "Start from jnp.zeros((n,) + x.shape).at[me].set(x), me = jax.lax.axis_index(axis_name). After "
+                 "each ppermute hop to the right the value came from one device further left: owner = "
+                 "(owner - 1) % n; store it with .at[owner].set(value)."])
 def check_gather_all(gather_all):
     for xs in _cases([(), (2,)], seed=4):
-        got = _run(gather_all, xs, "gather_all")
         n = xs.shape[0]
         what = f"gather_all on {n} devices, per-device shape {xs.shape[1:]}"
         expected = C.all_gather(xs)
-        got_arr = np.asarray(got)
+        got = got_arr = as_array(_run(gather_all, xs, "gather_all"), what=what, expected_shape=expected.shape)
         if got_arr.shape == expected.shape and not np.allclose(got_arr, expected):
             rolled = np.stack([np.roll(xs, -i, axis=0) for i in range(n)])
             if np.allclose(got_arr, rolled):

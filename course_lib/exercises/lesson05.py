@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import data, sharding
-from . import Mismatch, call, exercise, expect_array
+from . import Mismatch, as_array, call, describe_tree, exercise, expect_array, expect_scalar, expect_structure
 
 AXIS = "devices"
 
@@ -30,7 +30,13 @@ def solution_dp_step(loss_fn, params, batch, lr):
     return new_params, loss
 
 
-@exercise("05.1", "Write the data-parallel step from the single-device one", solution=solution_dp_step)
+@exercise("05.1", "Write the data-parallel step from the single-device one", solution=solution_dp_step,
+          returns="a pair (new_params, loss): new_params a dict like params ({'w': (d,), 'b': ()} on each device), "
+                  "loss one float32 number on each device",
+          hints=["Start from single_step: the only thing missing is that every device must apply the SAME "
+                 "update, the one for the whole global batch.",
+                 "Average the gradients (and the loss) over the devices with jax.lax.pmean(tree, "
+                 "axis_name='devices') before the update; psum would add n gradients, n times too large."])
 def check_dp_step(dp_step):
     for n, d, lr in [(len(jax.devices()), 3, 0.1), (4, 2, 0.05)]:
         devs = jax.devices()[:n]
@@ -44,8 +50,20 @@ def check_dp_step(dp_step):
             "unbound axis name": f"The axis is named {AXIS!r}: use that name in the collective.",
         })
         if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise Mismatch(f"dp_step should return (new_params, loss); got {type(out).__name__}.")
+            raise Mismatch(f"dp_step should return a pair (new_params, loss); got {describe_tree(out)}.")
         new_params, loss = out
+        if isinstance(loss, dict) and not isinstance(new_params, dict):
+            raise Mismatch(f"dp_step returned ({describe_tree(new_params)}, {describe_tree(loss)}): the loss "
+                           "first and the parameters second. Return them in the order (new_params, loss).")
+        expect_structure(new_params, params, what="new_params, the first thing dp_step returns",
+                         hint="Return the updated parameters with the same keys as params.")
+        for key, leaf in new_params.items():
+            if not isinstance(leaf, jax.Array) or np.shape(leaf) != (n,) + np.shape(params[key]):
+                raise Mismatch(f"new_params[{key!r}] should be, under pmap, one copy per device, shape "
+                               f"{(n,) + np.shape(params[key])}; got {describe_tree(leaf)}.")
+        if np.shape(loss) != (n,) or as_array(loss, what="the loss").dtype == bool:
+            raise Mismatch(f"the loss dp_step returns should be one number per device (shape ({n},) under pmap); "
+                           f"got {describe_tree(loss)}.")
         grads = jax.grad(regression_loss)(params, {"x": x, "y": y})
         expected = jax.tree.map(lambda p, g: p - lr * g, params, grads)
         blocks = [np.asarray(s.data[0]) for s in sorted(new_params["w"].addressable_shards, key=lambda s: s.device.id)]
@@ -89,21 +107,28 @@ def _stack_on_devices(copies, devs):
         [jax.device_put(jnp.asarray(c)[None], d) for c, d in zip(copies, devs)])
 
 
-@exercise("05.2", "Measure how far the replicas have drifted apart", solution=solution_max_divergence)
+@exercise("05.2", "Measure how far the replicas have drifted apart", solution=solution_max_divergence,
+          returns="one number (a float): the largest absolute difference between any device's copy of any leaf "
+                  "and the first device's copy",
+          hints=["Each leaf is one array with a copy on every device; compare each copy with the first, leaf by "
+                 "leaf, and keep the worst difference over all of them.",
+                 "jax.tree.leaves(tree) gives the leaves; leaf.addressable_shards[k].data is device k's copy. "
+                 "Take np.max(np.abs(copy - first)) and the max over everything, as a float."])
 def check_max_divergence(max_divergence):
     devs = jax.devices()
     base = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.float32(1.0)}
     same = sharding.replicate(base)
-    got = call(max_divergence, same, name="max_divergence")
-    if not np.isscalar(got) and np.ndim(got) != 0:
-        raise Mismatch(f"max_divergence should return one number; got an array of shape {np.shape(got)}.")
-    if float(got) != 0.0:
+    one_number = "return one number for the whole tree, the worst difference over every leaf and device"
+    got = expect_scalar(call(max_divergence, same, name="max_divergence"), what="max_divergence(replicated)",
+                        per=one_number)
+    if got != 0.0:
         raise Mismatch(f"for identical copies max_divergence returned {float(got)}; expected 0.0.")
     for device, leaf, delta in [(len(devs) - 1, "w", 0.25), (1, "b", -2.0)]:
         copies = [{k: base[k] + (delta if (i == device and k == leaf) else 0.0) for k in base}
                   for i in range(len(devs))]
         drifted = jax.tree.map(lambda *xs: _stack_on_devices(xs, devs), *copies)
-        got = float(call(max_divergence, drifted, name="max_divergence"))
+        got = expect_scalar(call(max_divergence, drifted, name="max_divergence"),
+                            what="max_divergence(replicated)", per=one_number)
         if np.isclose(got, 0.0):
             raise Mismatch(f"device {device}'s copy of {leaf!r} differs by {abs(delta)}, but max_divergence "
                            "returned 0.0: compare every device's copy (and every leaf), not only the first two.")
@@ -122,24 +147,33 @@ def solution_masked_mse(pred, y, mask):
     return jnp.sum(mask * (pred - y) ** 2) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
-@exercise("05.3", "A mean squared error that ignores padding", solution=solution_masked_mse)
+@exercise("05.3", "A mean squared error that ignores padding", solution=solution_masked_mse,
+          returns="one number (a 0-d array): the mean of (pred - y) ** 2 over the rows where mask is True, "
+                  "0.0 when there are none",
+          hints=["Padding rows must count for nothing in the sum AND in the count you divide by; and a device "
+                 "may get only padding.",
+                 "mask = mask.astype(pred.dtype); return jnp.sum(mask * (pred - y) ** 2) / "
+                 "jnp.maximum(jnp.sum(mask), 1.0)."])
 def check_masked_mse(masked_mse):
     rng = np.random.default_rng(5)
     for b, real in [(8, 5), (16, 16), (4, 1)]:
         pred = jnp.asarray(rng.normal(size=b), jnp.float32)
         y = jnp.asarray(rng.normal(size=b), jnp.float32).at[real:].set(0.0)
         mask = jnp.arange(b) < real
-        got = call(masked_mse, pred, y, mask, name="masked_mse")
-        expected = float(np.mean((np.asarray(pred)[:real] - np.asarray(y)[:real]) ** 2))
         what = f"masked_mse with {real} real rows of {b}"
+        got = expect_scalar(call(masked_mse, pred, y, mask, name="masked_mse"), what=what,
+                            per="one squared error per row is not yet a loss: reduce it to their mean over the "
+                                "real rows")
+        expected = float(np.mean((np.asarray(pred)[:real] - np.asarray(y)[:real]) ** 2))
         if real < b and np.isclose(float(got), float(np.mean((np.asarray(pred) - np.asarray(y)) ** 2)), rtol=1e-5):
             raise Mismatch(f"{what} counts the padding rows too: weight each squared error by the mask.")
         if real < b and np.isclose(float(got), expected * real / b, rtol=1e-5):
             raise Mismatch(f"{what} divides by all {b} rows; divide by the number of real rows, {real} "
                            "(the sum of the mask).")
         expect_array(got, expected, what=what, rtol=1e-5)
-    got = call(masked_mse, jnp.ones(4), jnp.zeros(4), jnp.zeros(4, bool), name="masked_mse")
-    if not np.isfinite(float(got)):
+    got = expect_scalar(call(masked_mse, jnp.ones(4), jnp.zeros(4), jnp.zeros(4, bool), name="masked_mse"),
+                        what="masked_mse with no real rows")
+    if not np.isfinite(got):
         raise Mismatch(f"with no real rows at all (a device that got only padding) masked_mse returned {float(got)}; "
                        "it must stay finite (0.0), or the NaN spreads to every device through the gradient average. "
                        "Divide by max(number of real rows, 1).")

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import Mismatch, call, exercise, expect_array
+from . import Mismatch, call, describe_tree, exercise, expect_array, expect_structure
 
 AXIS = "i"
 
@@ -28,7 +28,13 @@ def solution_place(params, batch, mesh):
     return params, batch
 
 
-@exercise("06.1", "Replicate the parameters and split the batch on a mesh", solution=solution_place)
+@exercise("06.1", "Replicate the parameters and split the batch on a mesh", solution=solution_place,
+          returns="a pair (params, batch) with the same keys and shapes as the inputs: params leaves replicated "
+                  "on the mesh (P()), batch leaves split along axis 0 over 'i' (P('i'))",
+          hints=["On a mesh nothing is stacked or reshaped: you only say, for each array, how it is laid out "
+                 "over the mesh axis 'i'.",
+                 "jax.device_put(params, NamedSharding(mesh, P())) replicates; jax.device_put(batch, "
+                 "NamedSharding(mesh, P('i'))) splits axis 0. device_put takes whole pytrees."])
 def check_place(place):
     for n in (len(jax.devices()), 4):
         mesh = _mesh(n)
@@ -36,8 +42,13 @@ def check_place(place):
         batch = {"x": np.arange(4 * n * 3, dtype=np.float32).reshape(4 * n, 3), "y": np.arange(4 * n)}
         out = call(place, params, batch, mesh, name="place")
         if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise Mismatch("place should return (params, batch).")
+            raise Mismatch(f"place should return a pair (params, batch); got {describe_tree(out)}.")
         p, b = out
+        if isinstance(p, dict) and isinstance(b, dict) and set(p) == set(batch) and set(b) == set(params):
+            raise Mismatch("place returned (batch, params): the batch first. Return them in the order "
+                           "(params, batch).")
+        expect_structure(p, params, what="the params place returns")
+        expect_structure(b, batch, what="the batch place returns")
         for name, leaf in [("params['w']", p["w"]), ("params['b']", p["b"])]:
             if not isinstance(leaf, jax.Array):
                 raise Mismatch(f"{name} is still a {type(leaf).__name__} on the host: use jax.device_put.")
@@ -76,22 +87,29 @@ def solution_stats_out_specs():
     return (P("i"), P())
 
 
-@exercise("06.2", "Choose the out_specs that check_vma accepts", solution=solution_stats_out_specs)
+@exercise("06.2", "Choose the out_specs that check_vma accepts", solution=solution_stats_out_specs,
+          returns="a pair of PartitionSpecs (spec of the per-device sums, spec of the total)",
+          hints=["Ask of each output: is it the same on every device, and can check_vma SEE that it is? Only a "
+                 "value that came out of a collective like psum is known to be the same everywhere.",
+                 "The per-device sums differ: stack them with P('i'). The psum total is replicated: P() "
+                 "returns it once. Return (P('i'), P())."])
 def check_stats_out_specs(stats_out_specs):
     specs = call(stats_out_specs, name="stats_out_specs")
     if not isinstance(specs, (tuple, list)) or len(specs) != 2 or not all(isinstance(s, P) for s in specs):
         raise Mismatch(f"stats_out_specs() should return a pair of PartitionSpecs, one per output of stats; got "
-                       f"{specs!r}.")
+                       f"{describe_tree(specs)}.")
     n = len(jax.devices())
     mesh = _mesh(n)
     x = jax.device_put(np.arange(2.0 * n, dtype=np.float32), NamedSharding(mesh, P(AXIS)))
     try:
         local, total = jax.shard_map(stats, mesh=mesh, in_specs=P(AXIS), out_specs=tuple(specs))(x)
-    except ValueError as e:
+    except Exception as e:
         if "can't be statically inferred" in str(e):
             raise Mismatch(f"out_specs {tuple(specs)}: check_vma rejects P() for the per-device sums, which differ "
                            "from device to device. Only the psum total is known to be the same everywhere.") from None
-        raise Mismatch(f"out_specs {tuple(specs)} raised ValueError: {str(e).splitlines()[0][:200]}") from None
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise Mismatch(f"out_specs {tuple(specs)} raised {type(e).__name__}: {first}. Each spec names, per axis "
+                       f"of that output, the mesh axis it is split over: {AXIS!r} or nothing.") from None
     expected_local = np.asarray(x).reshape(n, 2).sum(axis=1)
     expect_array(local, expected_local, what="the per-device sums, stacked")
     if np.shape(total) == (n,):

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import Mismatch, call, exercise, expect_array
+from . import Mismatch, as_array, call, exercise, expect_array, primitives
 from .lesson06 import AXIS, _mesh, _spec
 
 
@@ -25,7 +25,12 @@ def solution_ported(x, w, mesh):
     return jax.shard_map(block, mesh=mesh, in_specs=(P("i"), P()), out_specs=P("i"))(x, w)
 
 
-@exercise("07.1", "Port a pmap function to shard_map", solution=solution_ported)
+@exercise("07.1", "Port a pmap function to shard_map", solution=solution_ported,
+          returns="a jax.Array of shape (B, k), tanh(x @ w), split by rows over the mesh axis 'i' (P('i'))",
+          hints=["pmap's in_axes=(0, None) becomes in_specs: x split over 'i', w whole on every device; the "
+                 "output is split like x. No reshape to (n, b, ...): shard_map works on the global shapes.",
+                 "jax.shard_map(block, mesh=mesh, in_specs=(P('i'), P()), out_specs=P('i'))(x, w), where "
+                 "block(xb, wb) returns jnp.tanh(xb @ wb) for this device's rows."])
 def check_ported(ported):
     rng = np.random.default_rng(6)
     for n, b, d, k in [(len(jax.devices()), 2, 3, 4), (4, 3, 2, 2)]:
@@ -39,11 +44,12 @@ def check_ported(ported):
                                                      "P('i'), w replicated P().",
         })
         what = f"ported(x {x.shape}, w {w.shape}) on {n} devices"
+        as_array(got, what=what, expected_shape=(n * b, k))
         expect_array(got, np.tanh(np.asarray(x) @ np.asarray(w)), what=what, rtol=1e-5)
         if not isinstance(got, jax.Array) or _spec(got) is None or tuple(_spec(got))[:1] != (AXIS,):
             raise Mismatch(f"{what} has sharding {_spec(got)}; expected the rows split over 'i' (P('i')), as the "
                            "input was.")
-        jaxpr = str(jax.make_jaxpr(lambda a, c: ported(a, c, mesh))(x, w))
-        if "shard_map[" not in jaxpr:
+        eqns = primitives(lambda a, c: ported(a, c, mesh), x, w, name="ported")
+        if not any(e.primitive.name == "shard_map" for e in eqns):
             raise Mismatch(f"{what} has the right values but does not use jax.shard_map.")
     return "the same program as the pmap version, written for a mesh, with no reshape to (n, b, ...)."

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from . import Mismatch, call, exercise, expect_array
+from . import Mismatch, as_array, call, describe_tree, exercise, expect_array
 
 
 # ----------------------------------------------------------------------------------------------
@@ -14,7 +14,11 @@ def solution_process_rows(global_batch, num_processes, process_id):
     return slice(process_id * per_process, (process_id + 1) * per_process)
 
 
-@exercise("08.1", "The rows of the global batch one process loads", solution=solution_process_rows)
+@exercise("08.1", "The rows of the global batch one process loads", solution=solution_process_rows,
+          returns="a slice(start, stop): one contiguous block of global_batch // num_processes rows",
+          hints=["Every process loads the same number of rows, one contiguous block, in process order.",
+                 "per_process = global_batch // num_processes; return slice(process_id * per_process, "
+                 "(process_id + 1) * per_process)."])
 def check_process_rows(process_rows):
     for batch, procs in [(64, 2), (96, 4), (30, 3), (8, 8)]:
         per = batch // procs
@@ -23,8 +27,12 @@ def check_process_rows(process_rows):
             got = call(process_rows, batch, procs, pid, name="process_rows")
             what = f"process_rows({batch}, {procs}, {pid})"
             if not isinstance(got, slice):
-                raise Mismatch(f"{what} should return a slice, like slice(start, stop); got {type(got).__name__}.")
-            rows = list(range(batch))[got]
+                raise Mismatch(f"{what} should return a slice, like slice(start, stop); got {describe_tree(got)}.")
+            try:
+                rows = list(range(batch))[got]
+            except (TypeError, ValueError) as e:
+                raise Mismatch(f"{what} returned {got!r}, which cannot select rows ({e}): start and stop must be "
+                               "ints.") from None
             if got.step not in (None, 1) and len(rows) == per:
                 raise Mismatch(f"{what} takes every {got.step}-th row (interleaved). Give each process one "
                                f"contiguous block of {per} rows, so its rows line up with its devices.")
@@ -55,22 +63,31 @@ def solution_local_part(batch, devices, process_index):
 
 
 @exercise("08.2", "This process's rows of a sharded batch, from the devices it owns",
-          solution=solution_local_part)
+          solution=solution_local_part,
+          returns="an array of shape (number of devices this process owns, ...): row i of batch for each "
+                  "position i whose device belongs to this process, in order",
+          hints=["Do not assume the devices of one process sit next to each other: ask each device which "
+                 "process owns it.",
+                 "rows = [i for i, d in enumerate(devices) if d.process_index == process_index]; return "
+                 "batch[rows]."])
 def check_local_part(local_part):
     layouts = {
         "2 processes x 4 devices, in order": [FakeDevice(i, i // 4) for i in range(8)],
         "2 processes, devices interleaved": [FakeDevice(i, i % 2) for i in range(8)],
         "4 processes x 2 devices": [FakeDevice(i, i // 2) for i in range(8)],
     }
-    batch = np.arange(8 * 3 * 2).reshape(8, 3, 2)
+    reference = np.arange(8 * 3 * 2).reshape(8, 3, 2)  # private: each call gets its own copy
     for name, devices in layouts.items():
         for pid in sorted({d.process_index for d in devices}):
-            got = call(local_part, batch, devices, pid, name="local_part")
             owned = [i for i, d in enumerate(devices) if d.process_index == pid]
+            expected = reference[owned].copy()
+            contiguous = reference[pid * len(owned):(pid + 1) * len(owned)].copy()
             what = f"local_part for process {pid} ({name})"
-            if np.shape(got)[:1] == (len(owned),) and not np.array_equal(got, batch[owned]) and \
-                    np.array_equal(got, batch[pid * len(owned):(pid + 1) * len(owned)]):
+            got = call(local_part, reference.copy(), list(devices), pid, name="local_part")
+            got = as_array(got, what=what, expected_shape=expected.shape)
+            if got.shape == expected.shape and not np.array_equal(got, expected) and \
+                    np.array_equal(got, contiguous):
                 raise Mismatch(f"{what} returns a contiguous block of rows, but this process owns the devices at "
                                f"positions {owned}: read each device's process_index instead of assuming an order.")
-            expect_array(got, batch[owned], what=what)
+            expect_array(got, expected, what=what)
     return "each process feeds exactly the devices it owns, wherever they sit in the mesh."

@@ -1,0 +1,90 @@
+"""Lesson 09 exercises: the cost of a dispatch spread over fused steps, predicted and fitted.
+
+Neither checker times anything: they check the formula and the fit on numbers they make up,
+so they give the same verdict on any machine, however noisy its timings.
+"""
+
+import numpy as np
+
+from . import Mismatch, call, describe_tree, exercise, expect_scalar
+
+
+# ----------------------------------------------------------------------------------------------
+# 09.1 Predict the time per step from the steps per dispatch
+
+
+def solution_ms_per_step(dispatch_ms, step_ms, k):
+    return dispatch_ms / k + step_ms
+
+
+@exercise("09.1", "Predict the time per step when K steps share one dispatch", solution=solution_ms_per_step,
+          returns="one number: the predicted milliseconds per step, with the dispatch cost shared by k steps",
+          hints=["Fusing k steps into one dispatch pays the fixed dispatch cost once for all k steps; each "
+                 "step's own work is still paid k times.",
+                 "Time per step = (dispatch_ms + k * step_ms) / k = dispatch_ms / k + step_ms."])
+def check_ms_per_step(ms_per_step):
+    for dispatch, step, k in [(0.5, 0.1, 1), (0.5, 0.1, 10), (2.0, 0.03, 25), (1.2, 0.4, 4), (0.0, 0.2, 7)]:
+        what = f"ms_per_step(dispatch_ms={dispatch}, step_ms={step}, k={k})"
+        got = expect_scalar(call(ms_per_step, dispatch, step, k, name="ms_per_step"), what=what)
+        want = dispatch / k + step
+        if np.isclose(got, want, rtol=1e-6):
+            continue
+        if np.isclose(got, (dispatch + step) / k, rtol=1e-6):
+            raise Mismatch(f"{what} = {got:.4g}: the step's own work was divided by k too. Fusing removes "
+                           "dispatches, not work: only the dispatch cost is shared by the k steps.")
+        if np.isclose(got, dispatch / k, rtol=1e-6):
+            raise Mismatch(f"{what} = {got:.4g}: only the dispatch is counted. Add each step's own work, "
+                           f"step_ms = {step}.")
+        if np.isclose(got, dispatch * k + step, rtol=1e-6) or np.isclose(got, dispatch + k * step, rtol=1e-6):
+            raise Mismatch(f"{what} = {got:.4g}: that grows with k. One dispatch now carries k steps, so its "
+                           "cost per step is dispatch_ms / k.")
+        raise Mismatch(f"{what} = {got:.4g}; expected {want:.4g}: the dispatch cost once per k steps, plus each "
+                       "step's own work.")
+    return "the dispatch cost fades as 1/k; what is left is the step's own work, which fusing cannot remove."
+
+
+# ----------------------------------------------------------------------------------------------
+# 09.2 Fit the dispatch cost and the step cost to measured times
+
+
+def solution_fit_dispatch_and_step(ks, ms):
+    ks, ms = np.asarray(ks, float), np.asarray(ms, float)
+    dispatch_ms, step_ms = np.polyfit(1.0 / ks, ms, 1)   # ms = dispatch_ms * (1 / k) + step_ms
+    return float(dispatch_ms), float(step_ms)
+
+
+def _fake_measurements(dispatch, step, ks, noise, seed):
+    """Made-up timings from the model, with relative noise: what a real sweep looks like."""
+    rng = np.random.default_rng(seed)
+    ks = np.asarray(ks, float)
+    return (dispatch / ks + step) * (1 + noise * rng.standard_normal(ks.size))
+
+
+@exercise("09.2", "Fit the dispatch cost and the step cost to measured times", solution=solution_fit_dispatch_and_step,
+          returns="a pair of floats (dispatch_ms, step_ms), the least-squares fit of ms = dispatch_ms / k + step_ms",
+          hints=["The model is a straight line, not in k but in 1 / k: ms = dispatch_ms * (1 / k) + step_ms. "
+                 "Use every measurement, so that the noise averages out.",
+                 "np.polyfit(1 / np.asarray(ks), ms, 1) returns (slope, intercept) = (dispatch_ms, step_ms)."])
+def check_fit_dispatch_and_step(fit_dispatch_and_step):
+    ks = [1, 2, 5, 10, 25]
+    for dispatch, step, noise, seed in [(0.6, 0.12, 0.0, 0), (1.5, 0.05, 0.03, 1), (0.3, 0.9, 0.05, 2)]:
+        ms = _fake_measurements(dispatch, step, ks, noise, seed)
+        want = solution_fit_dispatch_and_step(ks, ms)
+        what = f"fit_dispatch_and_step(ks={ks}, ms=[{', '.join(f'{m:.3f}' for m in ms)}])"
+        got = call(fit_dispatch_and_step, list(ks), ms.copy(), name="fit_dispatch_and_step")
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            raise Mismatch(f"{what} should return a pair (dispatch_ms, step_ms); got {describe_tree(got)}.")
+        d, s = (expect_scalar(v, what=f"{what}: {k}") for k, v in zip(("dispatch_ms", "step_ms"), got))
+        if np.allclose([d, s], want, rtol=1e-3, atol=1e-6):
+            continue
+        if np.allclose([s, d], want, rtol=1e-3, atol=1e-6):
+            raise Mismatch(f"{what} returned ({d:.4g}, {s:.4g}): swapped. The slope against 1/k is the dispatch "
+                           "cost, the intercept the step cost: return (dispatch_ms, step_ms).")
+        slope_k, intercept_k = np.polyfit(np.asarray(ks, float), ms, 1)
+        if np.allclose([d, s], [slope_k, intercept_k], rtol=1e-3) or np.allclose([s, d], [slope_k, intercept_k],
+                                                                                  rtol=1e-3):
+            raise Mismatch(f"{what} fitted a line in k; the model is a line in 1 / k: ms = dispatch_ms * (1 / k) + "
+                           "step_ms.")
+        raise Mismatch(f"{what} returned ({d:.4g}, {s:.4g}); the least-squares fit over all {len(ks)} points "
+                       f"is ({want[0]:.4g}, {want[1]:.4g}). Fit every measurement, against 1 / k.")
+    return "a straight line in 1 / k: the slope is the cost of a dispatch, the intercept the cost of a step."
