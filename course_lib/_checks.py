@@ -34,6 +34,8 @@ def whole(value, name: str, where: str, *, minimum: int | None = 1, fix: str = "
     try:
         number = operator.index(value)
     except TypeError:
+        number = None
+    if number is None:
         hint = ""
         if isinstance(value, float) and value.is_integer():
             hint = f"Pass int({value!r}) = {int(value)}."
@@ -69,6 +71,8 @@ def device_list(devices, name: str, where: str, *, allow_none: bool = True) -> l
     try:
         devices = list(devices.flat) if hasattr(devices, "flat") and not isinstance(devices, list) else list(devices)
     except TypeError:
+        devices = None
+    if devices is None:
         fail(where, name, "a list of jax.Device", devices, f"Pass e.g. {name}=jax.devices()[:4].", TypeError)
     if not devices:
         fail(where, name, "a non-empty list of jax.Device", devices,
