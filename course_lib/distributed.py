@@ -105,6 +105,7 @@ class Launcher:
         self._logs = []
         self._tmp = None
         self._lifeline = None  # the write end of the pipe every worker watches; closing it ends them
+        self.coordinator_address = None  # 127.0.0.1:port, once started
 
     def start(self) -> "Launcher":
         """Start the workers, each in a session of its own, tied to this process's life (see the module doc)."""
@@ -118,7 +119,7 @@ class Launcher:
             read_end, self._lifeline = os.pipe()
             env[_worker.PIPE_VARIABLE] = str(read_end)
             env[_worker.PARENT_VARIABLE] = str(os.getpid())
-            address = f"127.0.0.1:{port}"
+            address = self.coordinator_address = f"127.0.0.1:{port}"
             try:
                 for pid in range(self.num_processes):
                     log = open(os.path.join(self._tmp.name, f"worker{pid}.log"), "w+")
@@ -172,7 +173,7 @@ class Launcher:
             if not self.processes:
                 raise RuntimeError(f"{type(self).__name__}.wait: no workers are running; call start() first, or use "
                                    "the launcher as a context manager (with Launcher(...) as launcher:).")
-            poll = _positive_seconds(poll, "poll", f"{type(self).__name__}.wait")
+            poll = _positive_seconds(poll, "poll", f"{type(self).__name__}.wait", 0.1)
             deadline = time.monotonic() + self.timeout
             while True:
                 codes = [p.poll() for p in self.processes]
@@ -238,9 +239,9 @@ def _iterable(value, where):
                      "Pass e.g. args=['--steps', '40'].", TypeError)
 
 
-def _positive_seconds(value, name, where) -> float:
+def _positive_seconds(value, name, where, example=180) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0 or value == float("inf"):
-        _checks.fail(where, name, "a number of seconds > 0", value, f"Pass e.g. {name}=180.",
+        _checks.fail(where, name, "a number of seconds > 0", value, f"Pass e.g. {name}={example}.",
                      ValueError if isinstance(value, numbers.Real) and not isinstance(value, bool) else TypeError)
     return float(value)
 
