@@ -59,8 +59,17 @@ def one_of(value, name: str, where: str, choices) -> object:
     return value
 
 
-def device_list(devices, name: str, where: str, *, allow_none: bool = True) -> list | None:
-    """``devices`` as a non-empty list of distinct ``jax.Device`` (``None`` passes through when allowed)."""
+def _device_like(d) -> bool:
+    """A description of a device (e.g. one reported by another process): ``id``, ``process_index``, ``platform``."""
+    return all(hasattr(d, a) for a in ("id", "process_index", "platform")) and not isinstance(d, (int, str))
+
+
+def device_list(devices, name: str, where: str, *, allow_none: bool = True, described: bool = False) -> list | None:
+    """``devices`` as a non-empty list of distinct ``jax.Device`` (``None`` passes through when allowed).
+
+    ``described=True`` also accepts objects that describe a device (``id``, ``process_index``, ``platform``), for
+    functions that only draw or print them.
+    """
     import jax
 
     if devices is None and allow_none:
@@ -77,7 +86,7 @@ def device_list(devices, name: str, where: str, *, allow_none: bool = True) -> l
     if not devices:
         fail(where, name, "a non-empty list of jax.Device", devices,
              f"Pass at least one device, e.g. {name}=jax.devices().")
-    wrong = [d for d in devices if not isinstance(d, jax.Device)]
+    wrong = [d for d in devices if not (isinstance(d, jax.Device) or (described and _device_like(d)))]
     if wrong:
         fail(where, name, "a list of jax.Device", devices,
              f"It holds {type(wrong[0]).__name__} {_shown(wrong[0])}; pass the devices themselves, e.g. "

@@ -25,6 +25,12 @@ def regression_data(n: int = 1024, d: int = 3, noise: float = 0.1, seed: int = 0
       ``(x, y, true_params)``: ``x`` float32 ``(n, d)``, ``y`` float32 ``(n,)``, and
       ``true_params = {"w": (d,), "b": ()}``, the weights that generated ``y``.
     """
+    n = _checks.whole(n, "n", "regression_data")
+    d = _checks.whole(d, "d", "regression_data")
+    seed = _checks.whole(seed, "seed", "regression_data", minimum=0)
+    if isinstance(noise, bool) or not isinstance(noise, (int, float, np.number)) or not noise >= 0:
+        _checks.fail("regression_data", "noise", "a number >= 0", noise, "Pass e.g. noise=0.1.",
+                     ValueError if isinstance(noise, (int, float, np.number)) else TypeError)
     rng = np.random.default_rng(seed)
     true_params = {"w": rng.normal(size=d).astype(np.float32), "b": np.float32(rng.normal())}
     x = rng.normal(size=(n, d)).astype(np.float32)
@@ -39,6 +45,11 @@ def digits(test_fraction: float = 0.2, seed: int = 0):
       ``(x_train, y_train, x_test, y_test)``: images flattened to ``(N, 64)`` float32 in
       ``[0, 1]``, labels ``(N,)`` int32 in ``0..9``; a seeded, stratified split.
     """
+    if isinstance(test_fraction, bool) or not isinstance(test_fraction, (float, np.floating)) \
+            or not 0 < test_fraction < 1:
+        _checks.fail("digits", "test_fraction", "a fraction strictly between 0 and 1", test_fraction,
+                     "Pass e.g. test_fraction=0.2.", ValueError if isinstance(test_fraction, (int, float)) else TypeError)
+    seed = _checks.whole(seed, "seed", "digits", minimum=0)
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 

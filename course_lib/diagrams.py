@@ -97,7 +97,7 @@ def device_topology(devices=None, *, title: str | None = None) -> Diagram:
       A ``Diagram`` with one cluster per process, holding a node for the Python
       program and one node per device, named ``dev<id>``.
     """
-    devices = _checks.device_list(devices, "devices", "device_topology") or jax.devices()
+    devices = _checks.device_list(devices, "devices", "device_topology", described=True) or jax.devices()
     by_process = collections.defaultdict(list)
     for d in devices:
         by_process[d.process_index].append(d)
@@ -147,7 +147,7 @@ def spmd_overview(devices=None, batch=None, program=None) -> Diagram:
     Returns:
       A ``Diagram`` with nodes ``program``, ``data``, ``shard<i>``, ``dev<id>``.
     """
-    devices = _checks.device_list(devices, "devices", "spmd_overview") or jax.devices()
+    devices = _checks.device_list(devices, "devices", "spmd_overview", described=True) or jax.devices()
     if program is not None and not callable(program):
         _checks.fail("spmd_overview", "program", "a function (its name labels the program)", program,
                      "Pass the function itself, or leave program out.", TypeError)
@@ -204,7 +204,7 @@ def mpmd_overview(programs, devices=None) -> Diagram:
     if not programs or not all(callable(p) for p in programs):
         _checks.fail("mpmd_overview", "programs", "a non-empty list of functions, one per device", programs,
                      "Pass e.g. programs=[f, g].", TypeError if programs else ValueError)
-    devices = _checks.device_list(devices, "devices", "mpmd_overview") or jax.devices()[: len(programs)]
+    devices = _checks.device_list(devices, "devices", "mpmd_overview", described=True) or jax.devices()[: len(programs)]
     if len(devices) != len(programs):
         raise ValueError(f"mpmd_overview: {len(programs)} programs for {len(devices)} devices; devices must hold one "
                          "device per program. Pass as many devices as programs.")
@@ -269,7 +269,7 @@ def pmap_dataflow(fn, *args, in_axes=0, out_axes=0, axis_name=None, devices=None
     if not args:
         raise ValueError("pmap_dataflow: args must hold at least one argument of fn to map, got none. Pass them "
                          "after fn: pmap_dataflow(fn, x, ...).")
-    devices = _checks.device_list(devices, "devices", "pmap_dataflow")
+    devices = _checks.device_list(devices, "devices", "pmap_dataflow", described=True)
     names = _arg_names(fn, len(args))
     inputs = []  # (label, per-device shape string, mapped)
     sizes = set()
@@ -490,7 +490,7 @@ def train_step(loss_fn, params, batch, *, devices=None, optimizer_name: str = "o
     if not callable(loss_fn):
         _checks.fail("train_step", "loss_fn", "a function loss_fn(params, shard, key)", loss_fn,
                      "Pass the loss function itself.", TypeError)
-    available = _checks.device_list(devices, "devices", "train_step") or jax.local_devices()
+    available = _checks.device_list(devices, "devices", "train_step", described=True) or jax.local_devices()
     leaves = jax.tree_util.tree_flatten_with_path(batch)[0]
     if not leaves:
         _checks.fail("train_step", "batch", "a sharded batch with at least one array, leaves (n, B // n, ...)",

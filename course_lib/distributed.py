@@ -139,6 +139,11 @@ class Launcher:
         return self
 
     def output(self, pid: int) -> str:
+        """What worker ``pid`` has printed so far (stdout and stderr)."""
+        pid = _checks.whole(pid, "pid", f"{type(self).__name__}.output", minimum=0)
+        if pid >= len(self._logs):
+            _checks.fail(f"{type(self).__name__}.output", "pid", f"a started worker's index, 0..{len(self._logs) - 1}",
+                         pid, "Call start() first." if not self._logs else f"Pass pid={len(self._logs) - 1} or less.")
         log = self._logs[pid]
         log.flush()
         with open(log.name) as f:

@@ -92,6 +92,7 @@ def shard(tree, n_devices: int | None = None):
 
 def unshard(tree):
     """Merge the device axis back into the batch: ``(n, b, ...) -> (n * b, ...)``. The inverse of ``shard``."""
+    _array_leaves(tree, "unshard")
 
     def merge(path, x):
         shape = np.shape(x)
@@ -149,6 +150,8 @@ def unreplicate(tree):
     It does not check that the copies agree; ``jax.pmap`` code keeps them equal by
     applying the same update everywhere (lesson 05).
     """
+
+    _array_leaves(tree, "unreplicate")
 
     def first(x):
         if isinstance(x, jax.Array) and len(x.addressable_shards) > 1 and x.sharding.is_fully_replicated:

@@ -86,6 +86,11 @@ def start(args) -> None:
                                coordinator_bind_address=args.coordinator_address)
 
 
+def _check_counts(steps, batch_size) -> None:
+    _checks.whole(steps, "steps", "train_dp.train")
+    _checks.whole(batch_size, "batch_size", "train_dp.train")
+
+
 def train(steps: int = 50, batch_size: int = 64, lr: float = 0.1, seed: int = 0, log=print,
           devices=None) -> dict:
     """Train on every device of every process; return this process's view of the result.
@@ -101,8 +106,7 @@ def train(steps: int = 50, batch_size: int = 64, lr: float = 0.1, seed: int = 0,
 
     from course_lib import data, sharding, training
 
-    steps = _checks.whole(steps, "steps", "train_dp.train")
-    batch_size = _checks.whole(batch_size, "batch_size", "train_dp.train")
+    _check_counts(steps, batch_size)
     devices = jax.devices() if devices is None else _checks.device_list(devices, "devices", "train_dp.train")
     n, pid = len(devices), jax.process_index()
     mesh = sharding.device_mesh(devices)

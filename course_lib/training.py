@@ -18,6 +18,7 @@ measures both): everything the devices exchange in a step travels in one all-red
 from __future__ import annotations
 
 import collections
+import collections.abc
 import itertools
 from typing import Any, Callable, Iterable, NamedTuple
 
@@ -115,6 +116,10 @@ def masked_mean(values, mask=None):
     """
     if mask is None:
         return jnp.mean(values)
+    if np.ndim(values) == 0 or np.shape(mask) != np.shape(values)[:np.ndim(mask)]:
+        raise ValueError(f"masked_mean: mask must have the leading shape of values, (b,) for values (b, ...), got "
+                         f"mask {np.shape(mask)} for values {np.shape(values)}. Pass the batch's mask (batch['mask']) "
+                         "with values of one row per example.")
     mask = mask.reshape(mask.shape + (1,) * (values.ndim - mask.ndim)).astype(values.dtype)
     per_row = values.size // max(values.shape[0], 1)
     return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask) * per_row, 1.0)
@@ -472,10 +477,13 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
         nonlocal state
         while in_flight and sum(k for _, k, _ in in_flight) + len(group) > max_ahead:
             read_oldest()
-        if len(group) > 1:
-            state, metrics = step.steps(state, group)
-        else:
-            state, metrics = step(state, group[0])
+        out = step.steps(state, group) if len(group) > 1 else step(state, group[0])
+        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], collections.abc.Mapping)
+                and "loss" in out[1]):
+            raise TypeError(f"fit: step must return (state, metrics) with metrics a dict holding 'loss', got "
+                            f"{_checks._shown(out)}. Return e.g. (new_state, {{'loss': loss}}), as "
+                            "make_train_step's step does.")
+        state, metrics = out
         in_flight.append((first, len(group), metrics))
 
     def run(last, group):  # a full group in one dispatch; a short one a step at a time (no new compile)
@@ -486,7 +494,11 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
                 dispatch(last - len(group) + 1 + j, [batch])
 
     def evaluate(i):
-        history["eval"].append({"step": i, **{k: float(v) for k, v in eval_fn(state).items()}})
+        result = eval_fn(state)
+        if not isinstance(result, collections.abc.Mapping):
+            raise TypeError(f"fit: eval_fn must return a dict of numbers, got {type(result).__name__} "
+                            f"({_checks._shown(result)}). Return e.g. {{'accuracy': acc}}.")
+        history["eval"].append({"step": i, **{k: float(v) for k, v in result.items()}})
 
     i, group = 0, []
     try:

@@ -90,7 +90,19 @@ CASES = [
      ["num_batches: n_examples must be a whole number >= 0, got None"]),
     ("num-batches-remainder", lambda: data.num_batches(100, 8, "keep"), ValueError,
      ["num_batches: remainder must be one of 'drop', 'pad', got 'keep'", "remainder='drop'"]),
+    ("unreplicate-string-leaf", lambda: sharding.unreplicate({"w": "abc"}), TypeError,
+     ["unreplicate: leaf ['w'] is a str", "np.asarray"]),
+    ("regression-data-zero", lambda: data.regression_data(n=0), ValueError,
+     ["regression_data: n must be a whole number >= 1, got 0", "Pass n=1 or more"]),
+    ("regression-data-noise", lambda: data.regression_data(noise=-1.0), ValueError,
+     ["regression_data: noise must be a number >= 0, got -1.0", "noise=0.1"]),
+    ("digits-fraction", lambda: data.digits(test_fraction=1.5), ValueError,
+     ["digits: test_fraction must be a fraction strictly between 0 and 1, got 1.5", "test_fraction=0.2"]),
+    ("launcher-output-before-start", lambda: distributed.Launcher(2, 2).output(0), ValueError,
+     ["Launcher.output: pid must be a started worker's index", "Call start() first"]),
     # training
+    ("masked-mean-shapes", lambda: training.masked_mean(jnp.zeros(8), jnp.ones(4, bool)), ValueError,
+     ["masked_mean: mask must have the leading shape of values", "mask (4,) for values (8,)", "batch['mask']"]),
     ("init-state-optax-function", lambda: training.init_state(PARAMS, optax.sgd, jax.random.key(0)), TypeError,
      ["init_state: optimizer must be an optax optimizer", "optimizer=optax.sgd(learning_rate)"]),
     ("init-state-not-optimizer", lambda: training.init_state(PARAMS, 0.1, jax.random.key(0)), TypeError,
@@ -300,3 +312,25 @@ def test_fit_names_a_state_on_other_devices(devices):
     with pytest.raises(ValueError, match=re.escape("fit: state must live on the step's 8 devices, but it lives on "
                                                    "4 device(s)")):
         training.fit(step, state, data.batches(X, Y, 64, n_devices=8), progress=False)
+
+
+def test_diagrams_accept_devices_described_by_another_process(devices):
+    import types
+
+    owners = [types.SimpleNamespace(id=i, process_index=i // 2, platform="cpu", device_kind="cpu") for i in range(4)]
+    g = diagrams.device_topology(owners)
+    assert "cluster_process1" in g.source and "dev3" in g.source
+
+
+def test_fit_rejects_a_step_that_returns_no_loss(devices):
+    state = training.init_state(PARAMS, optax.sgd(0.1), jax.random.key(0))
+    with pytest.raises(TypeError, match=r"fit: step must return \(state, metrics\) with metrics a dict holding "
+                                        r"'loss'.*Return e.g. \(new_state, \{'loss': loss\}\)"):
+        training.fit(lambda s, b: (s, {"error": 0.0}), state, data.batches(X, Y, 64, n_devices=8), progress=False)
+
+
+def test_fit_rejects_an_eval_fn_that_returns_no_dict(devices):
+    state = training.init_state(PARAMS, optax.sgd(0.1), jax.random.key(0))
+    step = training.make_train_step(loss_fn, optax.sgd(0.1))
+    with pytest.raises(TypeError, match=r"fit: eval_fn must return a dict of numbers, got float.*'accuracy'"):
+        training.fit(step, state, data.batches(X, Y, 64, n_devices=8), eval_fn=lambda s: 0.5, progress=False)
