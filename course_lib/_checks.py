@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import operator
 
-__all__ = ["whole", "optional_whole", "one_of", "device_list", "axis", "fail"]
+__all__ = ["shown", "whole", "optional_whole", "one_of", "device_list", "axis", "fail"]
 
 
-def _shown(value) -> str:
+def shown(value) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
 def fail(where: str, name: str, what: str, value, fix: str = "", kind: type[Exception] = ValueError):
     """Raise ``kind`` with the course's wording; never returns."""
-    message = f"{where}: {name} must be {what}, got {_shown(value)}."
+    message = f"{where}: {name} must be {what}, got {shown(value)}."
     raise kind(message + (" " + fix if fix else ""))
 
 
@@ -89,7 +89,7 @@ def device_list(devices, name: str, where: str, *, allow_none: bool = True, desc
     wrong = [d for d in devices if not (isinstance(d, jax.Device) or (described and _device_like(d)))]
     if wrong:
         fail(where, name, "a list of jax.Device", devices,
-             f"It holds {type(wrong[0]).__name__} {_shown(wrong[0])}; pass the devices themselves, e.g. "
+             f"It holds {type(wrong[0]).__name__} {shown(wrong[0])}; pass the devices themselves, e.g. "
              f"{name}=[jax.devices()[i] for i in ...], not their indices.", TypeError)
     if len({id(d) for d in devices}) != len(devices):
         fail(where, name, "a list of distinct devices", devices, "Name each device once.")

@@ -273,7 +273,8 @@ def _at_least_one(text: str) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m course_lib.bench", description=__doc__.splitlines()[0])
-    p.add_argument("--devices", type=_at_least_one, default=8, help="simulated CPU devices when there is no accelerator")
+    p.add_argument("--devices", type=_at_least_one, default=8,
+                   help="simulated CPU devices when there is no accelerator")
     p.add_argument("--global-batch", type=_at_least_one, default=512, help="examples per step, over all devices")
     p.add_argument("--steps", type=_at_least_one, default=100)
     p.add_argument("--repeats", type=_at_least_one, default=7)

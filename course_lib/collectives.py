@@ -35,10 +35,10 @@ def _per_device(xs, where: str = "collectives") -> np.ndarray:
         xs = np.asarray(xs)
     except (TypeError, ValueError) as e:
         raise TypeError(f"{where}: xs must be per-device values stacked on a leading axis, shape (n_devices, ...), "
-                        f"got {_checks._shown(xs)} ({e}). Pass an array such as np.arange(8.0).reshape(4, 2).") from None
+                        f"got {_checks.shown(xs)} ({e}). Pass an array such as np.arange(8.0).reshape(4, 2).") from None
     if xs.dtype == object or xs.dtype.kind in "USV":
         raise TypeError(f"{where}: xs must be a numeric array, shape (n_devices, ...), got dtype {xs.dtype} "
-                        f"({_checks._shown(xs)}). Pass numbers, e.g. np.arange(8.0).reshape(4, 2).")
+                        f"({_checks.shown(xs)}). Pass numbers, e.g. np.arange(8.0).reshape(4, 2).")
     if xs.ndim == 0:
         raise ValueError(f"{where}: xs must be per-device values stacked on a leading axis, shape (n_devices, ...); "
                          f"got a scalar, {xs!r}. Stack one value per device, e.g. np.array([{xs.item()!r}] * 4).")

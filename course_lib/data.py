@@ -48,7 +48,8 @@ def digits(test_fraction: float = 0.2, seed: int = 0):
     if isinstance(test_fraction, bool) or not isinstance(test_fraction, (float, np.floating)) \
             or not 0 < test_fraction < 1:
         _checks.fail("digits", "test_fraction", "a fraction strictly between 0 and 1", test_fraction,
-                     "Pass e.g. test_fraction=0.2.", ValueError if isinstance(test_fraction, (int, float)) else TypeError)
+                     "Pass e.g. test_fraction=0.2.",
+                     ValueError if isinstance(test_fraction, (int, float)) else TypeError)
     seed = _checks.whole(seed, "seed", "digits", minimum=0)
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
@@ -65,7 +66,7 @@ def _check(x, y, batch_size, n_devices, remainder):
     for name, v in (("x", x), ("y", y)):
         if v.dtype == object or v.ndim == 0:
             raise TypeError(f"batches: {name} must be an array of examples, shape (N, ...), got "
-                            f"{_checks._shown(v if v.dtype != object or v.ndim else v.item())}. Pass a NumPy "
+                            f"{_checks.shown(v if v.dtype != object or v.ndim else v.item())}. Pass a NumPy "
                             f"array, e.g. the x, y of data.regression_data().")
     if len(x) != len(y):
         raise ValueError(f"x and y have different lengths ({len(x)} and {len(y)}); they must hold one label per "

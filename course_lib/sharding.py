@@ -40,7 +40,7 @@ def _array_leaves(tree, where: str):
     leaves = _leaves_with_paths(tree)
     for path, x in leaves:
         if not isinstance(x, (jax.Array, np.ndarray, np.generic, int, float, complex)) or isinstance(x, str):
-            raise TypeError(f"{where}: {_name(path)} is a {type(x).__name__} ({_checks._shown(x)}); every leaf "
+            raise TypeError(f"{where}: {_name(path)} is a {type(x).__name__} ({_checks.shown(x)}); every leaf "
                             f"must be an array or a number. Convert it with np.asarray, or keep it out of the "
                             f"pytree you pass.")
     return leaves
@@ -227,7 +227,7 @@ def replicate_on_mesh(tree, mesh: Mesh | None = None):
 def _check_mesh(mesh, where: str) -> Mesh:
     if not isinstance(mesh, Mesh):
         raise TypeError(f"{where}: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__} "
-                        f"({_checks._shown(mesh)}). Build one with course_lib.sharding.device_mesh(devices) or "
+                        f"({_checks.shown(mesh)}). Build one with course_lib.sharding.device_mesh(devices) or "
                         f"jax.make_mesh.")
     return mesh
 

@@ -31,8 +31,8 @@ from tqdm.auto import tqdm
 
 from . import _checks, sharding
 
-__all__ = ["TrainState", "TrainStep", "TrainingDiverged", "BACKENDS", "init_state", "masked_mean", "psum_bucketed", "device_step",
-           "make_train_step", "fit", "replicas_identical", "max_divergence"]
+__all__ = ["TrainState", "TrainStep", "TrainingDiverged", "BACKENDS", "init_state", "masked_mean", "psum_bucketed",
+           "device_step", "make_train_step", "fit", "replicas_identical", "max_divergence"]
 
 AXIS = "devices"
 
@@ -62,19 +62,18 @@ def _check_backend(backend, where="make_train_step"):
 def _check_optimizer(optimizer, where):
     if callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None)):
         return
-    called = ""
-    if callable(optimizer) and getattr(optimizer, "__module__", "").startswith("optax"):
-        called = f" Call it to build one: optimizer=optax.{getattr(optimizer, '__name__', 'sgd')}(learning_rate)."
+    fix = "Pass e.g. optimizer=optax.sgd(0.1) or optax.adam(1e-3)."
+    if callable(optimizer) and getattr(optimizer, "__module__", "").startswith("optax"):  # optax.sgd, not called
+        fix = f"Call it to build one: optimizer=optax.{getattr(optimizer, '__name__', 'sgd')}(learning_rate)."
     raise TypeError(f"{where}: optimizer must be an optax optimizer (an optax.GradientTransformation with .init and "
-                    f".update), got {type(optimizer).__name__} ({_checks._shown(optimizer)}).{called or ' Pass e.g. '
-                    'optimizer=optax.sgd(0.1) or optax.adam(1e-3).'}")
+                    f".update), got {type(optimizer).__name__} ({_checks.shown(optimizer)}). {fix}")
 
 
 def _check_key(key, where):
     if isinstance(key, jax.Array) and (jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
                                        or (key.dtype == jnp.uint32 and key.shape == (2,))):
         return
-    raise TypeError(f"{where}: key must be a JAX PRNG key, got {type(key).__name__} ({_checks._shown(key)}). "
+    raise TypeError(f"{where}: key must be a JAX PRNG key, got {type(key).__name__} ({_checks.shown(key)}). "
                     "Pass key=jax.random.key(seed).")
 
 
@@ -262,7 +261,7 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
     _check_backend(backend, "make_train_step")
     if not callable(loss_fn):
         raise TypeError(f"make_train_step: loss_fn must be a function loss_fn(params, batch, key) -> loss, got "
-                        f"{type(loss_fn).__name__} ({_checks._shown(loss_fn)}). Pass the function itself.")
+                        f"{type(loss_fn).__name__} ({_checks.shown(loss_fn)}). Pass the function itself.")
     _check_optimizer(optimizer, "make_train_step")
     devices = _checks.device_list(devices, "devices", "make_train_step")
     if backend == "pmap":
@@ -334,7 +333,7 @@ def _check_state(step, state) -> int:
             + (", devices=...)" if backend and step.devices is not None else ")") if backend else
             "Put it on the devices first: training.init_state(...), or sharding.replicate(state)")
     if not leaves:
-        raise ValueError(f"fit: state must hold the arrays the step updates, got {_checks._shown(state)}. {make}.")
+        raise ValueError(f"fit: state must hold the arrays the step updates, got {_checks.shown(state)}. {make}.")
     for path, x in leaves:
         if not isinstance(x, jax.Array):
             raise TypeError(f"fit: state must live on the devices, but its leaf {jax.tree_util.keystr(path)} is a "
@@ -443,8 +442,8 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
                          + fix)
     eval_every = _checks.optional_whole(eval_every, "eval_every", "fit")
     if eval_every is not None and eval_fn is None:
-        raise ValueError(f"fit: eval_every needs an eval_fn to call (got eval_every={eval_every}); pass eval_fn=..., or leave "
-                         "eval_every out.")
+        raise ValueError(f"fit: eval_every needs an eval_fn to call (got eval_every={eval_every}); pass "
+                         "eval_fn=..., or leave eval_every out.")
     n = _check_state(step, state)
     try:
         iterator = iter(batches)
@@ -481,7 +480,7 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
         if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], collections.abc.Mapping)
                 and "loss" in out[1]):
             raise TypeError(f"fit: step must return (state, metrics) with metrics a dict holding 'loss', got "
-                            f"{_checks._shown(out)}. Return e.g. (new_state, {{'loss': loss}}), as "
+                            f"{_checks.shown(out)}. Return e.g. (new_state, {{'loss': loss}}), as "
                             "make_train_step's step does.")
         state, metrics = out
         in_flight.append((first, len(group), metrics))
@@ -497,7 +496,7 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
         result = eval_fn(state)
         if not isinstance(result, collections.abc.Mapping):
             raise TypeError(f"fit: eval_fn must return a dict of numbers, got {type(result).__name__} "
-                            f"({_checks._shown(result)}). Return e.g. {{'accuracy': acc}}.")
+                            f"({_checks.shown(result)}). Return e.g. {{'accuracy': acc}}.")
         history["eval"].append({"step": i, **{k: float(v) for k, v in result.items()}})
 
     i, group = 0, []

@@ -80,7 +80,8 @@ def test_the_coordinator_listens_on_loopback_only():
         worker_sockets = set().union(*(socket_inodes(p.pid) for p in launcher.processes))
         for family, address, port, inode in listening():
             if inode in worker_sockets:
-                assert address == LOOPBACK_V4 or address in LOOPBACK_V6, f"a worker listens on {family} {address}:{port}"
+                assert address == LOOPBACK_V4 or address in LOOPBACK_V6, \
+                    f"a worker listens on {family} {address}:{port}"
 
 
 PARENT = """
