@@ -69,10 +69,11 @@ def _check(x, y, batch_size, n_devices, remainder):
                             f"{_checks.shown(v if v.dtype != object or v.ndim else v.item())}. Pass a NumPy "
                             f"array, e.g. the x, y of data.regression_data().")
     if len(x) != len(y):
-        raise ValueError(f"x and y have different lengths ({len(x)} and {len(y)}); they must hold one label per "
-                         "example.")
+        raise ValueError(f"batches: x and y have different lengths ({len(x)} and {len(y)}); they must hold one "
+                         "label per example. Cut them to the same length.")
     if len(x) == 0:
-        raise ValueError("the dataset is empty (0 examples): there is nothing to make batches of.")
+        raise ValueError("batches: the dataset is empty (0 examples in x and y): there is nothing to make batches "
+                         "of. Pass at least one batch of examples.")
     if batch_size % n_devices:
         low = batch_size - batch_size % n_devices
         raise ValueError(f"a global batch of {batch_size} does not divide across {n_devices} devices; use a "

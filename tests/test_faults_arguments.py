@@ -334,3 +334,58 @@ def test_fit_rejects_an_eval_fn_that_returns_no_dict(devices):
     step = training.make_train_step(loss_fn, optax.sgd(0.1))
     with pytest.raises(TypeError, match=r"fit: eval_fn must return a dict of numbers, got float.*'accuracy'"):
         training.fit(step, state, data.batches(X, Y, 64, n_devices=8), eval_fn=lambda s: 0.5, progress=False)
+
+
+JUNK = [None, "x", -1, 0, True, 2.5, [], {}, object()]
+
+
+def _sweep():
+    """(name, function, valid keyword arguments): each argument is swapped for junk in turn."""
+    mesh = sharding.device_mesh()
+    return [
+        ("shard", sharding.shard, {"tree": {"x": np.zeros((8, 2))}, "n_devices": 8}),
+        ("unshard", sharding.unshard, {"tree": np.zeros((8, 1, 2))}),
+        ("pad_batch", sharding.pad_batch, {"tree": np.zeros((5, 2)), "multiple": 8}),
+        ("replicate", sharding.replicate, {"tree": {"w": np.zeros(2)}, "devices": jax.devices()}),
+        ("unreplicate", sharding.unreplicate, {"tree": {"w": np.zeros((8, 2))}}),
+        ("device_mesh", sharding.device_mesh, {"devices": jax.devices()}),
+        ("shard_on_mesh", sharding.shard_on_mesh, {"tree": np.zeros((8, 2)), "mesh": mesh, "axis": "devices"}),
+        ("replicate_on_mesh", sharding.replicate_on_mesh, {"tree": np.zeros(2), "mesh": mesh}),
+        ("batches", data.batches, {"x": X, "y": Y, "batch_size": 8, "n_devices": 8, "epochs": 1, "seed": 0,
+                                   "remainder": "drop"}),
+        ("num_batches", data.num_batches, {"n_examples": 10, "batch_size": 2, "remainder": "drop"}),
+        ("regression_data", data.regression_data, {"n": 16, "d": 2, "noise": 0.1, "seed": 0}),
+        ("init_state", training.init_state, {"params": PARAMS, "optimizer": optax.sgd(0.1),
+                                             "key": jax.random.key(0), "devices": jax.devices(), "backend": "pmap"}),
+        ("make_train_step", training.make_train_step, {"loss_fn": loss_fn, "optimizer": optax.sgd(0.1),
+                                                       "devices": jax.devices(), "backend": "jit"}),
+        ("psum", C.psum, {"xs": np.zeros((4, 2))}),
+        ("all_gather", C.all_gather, {"xs": np.zeros((4, 2)), "axis": 0}),
+        ("psum_scatter", C.psum_scatter, {"xs": np.zeros((4, 4)), "scatter_dimension": 0}),
+        ("ppermute", C.ppermute, {"xs": np.zeros((4, 2)), "perm": [(0, 1)]}),
+        ("all_to_all", C.all_to_all, {"xs": np.zeros((4, 4)), "split_axis": 0, "concat_axis": 0}),
+        ("ring_permutation", C.ring_permutation, {"n": 4, "shift": 1}),
+        ("ring_allreduce_bytes", C.ring_allreduce_bytes, {"n_devices": 4, "message_bytes": 100}),
+        ("device_topology", diagrams.device_topology, {"devices": jax.devices()}),
+        ("spmd_overview", diagrams.spmd_overview, {"devices": jax.devices(), "batch": np.zeros((8, 2))}),
+        ("mpmd_overview", diagrams.mpmd_overview, {"programs": [abs, abs]}),
+        ("array_placement", diagrams.array_placement, {"x": jnp.zeros(8), "name": "x", "max_values": 8}),
+        ("collective", diagrams.collective, {"op": jax.lax.psum, "xs": np.zeros((4, 2)), "axis_name": "i"}),
+        ("simulate_devices", cdev.simulate_devices, {"n": 8}),
+        ("Launcher", distributed.Launcher, {"num_processes": 2, "devices_per_process": 2, "args": [],
+                                            "timeout": 10.0, "env": None, "module": "course_lib.train_dp"}),
+    ]
+
+
+@pytest.mark.parametrize("junk", JUNK, ids=[type(j).__name__ + repr(j)[:6] for j in JUNK])
+def test_no_raw_python_error_for_any_junk_argument(devices, junk):
+    """Each argument of each function, swapped for junk, gives a clear error or a correct result, never a raw one."""
+    unclear = []
+    for name, fn, kwargs in _sweep():
+        for arg in kwargs:
+            try:
+                fn(**{**kwargs, arg: junk})
+            except Exception as e:  # must be course_lib's own check, which names the function first
+                if isinstance(e, RAW) or not str(e).startswith(name):
+                    unclear.append(f"{name}({arg}={junk!r}): {type(e).__name__}: {e}")
+    assert not unclear, "\n".join(unclear)
