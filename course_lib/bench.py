@@ -218,8 +218,17 @@ def run(*, global_batch=512, steps=100, repeats=7, scan_steps=None, workload_nam
     ``scan_steps`` defaults to ``training.fit``'s ``steps_per_call``, so ``pmap_scan`` is the default path; with
     any other ``scan_steps`` it is not, ``default_variant`` is ``None`` and no goals are reported.
     """
+    from course_lib import _checks
+
+    global_batch = _checks.whole(global_batch, "global_batch", "bench.run")
+    steps = _checks.whole(steps, "steps", "bench.run")
+    repeats = _checks.whole(repeats, "repeats", "bench.run")
+    scan_steps = _checks.optional_whole(scan_steps, "scan_steps", "bench.run")
     default_k = _fit_default("steps_per_call")
     scan_steps = default_k if scan_steps is None else scan_steps
+    if steps % scan_steps:
+        raise ValueError(f"bench.run: steps must be a multiple of scan_steps ({scan_steps}), got {steps}; pass e.g. "
+                         f"steps={max(scan_steps, steps - steps % scan_steps)}.")
     is_default = scan_steps == default_k and DEFAULT_VARIANT in variants
     report = {"machine": machine(), "settings": {"global_batch": global_batch, "steps": steps, "repeats": repeats,
                                                   "scan_steps": scan_steps},
@@ -252,15 +261,39 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {value}; pass 1 or more")
+    return value
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m course_lib.bench", description=__doc__.splitlines()[0])
-    p.add_argument("--devices", type=int, default=8, help="simulated CPU devices when there is no accelerator")
-    p.add_argument("--global-batch", type=int, default=512, help="examples per step, over all devices")
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--scan-steps", type=int, default=None, help="default: training.fit's steps_per_call")
+    p.add_argument("--devices", type=_at_least_one, default=8,
+                   help="simulated CPU devices when there is no accelerator")
+    p.add_argument("--global-batch", type=_at_least_one, default=512, help="examples per step, over all devices")
+    p.add_argument("--steps", type=_at_least_one, default=100)
+    p.add_argument("--repeats", type=_at_least_one, default=7)
+    p.add_argument("--scan-steps", type=_at_least_one, default=None, help="default: training.fit's steps_per_call")
     p.add_argument("--json", default="bench.json", help="where to write the results (default bench.json)")
     args = p.parse_args(argv)
+    scan_steps = _fit_default("steps_per_call") if args.scan_steps is None else args.scan_steps
+    if args.steps % scan_steps:
+        p.error(f"--steps must be a multiple of --scan-steps ({scan_steps}), got {args.steps}; pass e.g. --steps "
+                f"{max(scan_steps, args.steps - args.steps % scan_steps)}")
+    if args.global_batch % args.devices:
+        p.error(f"--global-batch must divide across --devices {args.devices}, got {args.global_batch}; pass a "
+                f"multiple of {args.devices}")
+    # Before the run, not after it: an unwritable path fails at once, not at the end.
+    folder = os.path.dirname(os.path.abspath(args.json))
+    if os.path.isdir(args.json) or not os.path.isdir(folder) or not os.access(folder, os.W_OK) or (
+            os.path.exists(args.json) and not os.access(args.json, os.W_OK)):
+        p.error(f"--json must be a file that can be written, got {args.json!r}; pass a path in a folder that exists "
+                "and that you can write to")
     import jax
     jax.config.update("jax_num_cpu_devices", args.devices)
     report = run(global_batch=args.global_batch, steps=args.steps, repeats=args.repeats, scan_steps=args.scan_steps)

@@ -13,6 +13,8 @@ from typing import Iterator
 import jax
 import numpy as np
 
+from . import _checks
+
 __all__ = ["regression_data", "digits", "batches", "num_batches"]
 
 
@@ -23,6 +25,12 @@ def regression_data(n: int = 1024, d: int = 3, noise: float = 0.1, seed: int = 0
       ``(x, y, true_params)``: ``x`` float32 ``(n, d)``, ``y`` float32 ``(n,)``, and
       ``true_params = {"w": (d,), "b": ()}``, the weights that generated ``y``.
     """
+    n = _checks.whole(n, "n", "regression_data")
+    d = _checks.whole(d, "d", "regression_data")
+    seed = _checks.whole(seed, "seed", "regression_data", minimum=0)
+    if isinstance(noise, bool) or not isinstance(noise, (int, float, np.number)) or not noise >= 0:
+        _checks.fail("regression_data", "noise", "a number >= 0", noise, "Pass e.g. noise=0.1.",
+                     ValueError if isinstance(noise, (int, float, np.number)) else TypeError)
     rng = np.random.default_rng(seed)
     true_params = {"w": rng.normal(size=d).astype(np.float32), "b": np.float32(rng.normal())}
     x = rng.normal(size=(n, d)).astype(np.float32)
@@ -37,6 +45,12 @@ def digits(test_fraction: float = 0.2, seed: int = 0):
       ``(x_train, y_train, x_test, y_test)``: images flattened to ``(N, 64)`` float32 in
       ``[0, 1]``, labels ``(N,)`` int32 in ``0..9``; a seeded, stratified split.
     """
+    if isinstance(test_fraction, bool) or not isinstance(test_fraction, (float, np.floating)) \
+            or not 0 < test_fraction < 1:
+        _checks.fail("digits", "test_fraction", "a fraction strictly between 0 and 1", test_fraction,
+                     "Pass e.g. test_fraction=0.2.",
+                     ValueError if isinstance(test_fraction, (int, float)) else TypeError)
+    seed = _checks.whole(seed, "seed", "digits", minimum=0)
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -49,19 +63,21 @@ def digits(test_fraction: float = 0.2, seed: int = 0):
 
 
 def _check(x, y, batch_size, n_devices, remainder):
+    for name, v in (("x", x), ("y", y)):
+        if v.dtype == object or v.ndim == 0:
+            raise TypeError(f"batches: {name} must be an array of examples, shape (N, ...), got "
+                            f"{_checks.shown(v if v.dtype != object or v.ndim else v.item())}. Pass a NumPy "
+                            f"array, e.g. the x, y of data.regression_data().")
     if len(x) != len(y):
-        raise ValueError(f"x and y have different lengths ({len(x)} and {len(y)}); they must hold one label per "
-                         "example.")
+        raise ValueError(f"batches: x and y have different lengths ({len(x)} and {len(y)}); they must hold one "
+                         "label per example. Cut them to the same length.")
     if len(x) == 0:
-        raise ValueError("the dataset is empty (0 examples): there is nothing to make batches of.")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}.")
+        raise ValueError("batches: the dataset is empty (0 examples in x and y): there is nothing to make batches "
+                         "of. Pass at least one batch of examples.")
     if batch_size % n_devices:
         low = batch_size - batch_size % n_devices
         raise ValueError(f"a global batch of {batch_size} does not divide across {n_devices} devices; use a "
                          f"multiple of {n_devices}, e.g. {low or n_devices} or {low + n_devices}.")
-    if remainder not in ("drop", "pad"):
-        raise ValueError(f"remainder must be 'drop' or 'pad', got {remainder!r}.")
     if remainder == "drop" and len(x) < batch_size:
         raise ValueError(f"the dataset has {len(x)} examples, fewer than one batch of {batch_size}, and "
                          "remainder='drop' would drop them all; use a smaller batch or remainder='pad'.")
@@ -69,6 +85,9 @@ def _check(x, y, batch_size, n_devices, remainder):
 
 def num_batches(n_examples: int, batch_size: int, remainder: str = "drop") -> int:
     """How many batches one epoch of ``batches`` yields."""
+    n_examples = _checks.whole(n_examples, "n_examples", "num_batches", minimum=0)
+    batch_size = _checks.whole(batch_size, "batch_size", "num_batches")
+    _checks.one_of(remainder, "remainder", "num_batches", ("drop", "pad"))
     return n_examples // batch_size if remainder == "drop" else -(-n_examples // batch_size)
 
 
@@ -95,8 +114,15 @@ def batches(x, y, batch_size: int, *, n_devices: int | None = None, seed: int = 
     Raises:
       ValueError: ``x`` and ``y`` differ in length, the dataset is empty, ``B`` does not
         divide across the devices, or ``remainder`` is not ``"drop"``/``"pad"``.
+      TypeError: ``x`` or ``y`` is not an array (``None``), or a count is not a whole number.
     """
-    n_devices = jax.local_device_count() if n_devices is None else n_devices
+    n_devices = jax.local_device_count() if n_devices is None else _checks.whole(n_devices, "n_devices", "batches")
+    batch_size = _checks.whole(batch_size, "batch_size", "batches",
+                               fix=f"Pass a multiple of the device count, e.g. batch_size={8 * n_devices}.")
+    epochs = _checks.optional_whole(epochs, "epochs", "batches", fix="Pass epochs=1 or more, or None to repeat "
+                                    "forever.")
+    seed = _checks.whole(seed, "seed", "batches", minimum=0)
+    _checks.one_of(remainder, "remainder", "batches", ("drop", "pad"))
     x, y = np.asarray(x), np.asarray(y)
     _check(x, y, batch_size, n_devices, remainder)  # here, not inside the generator, so bad input fails at once
     return _generate(x, y, batch_size, n_devices, seed, shuffle, remainder, epochs)

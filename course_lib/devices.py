@@ -25,6 +25,8 @@ import jax
 from jax._src import xla_bridge as _xla_bridge  # backends_are_initialized has no public name yet
 import jax.extend.backend as _backend
 
+from . import _checks
+
 __all__ = [
     "DeviceSetupError",
     "DeviceReport",
@@ -69,8 +71,7 @@ def simulate_devices(n: int = 8) -> list[jax.Device]:
     Returns:
       The ``n`` CPU devices, ``jax.devices("cpu")``.
     """
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"simulate_devices(n) needs a whole number n >= 1, got {n!r}.")
+    n = _checks.whole(n, "n", "simulate_devices", fix="Pass e.g. simulate_devices(8).")
     if backends_started():
         have = len(jax.devices("cpu"))
         if have != n:
@@ -100,8 +101,7 @@ def lesson_devices(n: int = 8, *, verbose: bool = True) -> list[jax.Device]:
     Returns:
       A list of ``n`` ``jax.Device``; afterwards ``jax.devices()`` holds them.
     """
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"lesson_devices(n) needs a whole number n >= 1, got {n!r}.")
+    n = _checks.whole(n, "n", "lesson_devices", fix="Pass e.g. lesson_devices(8).")
     started_before = backends_started()
     if not started_before:
         jax.config.update("jax_num_cpu_devices", n)

@@ -21,6 +21,8 @@ import graphviz
 import jax
 import numpy as np
 
+from . import _checks
+
 __all__ = ["Diagram", "dot_available", "graphviz_install_hint", "shape_str", "device_topology", "spmd_overview",
            "mpmd_overview", "pmap_dataflow", "array_placement", "collective", "train_step"]
 
@@ -95,9 +97,7 @@ def device_topology(devices=None, *, title: str | None = None) -> Diagram:
       A ``Diagram`` with one cluster per process, holding a node for the Python
       program and one node per device, named ``dev<id>``.
     """
-    devices = list(jax.devices() if devices is None else devices)
-    if not devices:
-        raise ValueError("device_topology needs at least one device.")
+    devices = _checks.device_list(devices, "devices", "device_topology", described=True) or jax.devices()
     by_process = collections.defaultdict(list)
     for d in devices:
         by_process[d.process_index].append(d)
@@ -123,6 +123,9 @@ _DTYPE_SHORT = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16"
 
 def shape_str(x) -> str:
     """``f32[8,3]``: an array's (or ``ShapeDtypeStruct``'s) dtype and shape, as JAX prints them."""
+    if not hasattr(x, "dtype") and not isinstance(x, (int, float, complex, bool, list, tuple)):
+        _checks.fail("shape_str", "x", "an array, a jax.ShapeDtypeStruct or a number", x,
+                     "Pass e.g. np.zeros((8, 3)) or jax.ShapeDtypeStruct((8, 3), np.float32).", TypeError)
     dtype = np.dtype(x.dtype).name if hasattr(x, "dtype") else np.dtype(jax.numpy.result_type(x)).name
     return f"{_DTYPE_SHORT.get(dtype, dtype)}[{','.join(str(d) for d in np.shape(x))}]"
 
@@ -144,7 +147,14 @@ def spmd_overview(devices=None, batch=None, program=None) -> Diagram:
     Returns:
       A ``Diagram`` with nodes ``program``, ``data``, ``shard<i>``, ``dev<id>``.
     """
-    devices = list(jax.devices() if devices is None else devices)
+    devices = _checks.device_list(devices, "devices", "spmd_overview", described=True) or jax.devices()
+    if program is not None and not callable(program):
+        _checks.fail("spmd_overview", "program", "a function (its name labels the program)", program,
+                     "Pass the function itself, or leave program out.", TypeError)
+    if batch is not None and (not hasattr(batch, "dtype") or np.ndim(batch) == 0):
+        _checks.fail("spmd_overview", "batch", "an array or jax.ShapeDtypeStruct of shape (B, ...)", batch,
+                     "Pass the global batch, e.g. np.zeros((64, 3), np.float32), whose axis 0 is split.",
+                     TypeError if not hasattr(batch, "dtype") else ValueError)
     n = len(devices)
     name = _fn_name(program) if program is not None else "program"
     g = Diagram("spmd")
@@ -157,7 +167,8 @@ def spmd_overview(devices=None, batch=None, program=None) -> Diagram:
     if batch is not None:
         b = np.shape(batch)[0]
         if b % n:
-            raise ValueError(f"spmd_overview: a batch of {b} does not divide across {n} devices.")
+            raise ValueError(f"spmd_overview: batch has B={b} rows on axis 0, which does not divide across {n} "
+                             f"devices; pass a batch of {b - b % n or n} or {b - b % n + n} rows.")
         shard_shape = jax.ShapeDtypeStruct((b // n,) + tuple(np.shape(batch)[1:]), batch.dtype)
         with g.subgraph(name="shards") as row:
             row.attr(rank="same")
@@ -185,10 +196,18 @@ def mpmd_overview(programs, devices=None) -> Diagram:
       programs: one function per device; their names label the boxes.
       devices: the devices (default the first ``len(programs)`` of ``jax.devices()``).
     """
-    programs = list(programs)
-    devices = list(jax.devices()[: len(programs)] if devices is None else devices)
+    try:
+        programs = list(programs)
+    except TypeError:
+        _checks.fail("mpmd_overview", "programs", "a list of functions, one per device", programs,
+                     "Pass e.g. programs=[f, g].", TypeError)
+    if not programs or not all(callable(p) for p in programs):
+        _checks.fail("mpmd_overview", "programs", "a non-empty list of functions, one per device", programs,
+                     "Pass e.g. programs=[f, g].", TypeError if programs else ValueError)
+    devices = _checks.device_list(devices, "devices", "mpmd_overview", described=True) or jax.devices()[: len(programs)]
     if len(devices) != len(programs):
-        raise ValueError(f"mpmd_overview: {len(programs)} programs for {len(devices)} devices.")
+        raise ValueError(f"mpmd_overview: {len(programs)} programs for {len(devices)} devices; devices must hold one "
+                         "device per program. Pass as many devices as programs.")
     g = Diagram("mpmd")
     g.attr(label=f"MPMD: {len({_fn_name(p) for p in programs})} different programs on {len(devices)} devices",
            labelloc="t")
@@ -245,6 +264,12 @@ def pmap_dataflow(fn, *args, in_axes=0, out_axes=0, axis_name=None, devices=None
     Raises:
       ValueError: no argument is mapped, mapped sizes disagree, or there are more slices than devices.
     """
+    if not callable(fn):
+        _checks.fail("pmap_dataflow", "fn", "a function", fn, "Pass the function pmap would map.", TypeError)
+    if not args:
+        raise ValueError("pmap_dataflow: args must hold at least one argument of fn to map, got none. Pass them "
+                         "after fn: pmap_dataflow(fn, x, ...).")
+    devices = _checks.device_list(devices, "devices", "pmap_dataflow", described=True)
     names = _arg_names(fn, len(args))
     inputs = []  # (label, per-device shape string, mapped)
     sizes = set()
@@ -255,6 +280,11 @@ def pmap_dataflow(fn, *args, in_axes=0, out_axes=0, axis_name=None, devices=None
             if ax is None:
                 inputs.append((label, shape_str(leaf), shape_str(leaf), False))
             else:
+                if not shape or not -len(shape) <= ax < len(shape):
+                    fix = (f"{label} is a scalar: pass in_axes=None for it (broadcast), or give it an axis to map"
+                           if not shape else f"{label} has {len(shape)} axes: pick one of them")
+                    _checks.fail("pmap_dataflow", f"in_axes for {label}", f"an axis of its shape {shape}", ax,
+                                 fix + ".")
                 ax = ax % len(shape)
                 sizes.add(shape[ax])
                 per = jax.ShapeDtypeStruct(shape[:ax] + shape[ax + 1:], leaf.dtype)
@@ -340,8 +370,11 @@ def array_placement(x, name: str = "x", max_values: int = 8) -> Diagram:
       A ``Diagram`` with the node ``array`` and one node ``dev<id>`` per device holding data.
     """
     if not isinstance(x, jax.Array):
-        raise TypeError(f"array_placement needs a jax.Array (on devices), got {type(x).__name__}; "
+        raise TypeError(f"array_placement needs a jax.Array (on devices) as x, got {type(x).__name__}; "
                         "place it first, e.g. with jax.device_put.")
+    if not isinstance(name, str):
+        _checks.fail("array_placement", "name", "a string (the label)", name, "Pass e.g. name='x'.", TypeError)
+    max_values = _checks.whole(max_values, "max_values", "array_placement", minimum=0)
     shards = {s.device: s for s in x.addressable_shards}
     index_map = x.sharding.devices_indices_map(x.shape)
     replicated = all(_index_str(i, x.shape) == _index_str((slice(None),) * x.ndim, x.shape)
@@ -399,13 +432,20 @@ def collective(op, xs, *, axis_name: str = "i", devices=None, **params) -> Diagr
       A ``Diagram`` with nodes ``before<i>``, ``op`` (not for ppermute) and ``after<i>``;
       ``diagram.outputs`` holds the per-device results, ``(n, ...)``.
     """
+    if not callable(op):
+        _checks.fail("collective", "op", "a function op(x, axis_name, **params)", op,
+                     "Pass e.g. jax.lax.psum.", TypeError)
+    if not isinstance(axis_name, str):
+        _checks.fail("collective", "axis_name", "a string", axis_name, "Pass e.g. axis_name='i'.", TypeError)
     xs = np.asarray(xs)
-    if xs.ndim == 0:
-        raise ValueError("collective needs per-device inputs stacked on a leading axis, (n_devices, ...).")
+    if xs.ndim == 0 or xs.shape[0] == 0 or xs.dtype == object:
+        _checks.fail("collective", "xs", "per-device inputs stacked on a leading axis, (n_devices, ...)", xs,
+                     "Stack one value per device, e.g. xs=np.arange(8.0).reshape(4, 2) for 4 devices.", ValueError)
     n = xs.shape[0]
-    available = list(jax.local_devices() if devices is None else devices)
+    available = _checks.device_list(devices, "devices", "collective") or jax.local_devices()
     if n > len(available):
-        raise ValueError(f"collective: {n} per-device inputs but only {len(available)} devices.")
+        raise ValueError(f"collective: {n} per-device inputs but only {len(available)} devices; xs must have at "
+                         f"most {len(available)} rows on axis 0 (one per device).")
     devs = available[:n]
     outputs = jax.pmap(lambda x: op(x, axis_name, **params), axis_name=axis_name, devices=devs)(xs)
     outs = [s.data[0] for s in sorted(outputs.addressable_shards, key=lambda s: s.index[0].start or 0)]
@@ -447,11 +487,25 @@ def train_step(loss_fn, params, batch, *, devices=None, optimizer_name: str = "o
     Returns:
       A ``Diagram`` with, per device ``i``, nodes ``shard<i>``, ``grad<i>``, ``update<i>``, and one node ``mean``.
     """
-    leaves = jax.tree.leaves(batch)
-    n = np.shape(leaves[0])[0]
-    devs = list(jax.local_devices() if devices is None else devices)[:n]
-    if len(devs) < n:
-        raise ValueError(f"train_step: the batch is sharded {n} ways but there are {len(devs)} devices.")
+    if not callable(loss_fn):
+        _checks.fail("train_step", "loss_fn", "a function loss_fn(params, shard, key)", loss_fn,
+                     "Pass the loss function itself.", TypeError)
+    available = _checks.device_list(devices, "devices", "train_step", described=True) or jax.local_devices()
+    leaves = jax.tree_util.tree_flatten_with_path(batch)[0]
+    if not leaves:
+        _checks.fail("train_step", "batch", "a sharded batch with at least one array, leaves (n, B // n, ...)",
+                     batch, "Pass e.g. sharding.shard({'x': x, 'y': y}).", ValueError)
+    fix = "Shard the global batch first: sharding.shard(batch) turns (B, ...) into (n_devices, B // n_devices, ...)."
+    for path, leaf in leaves:
+        if not hasattr(leaf, "dtype") or np.ndim(leaf) < 2:
+            raise ValueError(f"train_step: batch must be sharded, each leaf (n, B // n, ...), but leaf "
+                             f"{jax.tree_util.keystr(path) or 'batch'} has shape {np.shape(leaf)}. {fix}")
+    leading = {np.shape(leaf)[0] for _, leaf in leaves}
+    n = leading.pop()
+    if leading or n > len(available):
+        raise ValueError(f"train_step: batch must be sharded over at most {len(available)} devices, each leaf "
+                         f"(n, B // n, ...) with one n, but the leaves have {sorted(leading | {n})} on axis 0. {fix}")
+    devs = list(available)[:n]
     shard = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x)[1:], x.dtype), batch)
     out, grads = jax.eval_shape(lambda p, b: jax.value_and_grad(lambda *a: _first(loss_fn(*a)))(p, b,
                                                                                          jax.random.key(0)),

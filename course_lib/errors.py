@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import textwrap
 
+from . import _checks
+
 __all__ = ["show_error", "ExpectedErrorMissing"]
 
 
@@ -31,6 +33,12 @@ def show_error(*expected: type[BaseException], max_lines: int = 6, width: int = 
       ExpectedErrorMissing: the block did not raise.
       Any exception not in ``expected``, unchanged.
     """
+    for e in expected:
+        if not (isinstance(e, type) and issubclass(e, BaseException)):
+            _checks.fail("show_error", "expected", "exception classes", e,
+                         "Pass the classes themselves, e.g. show_error(ValueError, TypeError).", TypeError)
+    max_lines = _checks.whole(max_lines, "max_lines", "show_error")
+    width = _checks.whole(width, "width", "show_error", minimum=20)
     expected = expected or (Exception,)
     try:
         yield

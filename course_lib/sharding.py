@@ -19,6 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from . import _checks
+
 __all__ = ["shard", "unshard", "replicate", "unreplicate", "pad_batch", "device_mesh", "replicate_on_mesh",
            "shard_on_mesh"]
 
@@ -31,6 +33,26 @@ def _leaves_with_paths(tree):
 
 def _name(path) -> str:
     return "the array" if not path else f"leaf {jax.tree_util.keystr(path)}"
+
+
+def _array_leaves(tree, where: str):
+    """The (path, leaf) pairs of ``tree``; a TypeError naming the leaf if one is not an array or a number."""
+    leaves = _leaves_with_paths(tree)
+    for path, x in leaves:
+        if not isinstance(x, (jax.Array, np.ndarray, np.generic, int, float, complex)) or isinstance(x, str):
+            raise TypeError(f"{where}: {_name(path)} is a {type(x).__name__} ({_checks.shown(x)}); every leaf "
+                            f"must be an array or a number. Convert it with np.asarray, or keep it out of the "
+                            f"pytree you pass.")
+    return leaves
+
+
+def _same_batch_size(tree, where: str) -> None:
+    """Every leaf has a leading axis, and they all share its size (the batch size)."""
+    leaves = _array_leaves(tree, where)
+    sizes = {jax.tree_util.keystr(p) or "the array": (np.shape(x)[0] if np.ndim(x) else None) for p, x in leaves}
+    if len(set(sizes.values())) > 1 and None not in sizes.values():
+        raise ValueError(f"{where}: the leaves of tree must share one batch size on axis 0, got {sizes}. Inputs "
+                         f"and labels need one row per example: cut or pad them to the same number of rows.")
 
 
 def shard(tree, n_devices: int | None = None):
@@ -47,9 +69,8 @@ def shard(tree, n_devices: int | None = None):
       ValueError: a leaf has no leading axis, or ``B % n != 0``; the message names the
         leaf, ``B`` and ``n``, and the two fixes (drop the remainder, or pad and mask).
     """
-    n = jax.local_device_count() if n_devices is None else n_devices
-    if not isinstance(n, int) or n < 1:
-        raise ValueError(f"n_devices must be a whole number >= 1, got {n!r}.")
+    n = jax.local_device_count() if n_devices is None else _checks.whole(n_devices, "n_devices", "shard")
+    _same_batch_size(tree, "shard")
 
     def split(path, x):
         shape = np.shape(x)
@@ -71,6 +92,7 @@ def shard(tree, n_devices: int | None = None):
 
 def unshard(tree):
     """Merge the device axis back into the batch: ``(n, b, ...) -> (n * b, ...)``. The inverse of ``shard``."""
+    _array_leaves(tree, "unshard")
 
     def merge(path, x):
         shape = np.shape(x)
@@ -84,7 +106,8 @@ def unshard(tree):
 
 def device_mesh(devices=None) -> Mesh:
     """A 1-D ``Mesh`` over ``devices`` (default: all local devices), with the axis named ``"devices"``."""
-    devices = jax.local_devices() if devices is None else list(devices)
+    devices = _checks.device_list(devices, "devices", "device_mesh")
+    devices = jax.local_devices() if devices is None else devices
     return Mesh(np.array(devices), (DEVICE_AXIS,))
 
 
@@ -102,7 +125,8 @@ def replicate(tree, devices=None):
     Returns:
       A pytree of ``jax.Array``, each of shape ``(n, ...)``, sharded one copy per device.
     """
-    mesh = device_mesh(devices)
+    _array_leaves(tree, "replicate")
+    mesh = device_mesh(_checks.device_list(devices, "devices", "replicate"))
     devs = list(mesh.devices.flat)
     sharding = NamedSharding(mesh, P(DEVICE_AXIS))
 
@@ -126,6 +150,8 @@ def unreplicate(tree):
     It does not check that the copies agree; ``jax.pmap`` code keeps them equal by
     applying the same update everywhere (lesson 05).
     """
+
+    _array_leaves(tree, "unreplicate")
 
     def first(x):
         if isinstance(x, jax.Array) and len(x.addressable_shards) > 1 and x.sharding.is_fully_replicated:
@@ -158,8 +184,9 @@ def pad_batch(tree, multiple: int | None = None):
     Returns:
       ``(padded_tree, mask)``.
     """
-    multiple = jax.local_device_count() if multiple is None else multiple
-    leaves = _leaves_with_paths(tree)
+    multiple = jax.local_device_count() if multiple is None else _checks.whole(
+        multiple, "multiple", "pad_batch", fix="Pass the device count, e.g. multiple=jax.local_device_count().")
+    leaves = _array_leaves(tree, "pad_batch")
     if not leaves:
         raise ValueError("pad_batch: the batch has no arrays.")
     sizes = {(_name(p), np.shape(x)[0] if np.ndim(x) else None) for p, x in leaves}
@@ -188,12 +215,21 @@ def replicate_on_mesh(tree, mesh: Mesh | None = None):
 
     The ``jit``/``shard_map`` counterpart of ``replicate``: no stacked device axis.
     """
-    mesh = device_mesh() if mesh is None else mesh
+    mesh = device_mesh() if mesh is None else _check_mesh(mesh, "replicate_on_mesh")
+    _array_leaves(tree, "replicate_on_mesh")
     replicated = NamedSharding(mesh, P())
     if replicated.is_fully_addressable:
         return jax.device_put(tree, replicated)
     # Several processes (lesson 07): each holds the same values and contributes its local copies.
     return jax.jit(lambda t: t, out_shardings=replicated)(tree)
+
+
+def _check_mesh(mesh, where: str) -> Mesh:
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"{where}: mesh must be a jax.sharding.Mesh, got {type(mesh).__name__} "
+                        f"({_checks.shown(mesh)}). Build one with course_lib.sharding.device_mesh(devices) or "
+                        f"jax.make_mesh.")
+    return mesh
 
 
 def shard_on_mesh(tree, mesh: Mesh | None = None, axis: str = DEVICE_AXIS):
@@ -202,7 +238,11 @@ def shard_on_mesh(tree, mesh: Mesh | None = None, axis: str = DEVICE_AXIS):
     The ``jit``/``shard_map`` counterpart of ``shard``: ``(B, ...)`` stays ``(B, ...)``, and device ``i``
     holds rows ``i * B // n`` to ``(i + 1) * B // n``. ``B`` must divide by the axis size.
     """
-    mesh = device_mesh() if mesh is None else mesh
+    mesh = device_mesh() if mesh is None else _check_mesh(mesh, "shard_on_mesh")
+    if not isinstance(axis, str) or axis not in mesh.axis_names:
+        raise ValueError(f"shard_on_mesh: axis must name an axis of the mesh, one of {mesh.axis_names}, got "
+                         f"{axis!r}. Pass axis={mesh.axis_names[0]!r}, or build the mesh with that axis name.")
+    _array_leaves(tree, "shard_on_mesh")
     n = mesh.shape[axis]
 
     def put(path, x):

@@ -18,6 +18,7 @@ measures both): everything the devices exchange in a step travels in one all-red
 from __future__ import annotations
 
 import collections
+import collections.abc
 import itertools
 from typing import Any, Callable, Iterable, NamedTuple
 
@@ -28,10 +29,10 @@ import optax
 from jax.flatten_util import ravel_pytree
 from tqdm.auto import tqdm
 
-from . import sharding
+from . import _checks, sharding
 
-__all__ = ["TrainState", "TrainStep", "BACKENDS", "init_state", "masked_mean", "psum_bucketed", "device_step",
-           "make_train_step", "fit", "replicas_identical", "max_divergence"]
+__all__ = ["TrainState", "TrainStep", "TrainingDiverged", "BACKENDS", "init_state", "masked_mean", "psum_bucketed",
+           "device_step", "make_train_step", "fit", "replicas_identical", "max_divergence"]
 
 AXIS = "devices"
 
@@ -52,9 +53,37 @@ class TrainState(NamedTuple):
 BACKENDS = ("pmap", "shard_map", "jit")
 
 
-def _check_backend(backend):
+def _check_backend(backend, where="make_train_step"):
     if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}.")
+        raise ValueError(f"{where}: backend must be one of {BACKENDS}, got {backend!r}. Pass backend='pmap' "
+                         "(lesson 05), 'shard_map' or 'jit' (lesson 06).")
+
+
+def _check_optimizer(optimizer, where):
+    if callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None)):
+        return
+    fix = "Pass e.g. optimizer=optax.sgd(0.1) or optax.adam(1e-3)."
+    if callable(optimizer) and getattr(optimizer, "__module__", "").startswith("optax"):  # optax.sgd, not called
+        fix = f"Call it to build one: optimizer=optax.{getattr(optimizer, '__name__', 'sgd')}(learning_rate)."
+    raise TypeError(f"{where}: optimizer must be an optax optimizer (an optax.GradientTransformation with .init and "
+                    f".update), got {type(optimizer).__name__} ({_checks.shown(optimizer)}). {fix}")
+
+
+def _check_key(key, where):
+    if isinstance(key, jax.Array) and (jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+                                       or (key.dtype == jnp.uint32 and key.shape == (2,))):
+        return
+    raise TypeError(f"{where}: key must be a JAX PRNG key, got {type(key).__name__} ({_checks.shown(key)}). "
+                    "Pass key=jax.random.key(seed).")
+
+
+class TrainingDiverged(FloatingPointError):
+    """``fit`` read a loss or metric that is NaN or infinite. ``step``, ``name``, ``value`` and ``history`` (the
+    metrics of every step read before it) say where; ``fit(..., allow_nonfinite=True)`` trains on regardless."""
+
+    def __init__(self, message, *, step, name, value, history):
+        super().__init__(message)
+        self.step, self.name, self.value, self.history = step, name, value, history
 
 
 def init_state(params, optimizer: optax.GradientTransformation, key: jax.Array, devices=None,
@@ -65,7 +94,14 @@ def init_state(params, optimizer: optax.GradientTransformation, key: jax.Array, 
     (``sharding.replicate``). ``"shard_map"`` and ``"jit"``: the same shapes, replicated with
     ``NamedSharding(mesh, P())`` (``sharding.replicate_on_mesh``).
     """
-    _check_backend(backend)
+    _check_backend(backend, "init_state")
+    _check_optimizer(optimizer, "init_state")
+    _check_key(key, "init_state")
+    sharding._array_leaves(params, "init_state")
+    if not jax.tree.leaves(params):
+        raise ValueError("init_state: params must hold at least one array, got an empty pytree. Pass the model's "
+                         "parameters, e.g. params={'w': jnp.zeros(3), 'b': jnp.float32(0.0)}.")
+    devices = _checks.device_list(devices, "devices", "init_state")
     state = TrainState(params, optimizer.init(params), key, jnp.zeros((), jnp.int32))
     if backend == "pmap":
         return sharding.replicate(state, devices)
@@ -79,6 +115,10 @@ def masked_mean(values, mask=None):
     """
     if mask is None:
         return jnp.mean(values)
+    if np.ndim(values) == 0 or np.shape(mask) != np.shape(values)[:np.ndim(mask)]:
+        raise ValueError(f"masked_mean: mask must have the leading shape of values, (b,) for values (b, ...), got "
+                         f"mask {np.shape(mask)} for values {np.shape(values)}. Pass the batch's mask (batch['mask']) "
+                         "with values of one row per example.")
     mask = mask.reshape(mask.shape + (1,) * (values.ndim - mask.ndim)).astype(values.dtype)
     per_row = values.size // max(values.shape[0], 1)
     return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask) * per_row, 1.0)
@@ -175,9 +215,10 @@ class TrainStep:
     row per device). Each new ``K`` compiles once. ``fit`` uses ``steps`` on its own.
     """
 
-    def __init__(self, one, many, backend, place=lambda batch: batch):
+    def __init__(self, one, many, backend, place=lambda batch: batch, devices=None):
         self._one, self._many, self._place = one, many, place
         self.backend = backend
+        self.devices = devices  # the devices it runs on, in order (fit checks the state against them)
 
     def __call__(self, state, batch):
         return self._one(state, self._place(batch))
@@ -222,11 +263,16 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
       over the devices, weighted by each device's number of real examples (``batch["mask"]``, if present),
       so padding counts for nothing.
     """
-    _check_backend(backend)
+    _check_backend(backend, "make_train_step")
+    if not callable(loss_fn):
+        raise TypeError(f"make_train_step: loss_fn must be a function loss_fn(params, batch, key) -> loss, got "
+                        f"{type(loss_fn).__name__} ({_checks.shown(loss_fn)}). Pass the function itself.")
+    _check_optimizer(optimizer, "make_train_step")
+    devices = _checks.device_list(devices, "devices", "make_train_step")
     if backend == "pmap":
         per_device = device_step(loss_fn, optimizer, has_aux, axis_name)
         one, many = (jax.pmap(f, axis_name=axis_name, devices=devices) for f in (per_device, _scanned(per_device)))
-        return TrainStep(one, many, backend)
+        return TrainStep(one, many, backend, devices=devices)  # None: pmap picks the first n local devices
     mesh = sharding.device_mesh(devices)
     if mesh.axis_names != (axis_name,):
         mesh = jax.sharding.Mesh(mesh.devices, (axis_name,))
@@ -252,7 +298,7 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
         return jax.tree.map(lambda x: x if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(split, x.ndim)
                             else jax.device_put(x, split), batch)
 
-    return TrainStep(one, many, backend, place)
+    return TrainStep(one, many, backend, place, devices=list(mesh.devices.flat))
 
 
 def _scanned(step):
@@ -284,6 +330,58 @@ def _check_batch(batch, n: int) -> None:
                          "have the same number of examples.")
 
 
+def _check_state(step, state) -> int:
+    """That ``state`` lives on the devices, as ``step`` expects; returns how many devices it spans."""
+    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+    backend = step.backend if isinstance(step, TrainStep) else None
+    make = (f"Make it with training.init_state(params, optimizer, key, backend={backend!r}"
+            + (", devices=...)" if backend and step.devices is not None else ")") if backend else
+            "Put it on the devices first: training.init_state(...), or sharding.replicate(state)")
+    if not leaves:
+        raise ValueError(f"fit: state must hold the arrays the step updates, got {_checks.shown(state)}. {make}.")
+    for path, x in leaves:
+        if not isinstance(x, jax.Array):
+            raise TypeError(f"fit: state must live on the devices, but its leaf {jax.tree_util.keystr(path)} is a "
+                            f"{type(x).__name__} of shape {np.shape(x)}, a host value. {make}.")
+    placed = {frozenset(x.devices()) for _, x in leaves}
+    if len(placed) > 1:
+        raise ValueError(f"fit: state's leaves must all live on the same devices, but they are spread over "
+                         f"{sorted(len(p) for p in placed)} devices. {make}.")
+    devices = placed.pop()
+    n = len(devices)
+    if backend is None:
+        return n
+    if step.devices is not None and devices != set(step.devices):
+        raise ValueError(f"fit: state must live on the step's {len(step.devices)} devices, but it lives on {n} "
+                         f"device(s){' (it was not replicated)' if n == 1 else ''}. {make}.")
+    for path, x in leaves:
+        name = jax.tree_util.keystr(path)
+        stacked = x.ndim >= 1 and x.shape[0] == n and x.addressable_shards[0].data.shape[:1] == (1,)
+        if backend == "pmap" and n > 1 and not (stacked and not x.sharding.is_fully_replicated):
+            origin = ("it comes from backend 'shard_map' or 'jit' (replicated with P(), no device axis)"
+                      if x.sharding.is_fully_replicated else "it is not replicated one copy per device")
+            raise ValueError(f"fit: state leaf {name} has shape {x.shape}; the 'pmap' step needs a copy per device, "
+                             f"shape ({n}, ...), and {origin}. {make}.")
+        if backend == "pmap" and n == 1 and not stacked:
+            raise ValueError(f"fit: state leaf {name} has shape {x.shape}; the 'pmap' step needs a copy per device, "
+                             f"shape (1, ...), and it is not replicated. {make}.")
+        if backend != "pmap" and not x.sharding.is_fully_replicated:
+            origin = ("it comes from backend 'pmap' (one stacked copy per device)" if stacked
+                      else "it is split over the devices, not replicated")
+            raise ValueError(f"fit: state leaf {name} of shape {x.shape} must be replicated on every device with "
+                             f"P() for the {backend!r} step, but {origin}. {make}.")
+    return n
+
+
+def _diverged(name, value, step, history):
+    return TrainingDiverged(
+        f"fit: the {name} of step {step} is {value} (not finite), so training stopped there. Likely causes: the "
+        "learning rate is too high (try one 10x smaller); NaN or inf in the data (check np.isfinite(x).all() on "
+        "inputs and labels); a zero denominator, e.g. a mean over a mask with no real rows (training.masked_mean "
+        "guards it). To train on regardless, pass fit(..., allow_nonfinite=True).",
+        step=step, name=name, value=value, history=history)
+
+
 def _first_copy(value):
     """One device's block of a metric: ``(1, ...)`` of a pmap output ``(n, ...)``, all of a replicated one."""
     return value.addressable_shards[0].data if isinstance(value, jax.Array) else value
@@ -291,7 +389,7 @@ def _first_copy(value):
 
 def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int | None = None,
         eval_fn: Callable | None = None, eval_every: int | None = None, steps_per_call: int = 10,
-        max_ahead: int = 20, progress: bool = True, desc: str = "training"):
+        max_ahead: int = 20, progress: bool = True, desc: str = "training", allow_nonfinite: bool = False):
     """Run ``step`` over ``batches``; return the final state and a history of metrics.
 
     Two rules make the loop fast and safe (lesson 08 measures both):
@@ -318,6 +416,8 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
       max_ahead: the most steps dispatched and not yet read back; at least ``steps_per_call`` when ``step`` can
         fuse steps (twice it keeps the devices busy while Python reads).
       progress: show a tqdm progress bar.
+      allow_nonfinite: by default the first NaN or infinite loss or metric read back raises
+        ``TrainingDiverged``, naming the step; ``True`` records it in the history and trains on.
 
     Returns:
       ``(state, history)``; ``history["train"]`` is a list of ``{"step", "loss", ...}`` for every step,
@@ -325,21 +425,31 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
 
     Raises:
       ValueError: bad ``num_steps``/``steps_per_call``/``max_ahead``/``eval_every``, a batch not sharded for the
-        state's devices, or no batches at all.
+        state's devices, a state not replicated for the step's backend, or no batches at all.
+      TypeError: a host (NumPy) state, a ``step`` or ``eval_fn`` that is not a function, a count that is not a
+        whole number.
+      TrainingDiverged: a loss or metric is NaN or infinite (unless ``allow_nonfinite``).
     """
-    def whole(v):
-        return isinstance(v, int) and not isinstance(v, bool) and v >= 1
-
-    if num_steps is not None and not whole(num_steps):
-        raise ValueError(f"num_steps must be a whole number >= 1 (or None for every batch), got {num_steps!r}.")
-    if not whole(steps_per_call):
-        raise ValueError(f"steps_per_call must be a whole number >= 1, got {steps_per_call!r}.")
+    if not callable(step):
+        raise TypeError(f"fit: step must be a function step(state, batch) -> (state, metrics), got "
+                        f"{type(step).__name__}. Pass e.g. training.make_train_step(loss_fn, optimizer).")
+    if eval_fn is not None and not callable(eval_fn):
+        raise TypeError(f"fit: eval_fn must be a function eval_fn(state) -> dict, got {type(eval_fn).__name__}.")
+    num_steps = _checks.optional_whole(num_steps, "num_steps", "fit",
+                                       fix="Pass num_steps=1 or more, or None to use every batch.")
+    steps_per_call = _checks.whole(steps_per_call, "steps_per_call", "fit",
+                                   fix="Pass steps_per_call=1 for one dispatch per step.")
     fused = steps_per_call if steps_per_call > 1 and callable(getattr(step, "steps", None)) else 1
-    if not whole(max_ahead) or max_ahead < fused:
-        raise ValueError(f"max_ahead must be a whole number >= steps_per_call ({fused}), got {max_ahead!r}; "
-                         f"use max_ahead={2 * fused} to keep the devices busy while Python reads results.")
-    if eval_every is not None and (eval_fn is None or not whole(eval_every)):
-        raise ValueError("eval_every needs an eval_fn and a whole number >= 1.")
+    fix = f"Use max_ahead={2 * fused} to keep the devices busy while Python reads results."
+    max_ahead = _checks.whole(max_ahead, "max_ahead", "fit", fix=fix)
+    if max_ahead < fused:
+        raise ValueError(f"fit: max_ahead must be a whole number >= steps_per_call ({fused}), got {max_ahead!r}. "
+                         + fix)
+    eval_every = _checks.optional_whole(eval_every, "eval_every", "fit")
+    if eval_every is not None and eval_fn is None:
+        raise ValueError(f"fit: eval_every needs an eval_fn to call (got eval_every={eval_every}); pass "
+                         "eval_fn=..., or leave eval_every out.")
+    n = _check_state(step, state)
     try:
         iterator = iter(batches)
     except TypeError:
@@ -347,7 +457,6 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
                         f"got {type(batches).__name__}.") from None
     if num_steps is not None:
         iterator = itertools.islice(iterator, num_steps)
-    n = len(jax.tree.leaves(state)[0].devices())  # the devices the state lives on, whatever the backend
     history = {"train": [], "eval": []}
     in_flight = collections.deque()  # (first step, number of steps, metrics), oldest first
     bar = tqdm(total=num_steps, desc=desc, disable=not progress, mininterval=1.0)
@@ -359,7 +468,12 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
         values = jax.device_get({name: _first_copy(v) for name, v in metrics.items()})
         values = {name: np.asarray(v).reshape(-1, k)[0] for name, v in values.items()}
         for j in range(k):
-            history["train"].append({"step": first + j, **{name: float(v[j]) for name, v in values.items()}})
+            row = {name: float(v[j]) for name, v in values.items()}
+            history["train"].append({"step": first + j, **row})
+            if not allow_nonfinite:
+                for name, value in row.items():
+                    if not np.isfinite(value):
+                        raise _diverged(name, value, first + j, history)
         bar.update(k)
         bar.set_postfix(loss=f"{history['train'][-1]['loss']:.4f}")
 
@@ -367,10 +481,13 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
         nonlocal state
         while in_flight and sum(k for _, k, _ in in_flight) + len(group) > max_ahead:
             read_oldest()
-        if len(group) > 1:
-            state, metrics = step.steps(state, group)
-        else:
-            state, metrics = step(state, group[0])
+        out = step.steps(state, group) if len(group) > 1 else step(state, group[0])
+        if not (isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], collections.abc.Mapping)
+                and "loss" in out[1]):
+            raise TypeError(f"fit: step must return (state, metrics) with metrics a dict holding 'loss', got "
+                            f"{_checks.shown(out)}. Return e.g. (new_state, {{'loss': loss}}), as "
+                            "make_train_step's step does.")
+        state, metrics = out
         in_flight.append((first, len(group), metrics))
 
     def run(last, group):  # a full group in one dispatch; a short one a step at a time (no new compile)
@@ -381,7 +498,11 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
                 dispatch(last - len(group) + 1 + j, [batch])
 
     def evaluate(i):
-        history["eval"].append({"step": i, **{k: float(v) for k, v in eval_fn(state).items()}})
+        result = eval_fn(state)
+        if not isinstance(result, collections.abc.Mapping):
+            raise TypeError(f"fit: eval_fn must return a dict of numbers, got {type(result).__name__} "
+                            f"({_checks.shown(result)}). Return e.g. {{'accuracy': acc}}.")
+        history["eval"].append({"step": i, **{k: float(v) for k, v in result.items()}})
 
     i, group = 0, []
     try:
@@ -409,23 +530,46 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
     return state, history
 
 
+def _blocks(tree, where):
+    """Each leaf's per-device blocks as NumPy arrays, in device order; typed PRNG keys as their raw key data."""
+    out = []
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if not isinstance(leaf, jax.Array):
+            raise TypeError(f"{where}: tree must hold arrays on the devices, but leaf {jax.tree_util.keystr(path)} "
+                            f"is a {type(leaf).__name__}. Pass the replicated state (e.g. from fit), not a host copy.")
+        shards = sorted(leaf.addressable_shards, key=lambda s: s.device.id)
+        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            out.append([np.asarray(jax.random.key_data(s.data)) for s in shards])
+        else:
+            out.append([np.asarray(s.data) for s in shards])
+    return out
+
+
 def max_divergence(tree) -> float:
     """The largest absolute difference between any device's copy of a replicated pytree and the first device's.
 
-    Reads each device's block in place (``addressable_shards``); ``0.0`` means the copies agree.
+    Reads each device's block in place (``addressable_shards``); ``0.0`` means the copies agree. NaN if a copy
+    holds a NaN (a NaN is never "no difference"), inf if one holds an inf where another does not. Typed PRNG
+    keys are compared by their key data.
     """
     worst = 0.0
-    for leaf in jax.tree.leaves(tree):
-        blocks = [np.asarray(s.data) for s in sorted(leaf.addressable_shards, key=lambda s: s.device.id)]
+    for blocks in _blocks(tree, "max_divergence"):
+        first = blocks[0].astype(np.float64)
         for b in blocks[1:]:
-            worst = max(worst, float(np.max(np.abs(b.astype(np.float64) - blocks[0]))) if b.size else 0.0)
+            if not b.size:
+                continue
+            d = float(np.max(np.abs(b.astype(np.float64) - first)))
+            if np.isnan(d):
+                return float("nan")
+            worst = max(worst, d)
+        if blocks[0].size and np.isnan(first).any():
+            return float("nan")  # a single copy, or NaN in the same place on every copy
     return worst
 
 
 def replicas_identical(tree) -> bool:
     """Whether every device's copy of a replicated pytree is bit-for-bit the same as the first device's."""
-    for leaf in jax.tree.leaves(tree):
-        blocks = [np.asarray(s.data) for s in leaf.addressable_shards]
+    for blocks in _blocks(tree, "replicas_identical"):
         if any(b.tobytes() != blocks[0].tobytes() for b in blocks[1:]):
             return False
     return True

@@ -104,9 +104,9 @@ def test_axis_index_and_axis_size():
 
 
 def test_reference_errors():
-    with pytest.raises(ValueError, match="is not a permutation"):
+    with pytest.raises(ValueError, match="perm must be a permutation"):
         C.ppermute(np.zeros((4, 1)), [(0, 1), (1, 1)])
-    with pytest.raises(ValueError, match="outside 0..3"):
+    with pytest.raises(ValueError, match=r"perm must be pairs of devices in 0..3"):
         C.ppermute(np.zeros((4, 1)), [(0, 4)])
     with pytest.raises(ValueError, match="must equal the number of devices, 4"):
         C.psum_scatter(np.zeros((4, 3)))

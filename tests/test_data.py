@@ -61,7 +61,7 @@ def test_batches_repeat_for_several_epochs_or_forever():
     ((np.zeros((64, 2)), np.zeros(64), 12), {"n_devices": 8}, "a global batch of 12 does not divide across 8 "
                                                                "devices; use a multiple of 8, e.g. 8 or 16"),
     ((np.zeros((64, 2)), np.zeros(64), 0), {}, "batch_size must be a whole number >= 1"),
-    ((np.zeros((64, 2)), np.zeros(64), 8), {"remainder": "keep"}, "remainder must be 'drop' or 'pad'"),
+    ((np.zeros((64, 2)), np.zeros(64), 8), {"remainder": "keep"}, "remainder must be one of 'drop', 'pad'"),
     ((np.zeros((6, 2)), np.zeros(6), 8), {"n_devices": 8}, "fewer than one batch of 8"),
 ])
 def test_batches_reject_bad_input_at_once(args, kwargs, message):

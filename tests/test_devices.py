@@ -77,11 +77,12 @@ def test_env_var_counts_as_already_configured():
     assert r.stdout.strip() == "3"
 
 
-@pytest.mark.parametrize("bad", [0, -2, 2.5, "8", True, None])
-def test_simulate_devices_rejects_a_bad_count(bad):
-    with pytest.raises(ValueError, match="whole number n >= 1"):
+@pytest.mark.parametrize("bad, error", [(0, ValueError), (-2, ValueError), (2.5, TypeError), ("8", TypeError),
+                                        (True, TypeError), (None, TypeError)])
+def test_simulate_devices_rejects_a_bad_count(bad, error):
+    with pytest.raises(error, match=r"simulate_devices: n must be a whole number >= 1, got .*simulate_devices\(8\)"):
         cdev.simulate_devices(bad)
-    with pytest.raises(ValueError, match="whole number n >= 1"):
+    with pytest.raises(error, match=r"lesson_devices: n must be a whole number >= 1, got .*lesson_devices\(8\)"):
         cdev.lesson_devices(bad)
 
 

@@ -248,7 +248,7 @@ def test_mlp_on_digits_reaches_95_percent(tmp_path):
     ({"num_steps": 0}, ValueError, "num_steps must be a whole number >= 1"),
     ({"steps_per_call": 0}, ValueError, "steps_per_call must be a whole number >= 1"),
     ({"steps_per_call": 10, "max_ahead": 5}, ValueError, r"max_ahead must be a whole number >= steps_per_call \(10\)"),
-    ({"max_ahead": True}, ValueError, "max_ahead must be a whole number"),
+    ({"max_ahead": True}, TypeError, "max_ahead must be a whole number"),
     ({"eval_every": 5}, ValueError, "eval_every needs an eval_fn"),
 ])
 def test_fit_rejects_bad_settings(kwargs, error, message):
