@@ -44,7 +44,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 __all__ = ["STAGES", "AXIS", "Layout", "ShardedState", "data_mesh", "init_state", "make_train_step", "params_of",
            "live_bytes", "state_bytes", "compiled_memory", "formula_bytes", "Collective", "collectives",
-           "communication", "ring_bytes"]
+           "communication", "ring_bytes", "dataflow"]
 
 STAGES = ("replicated", "zero1", "zero2", "fsdp")
 AXIS = "data"
@@ -457,3 +457,57 @@ def communication(hlo_text: str, n_devices: int | None = None) -> dict[str, dict
         entry["payload"] += c.payload
         entry["sent_per_device"] += c.sent_per_device
     return out
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# A picture of the step, from the real state and the compiled program
+
+
+def dataflow(step, state: ShardedState, batch, *, show_devices: int = 3):
+    """Draw one step of ``state``'s stage: what each device holds, and the collectives between, with real shapes.
+
+    The shapes come from the state's arrays (``addressable_shards``) and the collectives, in program order, from the
+    compiled step's HLO (``collectives``; the loss's scalar all-reduce is left out). The first ``show_devices`` devices and the last are drawn.
+    Returns a ``diagrams.Diagram`` (graphviz; DOT source where ``dot`` is missing).
+    """
+    from . import diagrams
+
+    layout = state.layout
+    n = layout.n_devices
+    shown = list(range(min(show_devices, n - 1))) + [n - 1]
+    found = [c for c in collectives(step.lower(state, batch).compile().as_text(), n) if c.shape]
+    param_shape = state.params.addressable_shards[0].data.shape
+    opt_shapes = sorted({s.data.shape for leaf in jax.tree.leaves(state.opt_state) if np.ndim(leaf)
+                         for s in leaf.addressable_shards[:1]})
+    devs = sorted(state.params.devices(), key=lambda d: d.id)
+    g = diagrams.Diagram("sharded_step")
+    g.attr(label=f"one '{layout.stage}' step on {n} devices: {layout.n_params:,} parameters, padded to "
+                 f"{layout.padded:,} = {n} x {layout.shard_size:,}", labelloc="t", ranksep="0.4")
+
+    def row(name, label_of, colour):
+        with g.subgraph(name=name) as s:
+            s.attr(rank="same")
+            for i in shown:
+                s.node(f"{name}{i}", label_of(i), fillcolor=colour)
+            s.node(f"{name}_more", "...", shape="plaintext", style="")
+            order = [f"{name}{i}" for i in shown[:-1]] + [f"{name}_more", f"{name}{shown[-1]}"]
+            for a, b in zip(order, order[1:]):
+                s.edge(a, b, style="invis")
+
+    row("hold", lambda i: f"{devs[i].platform.upper()} {devs[i].id} holds\\nparams {list(param_shape)}\\n"
+                          f"optimizer {', '.join(str(list(s)) for s in opt_shapes)}", "#dbe9f6")
+    previous = "hold"
+    for k, c in enumerate(found):
+        op_node = f"op{k}"
+        g.node(op_node, f"{c.op}\\n{c.dtype}{list(c.shape)}, {c.payload:,} bytes", shape="box",
+               style="rounded,filled,bold", fillcolor="#fde0c5")
+        for i in shown:
+            g.edge(f"{previous}{i}", op_node)
+        previous = f"after{k}"
+        then = {"reduce-scatter": "its slice of the summed gradients\\nthen the update of its slice",
+                "all-reduce": "the summed gradients, whole", "all-gather": "every slice: the whole vector"}
+        row(previous, lambda i, c=c: f"{then.get(c.op, c.op)}\\n{c.dtype}{list(c.shape)}", "#e5f5e0")
+        for i in shown:
+            g.edge(op_node, f"{previous}{i}")
+    g.collectives = found
+    return g
