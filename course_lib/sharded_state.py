@@ -192,7 +192,9 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
         ``"fsdp"``, of the gathered parameters). Parameters and optimizer state stay float32.
 
     The step takes a global ``batch``, leaves ``(B, ...)`` with ``B`` a multiple of ``n * K``, splits it over the
-    mesh, ``(B // n, ...)`` per device, and returns the loss averaged over the whole batch, ``()``.
+    mesh, ``(B // n, ...)`` per device, and returns the loss averaged over the whole batch, ``()``. Each batch shape
+    compiles once; ``step.compile(state, batch)`` gives that compiled program (its HLO, its memory analysis) and
+    ``step.lower(state, batch)`` the program before the backend compiler.
     """
     _check_stage(stage)
     if not isinstance(accumulate, int) or isinstance(accumulate, bool) or accumulate < 1:
@@ -264,16 +266,31 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
                                                                   out_specs=(specs, P()), check_vma=False)))
         return compiled[id(layout)][1]
 
-    def step(state, batch):
+    executables = {}
+
+    def compile(state, batch):
+        """The compiled step for this state and batch shape (compiled once, then reused by ``step``):
+        ``.as_text()`` for the HLO, ``.memory_analysis()`` for its memory."""
+        return _compiled(state, _place_batch(batch, state.layout, accumulate))
+
+    def _compiled(state, batch):
         run = program(state)
-        return run(state, _place_batch(batch, state.layout, accumulate))
+        key = (id(state.layout), jax.tree.structure(batch),
+               tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(batch)))
+        if key not in executables:
+            executables[key] = run.lower(state, batch).compile()
+        return executables[key]
+
+    def step(state, batch):
+        program(state)                      # checks the state before anything is placed
+        batch = _place_batch(batch, state.layout, accumulate)
+        return _compiled(state, batch)(state, batch)
 
     def lower(state, batch):
-        """The compiler's view (``.compile().as_text()``, ``.compile().memory_analysis()``)."""
-        run = program(state)
-        return run.lower(state, _place_batch(batch, state.layout, accumulate))
+        """The program before the backend compiler (``.as_text(dialect="hlo")``), as ``jax.jit(...).lower``."""
+        return program(state).lower(state, _place_batch(batch, state.layout, accumulate))
 
-    step.lower = lower
+    step.lower, step.compile = lower, compile
     step.stage, step.accumulate, step.compute_dtype = stage, accumulate, compute_dtype
     return step
 
@@ -320,10 +337,10 @@ def state_bytes(state: ShardedState) -> dict[str, int]:
 
 
 def compiled_memory(step, state, batch) -> dict[str, int]:
-    """Per-device bytes of the compiled step, from ``compiled.memory_analysis()``:
+    """Per-device bytes of the compiled step (``step.compile``), from ``compiled.memory_analysis()``:
     ``{"arguments", "outputs", "temporaries", "aliased"}`` (arguments: state and batch; temporaries: gradients,
     activations and whatever else the step needs while it runs)."""
-    m = step.lower(state, batch).compile().memory_analysis()
+    m = step.compile(state, batch).memory_analysis()
     return {"arguments": int(m.argument_size_in_bytes), "outputs": int(m.output_size_in_bytes),
             "temporaries": int(m.temp_size_in_bytes), "aliased": int(m.alias_size_in_bytes)}
 
@@ -475,7 +492,7 @@ def dataflow(step, state: ShardedState, batch, *, show_devices: int = 3):
     layout = state.layout
     n = layout.n_devices
     shown = list(range(min(show_devices, n - 1))) + [n - 1]
-    found = [c for c in collectives(step.lower(state, batch).compile().as_text(), n) if c.shape]
+    found = [c for c in collectives(step.compile(state, batch).as_text(), n) if c.shape]
     param_shape = state.params.addressable_shards[0].data.shape
     opt_shapes = sorted({s.data.shape for leaf in jax.tree.leaves(state.opt_state) if np.ndim(leaf)
                          for s in leaf.addressable_shards[:1]})
