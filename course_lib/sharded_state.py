@@ -44,7 +44,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 __all__ = ["STAGES", "AXIS", "Layout", "ShardedState", "data_mesh", "init_state", "make_train_step", "params_of",
            "live_bytes", "state_bytes", "compiled_memory", "formula_bytes", "Collective", "collectives",
-           "communication", "ring_bytes", "dataflow"]
+           "communication", "ring_bytes", "dataflow", "bench_variants"]
 
 STAGES = ("replicated", "zero1", "zero2", "fsdp")
 AXIS = "data"
@@ -528,3 +528,42 @@ def dataflow(step, state: ShardedState, batch, *, show_devices: int = 3):
             g.edge(op_node, f"{previous}{i}")
     g.collectives = found
     return g
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# For the course benchmark
+
+
+def bench_variants(params, loss_fn, optimizer, host_batches, *, accumulate: int = 4) -> dict:
+    """The benchmark's variants from this module: ``{name: (start, run)}`` as ``course_lib.bench`` times them.
+
+    * ``"fsdp"``: the ``"fsdp"`` stage, one dispatch per step;
+    * ``"accumulate"``: the ``"replicated"`` stage with ``accumulate`` micro-batches per device (fewer if the
+      per-device batch does not divide by it), the same global batch per step.
+
+    ``loss_fn(params, batch, key)`` as ``training.make_train_step`` takes it (called with ``key=None``);
+    ``host_batches``: pmap-sharded batches, leaves ``(n, B // n, ...)``, placed here on a ``data_mesh`` as global
+    ``(B, ...)`` arrays before any timing. ``start()`` makes the initial state on the devices; ``run(state)`` trains
+    over every batch and returns the final loss, read on the host.
+    """
+    mesh = data_mesh(jax.local_devices())
+    split = NamedSharding(mesh, P(AXIS))
+    batches = [jax.device_put(jax.tree.map(lambda a: np.reshape(a, (-1,) + np.shape(a)[2:]), b), split)
+               for b in host_batches]
+    per_device = np.shape(jax.tree.leaves(host_batches[0])[0])[1]
+    k = max(d for d in range(1, accumulate + 1) if per_device % d == 0)
+
+    def loss(p, batch):
+        return loss_fn(p, batch, None)
+
+    def variant(stage, micro):
+        step = make_train_step(loss, optimizer, stage=stage, accumulate=micro)
+
+        def run(state):
+            for b in batches:
+                state, metrics = step(state, b)
+            return float(metrics["loss"])
+
+        return (lambda: jax.block_until_ready(init_state(params, optimizer, mesh, stage=stage))), run
+
+    return {"fsdp": variant("fsdp", 1), "accumulate": variant("replicated", k)}
