@@ -62,9 +62,10 @@ def data_mesh(devices=None, axis: str = AXIS) -> Mesh:
     return Mesh(np.array(devices), (axis,))
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(frozen=True)
 class Layout:
-    """Where a state's numbers live: static, compared by identity (it is part of the jitted step's cache key).
+    """Where a state's numbers live: static, hashable and compared by value (it keys the compiled step's cache, so
+    two states of the same model and stage share one compiled program).
 
     ``n_params`` real parameters ``P`` raveled into a flat vector padded to ``padded`` ``P_pad`` (a multiple of
     ``mesh.size``); ``shapes``/``treedef`` rebuild the pytree.
@@ -259,12 +260,11 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
                              f"init_state(..., stage={stage!r}) or make_train_step(..., stage="
                              f"{state.layout.stage!r}).")
         layout = state.layout
-        if id(layout) not in compiled:
+        if layout not in compiled:
             specs = _state_specs(state)
-            compiled[id(layout)] = (layout, jax.jit(jax.shard_map(device_step, mesh=layout.mesh,
-                                                                  in_specs=(specs, P(layout.axis)),
-                                                                  out_specs=(specs, P()), check_vma=False)))
-        return compiled[id(layout)][1]
+            compiled[layout] = jax.jit(jax.shard_map(device_step, mesh=layout.mesh, in_specs=(specs, P(layout.axis)),
+                                                     out_specs=(specs, P()), check_vma=False))
+        return compiled[layout]
 
     executables = {}
 
@@ -275,7 +275,7 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
 
     def _compiled(state, batch):
         run = program(state)
-        key = (id(state.layout), jax.tree.structure(batch),
+        key = (state.layout, jax.tree.structure(batch),
                tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(batch)))
         if key not in executables:
             executables[key] = run.lower(state, batch).compile()

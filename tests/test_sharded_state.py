@@ -199,3 +199,12 @@ def test_dataflow_is_drawn_from_the_state_and_the_compiled_step(devices):
     assert [c.op for c in d.collectives] == ["reduce-scatter", "all-gather"]
     assert "params [440]" in d.source and "optimizer [55]" in d.source and "f32[55]" in d.source
     assert "437 parameters, padded to 440 = 8 x 55" in d.source
+
+
+def test_states_of_the_same_model_and_stage_share_one_compiled_step(devices):
+    opt = optax.adam(0.1)
+    step = ss.make_train_step(loss_fn, opt, stage="fsdp")
+    first, second = (ss.init_state(mlp(), opt, stage="fsdp") for _ in range(2))
+    b = batches(1)[0]
+    assert step.compile(first, b) is step.compile(second, b)
+    assert step.compile(first, b) is not step.compile(first, batches(1, size=128)[0])
