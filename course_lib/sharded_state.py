@@ -512,7 +512,8 @@ def dataflow(step, state: ShardedState, batch, *, show_devices: int = 3):
                 s.edge(a, b, style="invis")
 
     row("hold", lambda i: f"{devs[i].platform.upper()} {devs[i].id} holds\\nparams {list(param_shape)}\\n"
-                          f"optimizer {', '.join(str(list(s)) for s in opt_shapes)}", "#dbe9f6")
+                          f"optimizer {', '.join(str(list(s)) for s in opt_shapes)}\\n"
+                          f"computes its own gradients [{layout.padded}]", "#dbe9f6")
     previous = "hold"
     for k, c in enumerate(found):
         op_node = f"op{k}"

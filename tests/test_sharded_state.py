@@ -197,7 +197,7 @@ def test_dataflow_is_drawn_from_the_state_and_the_compiled_step(devices):
     state, _, step = train("zero2", data=batches(1))
     d = ss.dataflow(step, state, batches(1)[0])
     assert [c.op for c in d.collectives] == ["reduce-scatter", "all-gather"]
-    assert "params [440]" in d.source and "optimizer [55]" in d.source and "f32[55]" in d.source
+    assert "params [440]" in d.source and "its own gradients [440]" in d.source and "optimizer [55]" in d.source and "f32[55]" in d.source
     assert "437 parameters, padded to 440 = 8 x 55" in d.source
 
 
