@@ -1,4 +1,4 @@
-"""What data parallelism costs, measured: one training step per global batch, six ways, two workloads.
+"""What data parallelism costs, measured: one training step per global batch, eight ways, two workloads.
 
 Lesson 08. ``python -m course_lib.bench`` prints a table, writes JSON, and names the machine,
 the device kind and the JAX version. It runs on whatever devices exist (simulated CPU devices,
@@ -16,7 +16,9 @@ Variants, all from the same initial parameters over the same global batches (``V
   ``steps_per_call`` (10) steps fused into one dispatch with ``lax.scan``, the oldest dispatch read back only
   when ``max_ahead`` (20) steps would otherwise be in flight;
 * ``shard_map``: the same with the ``"shard_map"`` backend of ``training.make_train_step``;
-* ``jit_sharded``: the same with the ``"jit"`` backend (plain jit, sharded inputs).
+* ``jit_sharded``: the same with the ``"jit"`` backend (plain jit, sharded inputs);
+* ``fsdp`` and ``accumulate`` (lesson 10): ``sharded_state``'s FSDP step, and its replicated step with 4
+  micro-batches per device (``sharded_state.bench_variants``), one dispatch per step.
 
 The pmap and shard_map variants send one all-reduce per step (``training.psum_bucketed``); for
 ``jit_sharded`` the compiler decides (two, on the CPU backend).
@@ -78,7 +80,7 @@ def _median(values):
     return values[len(values) // 2]
 
 
-VARIANTS = ("single_jit", "naive_pmap", "pmap_step", "pmap_scan", "shard_map", "jit_sharded")
+VARIANTS = ("single_jit", "naive_pmap", "pmap_step", "pmap_scan", "shard_map", "jit_sharded", "fsdp", "accumulate")
 
 
 def _fit_default(name):
@@ -97,7 +99,7 @@ def run_workload(name, *, global_batch=512, steps=100, repeats=7, scan_steps=Non
     import jax
     import optax
 
-    from course_lib import data, sharding, training
+    from course_lib import data, sharded_state, sharding, training
 
     unknown = set(variants) - set(VARIANTS)
     if unknown:
@@ -164,6 +166,7 @@ def run_workload(name, *, global_batch=512, steps=100, repeats=7, scan_steps=Non
     runs["pmap_scan"] = (start(), run_fit(pmap_step, **fused))
     for backend, label in [("shard_map", "shard_map"), ("jit", "jit_sharded")]:
         runs[label] = (start(backend), run_fit(training.make_train_step(loss_fn, opt, backend=backend), **fused))
+    runs.update(sharded_state.bench_variants(params, loss_fn, opt, host_batches))     # lesson 10
     return _measure({v: runs[v] for v in VARIANTS if v in variants}, repeats, steps)
 
 

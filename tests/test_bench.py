@@ -8,7 +8,7 @@ import pytest
 
 from course_lib import bench
 
-VARIANTS = ["single_jit", "naive_pmap", "pmap_step", "pmap_scan", "shard_map", "jit_sharded"]
+VARIANTS = ["single_jit", "naive_pmap", "pmap_step", "pmap_scan", "shard_map", "jit_sharded", "fsdp", "accumulate"]
 
 
 def test_run_reports_every_variant_with_the_same_final_loss(devices):

@@ -1,0 +1,570 @@
+"""Sharded training state: ZeRO stages 1 and 2, FSDP (ZeRO 3), gradient accumulation, mixed precision.
+
+Lesson 10. Plain data parallelism keeps a whole copy of the parameters and the optimizer state on every device.
+The stages here keep less, and all of them compute the same training (to float tolerance):
+
+=============  ===================  ===================  ==================  =====================================
+stage          parameters           gradients (reduced)  optimizer state     collectives per step
+=============  ===================  ===================  ==================  =====================================
+"replicated"   whole, every device  whole (all-reduce)   whole               all-reduce
+"zero1"        whole, every device  whole (all-reduce)   1/n slice per dev.  all-reduce, all-gather
+"zero2"        whole, every device  1/n (reduce-scatter) 1/n slice           reduce-scatter, all-gather
+"fsdp"         1/n slice            1/n (reduce-scatter) 1/n slice           all-gather, reduce-scatter
+=============  ===================  ===================  ==================  =====================================
+
+Layout. As DeepSpeed's ZeRO does, the parameters are raveled into one flat float32 vector of ``P`` numbers, padded
+with zeros to ``P_pad``, a multiple of the device count ``n``: device ``i`` owns ``[i * P_pad // n, (i + 1) *
+P_pad // n)``. So no parameter's shape has to divide by ``n``. The optimizer sees that flat vector (or its slice),
+which is exact for element-wise optimizers (``optax.sgd``, ``adam``, ``adamw``, ...) but not for ones that look at
+a whole leaf or the global norm (``lamb``, ``clip_by_global_norm``): use element-wise ones here.
+
+The step is ``jax.jit`` of ``jax.shard_map`` over a 1-D mesh; the batch's leading axis is split over it.
+``accumulate=K`` splits each device's part of the batch into ``K`` micro-batches, adds their gradients in a
+``lax.scan``, and communicates once. ``compute_dtype=jnp.bfloat16`` runs forward and backward in bfloat16 (and
+sends the gradients, and for FSDP the gathered parameters, in bfloat16), while the parameters and the optimizer
+state stay float32 ("master weights").
+
+Measuring: ``live_bytes`` (what each device holds now, from ``addressable_shards``), ``compiled_memory`` (the
+compiled step's ``memory_analysis()``), ``formula_bytes`` (the ZeRO paper's arithmetic), and ``communication``
+(the collectives in a compiled step's HLO, with their bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+__all__ = ["STAGES", "AXIS", "Layout", "ShardedState", "data_mesh", "init_state", "make_train_step", "params_of",
+           "live_bytes", "state_bytes", "compiled_memory", "formula_bytes", "Collective", "collectives",
+           "communication", "ring_bytes", "dataflow", "bench_variants"]
+
+STAGES = ("replicated", "zero1", "zero2", "fsdp")
+AXIS = "data"
+
+
+def _check_stage(stage):
+    if stage not in STAGES:
+        raise ValueError(f"stage must be one of {STAGES}, got {stage!r}. 'zero1' shards the optimizer state, "
+                         "'zero2' also the reduced gradients, 'fsdp' also the parameters.")
+
+
+def data_mesh(devices=None, axis: str = AXIS) -> Mesh:
+    """A 1-D mesh over ``devices`` (default: all of them), axis ``axis``, with Auto axes (lesson 06)."""
+    devices = jax.devices() if devices is None else list(devices)
+    return Mesh(np.array(devices), (axis,))
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where a state's numbers live: static, hashable and compared by value (it keys the compiled step's cache, so
+    two states of the same model and stage share one compiled program).
+
+    ``n_params`` real parameters ``P`` raveled into a flat vector padded to ``padded`` ``P_pad`` (a multiple of
+    ``mesh.size``); ``shapes``/``treedef`` rebuild the pytree.
+    """
+
+    stage: str
+    mesh: Mesh
+    axis: str
+    n_params: int
+    padded: int
+    treedef: Any
+    shapes: tuple
+    dtypes: tuple
+
+    @property
+    def n_devices(self) -> int:
+        return self.mesh.size
+
+    @property
+    def shard_size(self) -> int:
+        """``P_pad // n``: how many of the flat parameters each device owns."""
+        return self.padded // self.mesh.size
+
+    def ravel(self, tree, dtype=jnp.float32):
+        """pytree -> flat ``(P_pad,)`` in ``dtype``, zero-padded."""
+        flat = jnp.concatenate([jnp.ravel(x).astype(dtype) for x in jax.tree.leaves(tree)])
+        return jnp.pad(flat, (0, self.padded - self.n_params))
+
+    def unravel(self, flat):
+        """flat ``(P_pad,)`` (or ``(P,)``) -> the pytree, each leaf in ``flat``'s dtype (no cast back)."""
+        leaves, start = [], 0
+        for shape in self.shapes:
+            size = math.prod(shape)
+            leaves.append(flat[start:start + size].reshape(shape))
+            start += size
+        return jax.tree.unflatten(self.treedef, leaves)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class ShardedState:
+    """The training state of one stage.
+
+    * ``params``: the flat float32 parameters ``(P_pad,)``; ``P()`` (whole on every device), or for ``"fsdp"``
+      ``P(axis)`` (a ``(P_pad // n,)`` slice per device). ``params_of(state)`` gives the pytree back.
+    * ``opt_state``: the optimizer's state for that flat vector; every ``(P_pad,)`` leaf is ``P()`` for
+      ``"replicated"`` and ``P(axis)`` for the other stages; scalars (Adam's step count) are ``P()``.
+    * ``step``: ``()`` int32, ``P()``.
+    * ``layout``: static; see ``Layout``.
+    """
+
+    params: jax.Array
+    opt_state: Any
+    step: jax.Array
+    layout: Layout = dataclasses.field(metadata=dict(static=True))
+
+
+def _opt_specs(opt_state, layout):
+    sharded = layout.stage != "replicated"
+    return jax.tree.map(lambda x: P(layout.axis) if sharded and np.ndim(x) >= 1 and np.shape(x)[0] == layout.padded
+                        else P(), opt_state)
+
+
+def _state_specs(state: ShardedState):
+    layout = state.layout
+    return ShardedState(P(layout.axis) if layout.stage == "fsdp" else P(), _opt_specs(state.opt_state, layout),
+                        P(), layout)
+
+
+def init_state(params, optimizer: optax.GradientTransformation, mesh: Mesh | None = None,
+               stage: str = "replicated") -> ShardedState:
+    """Ravel ``params``, initialise ``optimizer`` on the flat vector, and place everything for ``stage``.
+
+    Args:
+      params: a pytree of float arrays (any shapes; nothing has to divide by the device count).
+      optimizer: an element-wise optax optimizer (see the module docstring).
+      mesh: a 1-D mesh (default ``data_mesh()``, all devices, axis ``"data"``).
+      stage: one of ``STAGES``.
+
+    Returns:
+      a ``ShardedState``; its ``params`` and the optimizer's vectors are ``(P_pad,)`` with ``P_pad`` the parameter
+      count rounded up to a multiple of ``mesh.size``, placed ``P()`` or ``P(axis)`` as the stage says.
+    """
+    _check_stage(stage)
+    mesh = data_mesh() if mesh is None else mesh
+    if len(mesh.axis_names) != 1:
+        raise ValueError(f"mesh must be 1-D (one data axis), got axes {mesh.axis_names}; build one with "
+                         "sharded_state.data_mesh(devices).")
+    leaves, treedef = jax.tree.flatten(params)
+    if not leaves or not all(jnp.issubdtype(jnp.result_type(x), jnp.floating) for x in leaves):
+        raise ValueError("params must be a non-empty pytree of float arrays, got leaves of dtypes "
+                         f"{[str(jnp.result_type(x)) for x in leaves]}.")
+    n_params = sum(int(np.size(x)) for x in leaves)
+    n = mesh.size
+    layout = Layout(stage, mesh, mesh.axis_names[0], n_params, -(-n_params // n) * n, treedef,
+                    tuple(np.shape(x) for x in leaves), tuple(str(jnp.result_type(x)) for x in leaves))
+    flat = layout.ravel(params)
+    opt_state = optimizer.init(flat)
+    state = ShardedState(flat, opt_state, jnp.zeros((), jnp.int32), layout)
+    specs = _state_specs(state)
+    return jax.device_put(state, jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
+                                              is_leaf=lambda s: isinstance(s, P)))
+
+
+def params_of(state: ShardedState):
+    """The parameters as the pytree ``init_state`` got, float32 (gathered if they were sharded)."""
+    layout = state.layout
+    flat = state.params[:layout.n_params]
+    return jax.tree.map(lambda x, d: x.astype(d), layout.unravel(flat),
+                        jax.tree.unflatten(layout.treedef, list(layout.dtypes)))
+
+
+def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, *, stage: str = "replicated",
+                    accumulate: int = 1, compute_dtype=jnp.float32):
+    """A data-parallel step for a ``ShardedState`` of ``stage``: ``step(state, batch) -> (state, {"loss": ...})``.
+
+    Args:
+      loss_fn: ``loss_fn(params, batch) -> loss``, the mean loss over the examples of ``batch`` (a micro-batch of
+        one device's part), for ``params`` the pytree ``init_state`` got, in ``compute_dtype``.
+      optimizer: the optax optimizer given to ``init_state``.
+      stage: one of ``STAGES``; must be the state's.
+      accumulate: ``K``, micro-batches per device per step. Their gradients are added locally (``lax.scan``) and
+        communicated once; the result is one step on the whole batch.
+      compute_dtype: the dtype of the forward and backward pass and of the communicated gradients (and, for
+        ``"fsdp"``, of the gathered parameters). Parameters and optimizer state stay float32.
+
+    The step takes a global ``batch``, leaves ``(B, ...)`` with ``B`` a multiple of ``n * K``, splits it over the
+    mesh, ``(B // n, ...)`` per device, and returns the loss averaged over the whole batch, ``()``. Each batch shape
+    compiles once; ``step.compile(state, batch)`` gives that compiled program (its HLO, its memory analysis) and
+    ``step.lower(state, batch)`` the program before the backend compiler.
+    """
+    _check_stage(stage)
+    if not isinstance(accumulate, int) or isinstance(accumulate, bool) or accumulate < 1:
+        raise ValueError(f"accumulate must be a whole number >= 1 (micro-batches per step), got {accumulate!r}.")
+    compute_dtype = jnp.dtype(compute_dtype)
+    if not jnp.issubdtype(compute_dtype, jnp.floating):
+        raise ValueError(f"compute_dtype must be a float dtype (jnp.float32, jnp.bfloat16), got {compute_dtype}.")
+    compiled = {}
+
+    def device_step(state: ShardedState, batch):
+        layout = state.layout
+        axis, n, s = layout.axis, layout.n_devices, layout.shard_size
+        mine = jax.lax.axis_index(axis) * s
+        if stage == "fsdp":   # gather the whole parameter vector before the forward pass, in the compute dtype
+            full = jax.lax.all_gather(state.params.astype(compute_dtype), axis, tiled=True)
+        else:
+            full = state.params.astype(compute_dtype)
+
+        def micro(flat, mb):
+            return loss_fn(layout.unravel(flat[:layout.n_params]), mb).astype(jnp.float32)
+
+        grad_fn = jax.value_and_grad(micro)
+        if accumulate == 1:
+            loss, grads = grad_fn(full, batch)
+            grads = grads.astype(jnp.float32)
+        else:
+            micro_batches = jax.tree.map(lambda x: x.reshape((accumulate, -1) + x.shape[1:]), batch)
+
+            def add(acc, mb):
+                loss, g = grad_fn(full, mb)
+                return (acc[0] + loss, acc[1] + g.astype(jnp.float32)), None
+
+            zeros = (jnp.zeros((), jnp.float32), jnp.zeros((layout.padded,), jnp.float32))
+            (loss, grads), _ = jax.lax.scan(add, zeros, micro_batches)
+            loss, grads = loss / accumulate, grads / accumulate
+        loss = jax.lax.pmean(loss, axis)
+        sent = grads.astype(compute_dtype)                     # this device's local gradient, (P_pad,)
+        if stage in ("replicated", "zero1"):
+            mean = (jax.lax.psum(sent, axis) / n).astype(jnp.float32)            # all-reduce: whole, everywhere
+            g = mean if stage == "replicated" else jax.lax.dynamic_slice_in_dim(mean, mine, s)
+        else:
+            g = (jax.lax.psum_scatter(sent, axis, tiled=True) / n).astype(jnp.float32)   # reduce-scatter: my slice
+        if stage == "replicated":
+            p = state.params
+        elif stage == "fsdp":
+            p = state.params                                   # already this device's slice
+        else:
+            p = jax.lax.dynamic_slice_in_dim(state.params, mine, s)
+        updates, opt_state = optimizer.update(g, state.opt_state, p)
+        p = optax.apply_updates(p, updates)
+        if stage in ("zero1", "zero2"):
+            p = jax.lax.all_gather(p, axis, tiled=True)        # every device gets the whole updated vector back
+        return ShardedState(p, opt_state, state.step + 1, layout), {"loss": loss}
+
+    def program(state):
+        if not isinstance(state, ShardedState):
+            raise TypeError(f"state must be a ShardedState from sharded_state.init_state, got "
+                            f"{type(state).__name__}.")
+        if state.layout.stage != stage:
+            raise ValueError(f"the state was made for stage {state.layout.stage!r} but this step is for {stage!r}: "
+                             f"their parameters and optimizer state are placed differently. Use "
+                             f"init_state(..., stage={stage!r}) or make_train_step(..., stage="
+                             f"{state.layout.stage!r}).")
+        layout = state.layout
+        if layout not in compiled:
+            specs = _state_specs(state)
+            compiled[layout] = jax.jit(jax.shard_map(device_step, mesh=layout.mesh, in_specs=(specs, P(layout.axis)),
+                                                     out_specs=(specs, P()), check_vma=False))
+        return compiled[layout]
+
+    executables = {}
+
+    def compile(state, batch):
+        """The compiled step for this state and batch shape (compiled once, then reused by ``step``):
+        ``.as_text()`` for the HLO, ``.memory_analysis()`` for its memory."""
+        return _compiled(state, _place_batch(batch, state.layout, accumulate))
+
+    def _compiled(state, batch):
+        run = program(state)
+        key = (state.layout, jax.tree.structure(batch),
+               tuple((x.shape, str(x.dtype)) for x in jax.tree.leaves(batch)))
+        if key not in executables:
+            executables[key] = run.lower(state, batch).compile()
+        return executables[key]
+
+    def step(state, batch):
+        program(state)                      # checks the state before anything is placed
+        batch = _place_batch(batch, state.layout, accumulate)
+        return _compiled(state, batch)(state, batch)
+
+    def lower(state, batch):
+        """The program before the backend compiler (``.as_text(dialect="hlo")``), as ``jax.jit(...).lower``."""
+        return program(state).lower(state, _place_batch(batch, state.layout, accumulate))
+
+    step.lower, step.compile = lower, compile
+    step.stage, step.accumulate, step.compute_dtype = stage, accumulate, compute_dtype
+    return step
+
+
+def _place_batch(batch, layout: Layout, accumulate: int):
+    n = layout.n_devices
+    split = NamedSharding(layout.mesh, P(layout.axis))
+    leaves = jax.tree_util.tree_flatten_with_path(batch)[0]
+    if not leaves:
+        raise ValueError("batch has no arrays in it.")
+    for path, leaf in leaves:
+        shape = np.shape(leaf)
+        if len(shape) == 0 or shape[0] % (n * accumulate):
+            b = shape[0] if shape else None
+            raise ValueError(
+                f"batch leaf {jax.tree_util.keystr(path) or 'batch'} has shape {shape}: its leading (batch) axis "
+                f"must divide into {n} devices x {accumulate} micro-batches, a multiple of {n * accumulate}. "
+                + (f"Use a global batch of {(b // (n * accumulate)) * n * accumulate or n * accumulate}, or change "
+                   "accumulate." if b is not None else "Give every leaf a batch axis."))
+    return jax.tree.map(lambda x: x if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(split, x.ndim)
+                        else jax.device_put(x, split), batch)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Memory, per device
+
+
+def live_bytes(tree) -> dict[int, int]:
+    """``{device id: bytes}``: what each device holds of ``tree``'s arrays now (its ``addressable_shards``)."""
+    out: dict[int, int] = {}
+    for leaf in jax.tree.leaves(tree):
+        if not isinstance(leaf, jax.Array):
+            continue
+        for s in leaf.addressable_shards:
+            out[s.device.id] = out.get(s.device.id, 0) + s.data.nbytes
+    return dict(sorted(out.items()))
+
+
+def state_bytes(state: ShardedState) -> dict[str, int]:
+    """Bytes on the fullest device, by category: ``{"params", "opt_state", "total"}`` (from live buffers)."""
+    out = {name: max(live_bytes(getattr(state, name)).values(), default=0) for name in ("params", "opt_state")}
+    out["total"] = max(live_bytes((state.params, state.opt_state, state.step)).values())
+    return out
+
+
+def compiled_memory(step, state, batch) -> dict[str, int]:
+    """Per-device bytes of the compiled step (``step.compile``), from ``compiled.memory_analysis()``:
+    ``{"arguments", "outputs", "temporaries", "aliased"}`` (arguments: state and batch; temporaries: gradients,
+    activations and whatever else the step needs while it runs)."""
+    m = step.compile(state, batch).memory_analysis()
+    return {"arguments": int(m.argument_size_in_bytes), "outputs": int(m.output_size_in_bytes),
+            "temporaries": int(m.temp_size_in_bytes), "aliased": int(m.alias_size_in_bytes)}
+
+
+def formula_bytes(n_params: int, n_devices: int, stage: str, *, param_bytes: int = 4, grad_bytes: int = 4,
+                  optimizer_copies: int = 2, optimizer_bytes: int = 4) -> dict[str, float]:
+    """Bytes per device of parameters, reduced gradients and optimizer state, by the ZeRO paper's arithmetic.
+
+    ``optimizer_copies`` numbers of ``optimizer_bytes`` each per parameter (Adam: 2, its two moments). The stage
+    divides by ``n_devices``: ``"zero1"`` the optimizer state, ``"zero2"`` also the gradients, ``"fsdp"`` also
+    the parameters. Activations are not included: they depend on the batch, not on the stage.
+    """
+    _check_stage(stage)
+    if not isinstance(n_devices, int) or n_devices < 1:
+        raise ValueError(f"n_devices must be a whole number >= 1, got {n_devices!r}.")
+    split = {"replicated": (1, 1, 1), "zero1": (1, 1, n_devices), "zero2": (1, n_devices, n_devices),
+             "fsdp": (n_devices, n_devices, n_devices)}[stage]
+    out = {"params": n_params * param_bytes / split[0], "grads": n_params * grad_bytes / split[1],
+           "opt_state": n_params * optimizer_copies * optimizer_bytes / split[2]}
+    out["total"] = sum(out.values())
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Communication, from the compiled program
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective instruction of an HLO: ``op``, the result's dtype and shape, the devices per group,
+    ``payload`` bytes (the whole buffer being reduced or gathered; for a reduce-scatter, ``group`` times its
+    result), and ``in_loop``: whether it sits in the body of a ``while`` loop (a ``lax.scan``), so that it runs
+    once per iteration rather than once per step."""
+
+    op: str
+    dtype: str
+    shape: tuple
+    group: int
+    payload: int
+    in_loop: bool = False
+
+    @property
+    def sent_per_device(self) -> float:
+        """Bytes each device sends with a ring algorithm: ``2 (g-1)/g`` of the payload for an all-reduce,
+        ``(g-1)/g`` for a reduce-scatter or an all-gather."""
+        return ring_bytes(self.op, self.payload, self.group)
+
+
+_BYTES = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "s64": 8, "s32": 4, "u32": 4, "s16": 2, "u16": 2, "s8": 1,
+          "u8": 1, "pred": 1, "u64": 8}
+_OPS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
+_LINE = re.compile(r"=\s*(\(.*?\)|\S+)\s+(" + "|".join(_OPS) + r")(?:-start)?\(")
+_ARRAY = re.compile(r"([a-z]+\d*)\[([\d,]*)\]")
+_HEADER = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s*(?:\(.*\)\s*->\s*.*)?\{\s*$")
+_CALLS = re.compile(r"(?:to_apply|calls|body|condition|branch_computations)=\{?%?([\w.\-]+)")
+_BODY = re.compile(r"\bbody=%?([\w.\-]+)")
+
+
+def ring_bytes(op: str, payload: float, group: int) -> float:
+    """Bytes each device sends for one collective over ``group`` devices with a ring algorithm."""
+    if group <= 1:
+        return 0.0
+    factor = {"all-reduce": 2.0}.get(op, 1.0)
+    return factor * (group - 1) / group * payload
+
+
+def _group_size(line: str, default: int) -> int:
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+    if m:
+        sizes = dict((k.strip().strip("'"), int(v)) for k, v in (kv.split("=") for kv in m.group(1).split(",")))
+        names = [a.strip().strip("'") for a in m.group(2).split(",") if a.strip()]
+        return math.prod(sizes[a] for a in names) if names else default
+    m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", line)
+    if m:
+        return int(m.group(2))
+    m = re.search(r"replica_groups=\{\{([\d,]+)\}", line)
+    if m:
+        return len(m.group(1).split(","))
+    return default
+
+
+def collectives(hlo_text: str, n_devices: int | None = None) -> list[Collective]:
+    """Every collective instruction in a compiled program's text (``compiled.as_text()``), in order.
+
+    Async pairs (``all-reduce-start``/``-done``) count once. ``n_devices`` is the group size to assume where the
+    instruction does not say (default: ``jax.device_count()``).
+    """
+    if not isinstance(hlo_text, str):
+        raise TypeError(f"hlo_text must be the compiled program's text (step.lower(...).compile().as_text()), got "
+                        f"{type(hlo_text).__name__}.")
+    default = jax.device_count() if n_devices is None else n_devices
+    found, calls, current = [], {}, None
+    for line in hlo_text.splitlines():
+        header = _HEADER.match(line)
+        if header and " = " not in line:
+            current = header.group(1)
+            continue
+        calls.setdefault(current, set()).update(_CALLS.findall(line))
+        m = _LINE.search(line)
+        if not m:
+            continue
+        result, op = m.group(1), m.group(2)
+        arrays = _ARRAY.findall(result)
+        if not arrays:
+            continue
+        group = _group_size(line, default)
+        if "-start(" in line:      # async form: the result tuple holds the operands too; the last is the result
+            arrays = arrays[-1:]
+        dtype, dims = arrays[0]
+        nbytes = sum(_BYTES.get(dt, 4) * math.prod(int(d) for d in ds.split(",") if d) for dt, ds in arrays)
+        payload = nbytes * group if op == "reduce-scatter" else nbytes
+        found.append((current, Collective(op, dtype, tuple(int(d) for d in dims.split(",") if d), group, payload)))
+    # Computations reachable from a while loop's body run once per iteration.
+    looped, todo = set(), [b for line in hlo_text.splitlines() for b in _BODY.findall(line)]
+    while todo:
+        name = todo.pop()
+        if name not in looped:
+            looped.add(name)
+            todo.extend(calls.get(name, ()))
+    return [dataclasses.replace(c, in_loop=where in looped) for where, c in found]
+
+
+def communication(hlo_text: str, n_devices: int | None = None) -> dict[str, dict]:
+    """``{op: {"count", "in_loop", "payload", "sent_per_device"}}`` over the collectives of a compiled program
+    (see ``collectives``): instructions, how many of them sit in a loop body, and their bytes, each counted once."""
+    out: dict[str, dict] = {}
+    for c in collectives(hlo_text, n_devices):
+        entry = out.setdefault(c.op, {"count": 0, "in_loop": 0, "payload": 0, "sent_per_device": 0.0})
+        entry["count"] += 1
+        entry["in_loop"] += int(c.in_loop)
+        entry["payload"] += c.payload
+        entry["sent_per_device"] += c.sent_per_device
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# A picture of the step, from the real state and the compiled program
+
+
+def dataflow(step, state: ShardedState, batch, *, show_devices: int = 3):
+    """Draw one step of ``state``'s stage: what each device holds, and the collectives between, with real shapes.
+
+    The shapes come from the state's arrays (``addressable_shards``) and the collectives, in program order, from the
+    compiled step's HLO (``collectives``; the loss's scalar all-reduce is left out). The first ``show_devices`` devices and the last are drawn.
+    Returns a ``diagrams.Diagram`` (graphviz; DOT source where ``dot`` is missing).
+    """
+    from . import diagrams
+
+    layout = state.layout
+    n = layout.n_devices
+    shown = list(range(min(show_devices, n - 1))) + [n - 1]
+    found = [c for c in collectives(step.compile(state, batch).as_text(), n) if c.shape]
+    param_shape = state.params.addressable_shards[0].data.shape
+    opt_shapes = sorted({s.data.shape for leaf in jax.tree.leaves(state.opt_state) if np.ndim(leaf)
+                         for s in leaf.addressable_shards[:1]})
+    devs = sorted(state.params.devices(), key=lambda d: d.id)
+    g = diagrams.Diagram("sharded_step")
+    g.attr(label=f"one '{layout.stage}' step on {n} devices: {layout.n_params:,} parameters, padded to "
+                 f"{layout.padded:,} = {n} x {layout.shard_size:,}", labelloc="t", ranksep="0.4")
+
+    def row(name, label_of, colour):
+        with g.subgraph(name=name) as s:
+            s.attr(rank="same")
+            for i in shown:
+                s.node(f"{name}{i}", label_of(i), fillcolor=colour)
+            s.node(f"{name}_more", "...", shape="plaintext", style="")
+            order = [f"{name}{i}" for i in shown[:-1]] + [f"{name}_more", f"{name}{shown[-1]}"]
+            for a, b in zip(order, order[1:]):
+                s.edge(a, b, style="invis")
+
+    row("hold", lambda i: f"{devs[i].platform.upper()} {devs[i].id} holds\\nparams {list(param_shape)}\\n"
+                          f"optimizer {', '.join(str(list(s)) for s in opt_shapes)}\\n"
+                          f"computes its own gradients [{layout.padded}]", "#dbe9f6")
+    previous = "hold"
+    for k, c in enumerate(found):
+        op_node = f"op{k}"
+        g.node(op_node, f"{c.op}\\n{c.dtype}{list(c.shape)}, {c.payload:,} bytes", shape="box",
+               style="rounded,filled,bold", fillcolor="#fde0c5")
+        for i in shown:
+            g.edge(f"{previous}{i}", op_node)
+        previous = f"after{k}"
+        then = {"reduce-scatter": "its slice of the summed gradients\\nthen the update of its slice",
+                "all-reduce": "the summed gradients, whole", "all-gather": "every slice: the whole vector"}
+        row(previous, lambda i, c=c: f"{then.get(c.op, c.op)}\\n{c.dtype}{list(c.shape)}", "#e5f5e0")
+        for i in shown:
+            g.edge(op_node, f"{previous}{i}")
+    g.collectives = found
+    return g
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# For the course benchmark
+
+
+def bench_variants(params, loss_fn, optimizer, host_batches, *, accumulate: int = 4) -> dict:
+    """The benchmark's variants from this module: ``{name: (start, run)}`` as ``course_lib.bench`` times them.
+
+    * ``"fsdp"``: the ``"fsdp"`` stage, one dispatch per step;
+    * ``"accumulate"``: the ``"replicated"`` stage with ``accumulate`` micro-batches per device (fewer if the
+      per-device batch does not divide by it), the same global batch per step.
+
+    ``loss_fn(params, batch, key)`` as ``training.make_train_step`` takes it (called with ``key=None``);
+    ``host_batches``: pmap-sharded batches, leaves ``(n, B // n, ...)``, placed here on a ``data_mesh`` as global
+    ``(B, ...)`` arrays before any timing. ``start()`` makes the initial state on the devices; ``run(state)`` trains
+    over every batch and returns the final loss, read on the host.
+    """
+    mesh = data_mesh(jax.local_devices())
+    split = NamedSharding(mesh, P(AXIS))
+    batches = [jax.device_put(jax.tree.map(lambda a: np.reshape(a, (-1,) + np.shape(a)[2:]), b), split)
+               for b in host_batches]
+    per_device = np.shape(jax.tree.leaves(host_batches[0])[0])[1]
+    k = max(d for d in range(1, accumulate + 1) if per_device % d == 0)
+
+    def loss(p, batch):
+        return loss_fn(p, batch, None)
+
+    def variant(stage, micro):
+        step = make_train_step(loss, optimizer, stage=stage, accumulate=micro)
+
+        def run(state):
+            for b in batches:
+                state, metrics = step(state, b)
+            return float(metrics["loss"])
+
+        return (lambda: jax.block_until_ready(init_state(params, optimizer, mesh, stage=stage))), run
+
+    return {"fsdp": variant("fsdp", 1), "accumulate": variant("replicated", k)}

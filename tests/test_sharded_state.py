@@ -1,0 +1,210 @@
+"""course_lib.sharded_state: every stage trains the same, shards what it says, and says what it sends."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from course_lib import sharded_state as ss
+
+N = 8
+RTOL = 1e-5          # float32 sums in a different order (psum against psum_scatter): a few ulps per step
+
+
+def mlp(seed=0, d_in=12, hidden=24, d_out=5):      # 5 and 12 * 24 + 24 + 24 * 5 + 5 = 437 parameters: not / 8
+    k1, k2 = jax.random.split(jax.random.key(seed))
+    return [{"w": jax.random.normal(k1, (d_in, hidden)) * 0.3, "b": jnp.zeros(hidden)},
+            {"w": jax.random.normal(k2, (hidden, d_out)) * 0.3, "b": jnp.zeros(d_out)}]
+
+
+def loss_fn(p, batch):
+    h = jnp.tanh(batch["x"].astype(p[0]["w"].dtype) @ p[0]["w"] + p[0]["b"])
+    logits = (h @ p[1]["w"] + p[1]["b"]).astype(jnp.float32)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+
+
+def batches(count, size=64, seed=1):
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.normal(size=(size, 12)).astype(np.float32), "y": rng.integers(0, 5, size).astype(np.int32)}
+            for _ in range(count)]
+
+
+def train(stage, steps=4, accumulate=1, compute_dtype=jnp.float32, data=None, opt=None):
+    opt = opt or optax.adam(0.05)
+    state = ss.init_state(mlp(), opt, stage=stage)
+    step = ss.make_train_step(loss_fn, opt, stage=stage, accumulate=accumulate, compute_dtype=compute_dtype)
+    losses = []
+    for b in data or batches(steps):
+        state, metrics = step(state, b)
+        losses.append(float(metrics["loss"]))
+    return state, losses, step
+
+
+def reference_losses(data, lr=0.05):
+    """Single-device, whole-batch Adam on the pytree: the training every stage must reproduce."""
+    opt = optax.adam(lr)
+    params, opt_state, losses = mlp(), None, []
+    opt_state = opt.init(params)
+    for b in data:
+        loss, g = jax.value_and_grad(loss_fn)(params, b)
+        updates, opt_state = opt.update(g, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        losses.append(float(loss))
+    return params, losses
+
+
+@pytest.mark.parametrize("stage", ss.STAGES)
+def test_every_stage_trains_like_single_device_adam(devices, stage):
+    data = batches(4)
+    ref_params, ref_losses = reference_losses(data)
+    state, losses, _ = train(stage, data=data)
+    np.testing.assert_allclose(losses, ref_losses, rtol=RTOL)
+    for got, want in zip(jax.tree.leaves(ss.params_of(state)), jax.tree.leaves(ref_params)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("stage", ["replicated", "fsdp"])
+def test_accumulating_k_micro_batches_is_one_step_on_the_k_times_larger_batch(devices, stage):
+    data = batches(3, size=128)
+    _, one_big, _ = train(stage, data=data)
+    state_k, accumulated, step = train(stage, data=data, accumulate=4)
+    np.testing.assert_allclose(accumulated, one_big, rtol=RTOL)
+    grad_op = "all-reduce" if stage == "replicated" else "reduce-scatter"
+    sent = [c for c in ss.collectives(step.lower(state_k, data[0]).as_text(dialect="hlo")) if c.shape]
+    assert [(c.op, c.in_loop) for c in sent if c.op == grad_op] == [(grad_op, False)], sent
+
+
+def test_a_collective_inside_a_scan_is_counted_as_in_loop(devices):
+    mesh = ss.data_mesh()
+
+    def per_micro_batch(x):            # the mistake: one all-reduce per micro-batch, inside the loop
+        return jax.lax.scan(lambda acc, m: (acc + jax.lax.psum(m, "data"), None), jnp.zeros(3), x)[0]
+
+    f = jax.jit(jax.shard_map(per_micro_batch, mesh=mesh, in_specs=P("data"), out_specs=P(), check_vma=False))
+    x = jnp.ones((N * 4, 3))
+    for text in (f.lower(x).as_text(dialect="hlo"), f.lower(x).compile().as_text()):
+        found = ss.communication(text)
+        assert found["all-reduce"]["count"] == 1 and found["all-reduce"]["in_loop"] == 1, found
+
+
+def test_accumulation_uses_less_temporary_memory(devices):
+    data = batches(1, size=1024)
+    s1, _, step1 = train("replicated", data=data)
+    s8, _, step8 = train("replicated", data=data, accumulate=8)
+    assert ss.compiled_memory(step8, s8, data[0])["temporaries"] < ss.compiled_memory(step1, s1, data[0])["temporaries"]
+
+
+def test_bfloat16_compute_stays_close_and_keeps_float32_master_weights(devices):
+    data = batches(4)
+    _, f32, _ = train("fsdp", data=data)
+    state, bf16, step = train("fsdp", data=data, compute_dtype=jnp.bfloat16)
+    assert state.params.dtype == jnp.float32
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(state.opt_state) if leaf.ndim)
+    np.testing.assert_allclose(bf16, f32, rtol=2e-2)
+    assert bf16 != f32, "bfloat16 compute must change the numbers a little"
+    sent = ss.collectives(step.lower(state, data[0]).as_text(dialect="hlo"))
+    assert {c.dtype for c in sent if c.op in ("all-gather", "reduce-scatter")} == {"bf16"}
+
+
+def test_sharded_stages_hold_at_most_one_nth_of_the_optimizer_state(devices):
+    slack = 64     # bytes: Adam's step count, replicated on every device, and the padding to a multiple of 8
+    replicated = ss.state_bytes(ss.init_state(mlp(), optax.adam(0.1), stage="replicated"))
+    for stage in ("zero1", "zero2", "fsdp"):
+        got = ss.state_bytes(ss.init_state(mlp(), optax.adam(0.1), stage=stage))
+        assert got["opt_state"] <= replicated["opt_state"] / N + slack, (stage, got, replicated)
+        expected_params = replicated["params"] / N + slack if stage == "fsdp" else replicated["params"]
+        assert got["params"] <= expected_params and got["params"] > 0
+    assert replicated["params"] == 440 * 4 and replicated["opt_state"] == 2 * 440 * 4 + 4   # padded 437 -> 440
+
+
+def test_live_bytes_sum_the_shards_each_device_holds(devices):
+    state = ss.init_state(mlp(), optax.adam(0.1), stage="fsdp")
+    per_device = ss.live_bytes(state.params)
+    assert sorted(per_device) == [d.id for d in devices]
+    assert set(per_device.values()) == {440 // N * 4}
+
+
+def test_formula_divides_what_each_stage_shards():
+    f = {s: ss.formula_bytes(1_000_000_000, 8, s) for s in ss.STAGES}
+    assert f["replicated"] == {"params": 4e9, "grads": 4e9, "opt_state": 8e9, "total": 16e9}
+    assert f["zero1"]["opt_state"] == 1e9 and f["zero1"]["grads"] == 4e9
+    assert f["zero2"]["grads"] == 0.5e9 and f["zero2"]["params"] == 4e9
+    assert f["fsdp"]["total"] == 2e9
+
+
+def test_hlo_counts_reduce_scatter_and_all_gather(devices):
+    data = batches(1)
+    for stage, expected in [("replicated", {"all-reduce"}), ("zero1", {"all-reduce", "all-gather"}),
+                            ("zero2", {"reduce-scatter", "all-gather", "all-reduce"}),
+                            ("fsdp", {"reduce-scatter", "all-gather", "all-reduce"})]:
+        state, _, step = train(stage, data=data)
+        found = ss.communication(step.lower(state, data[0]).compile().as_text())
+        assert set(found) == expected, (stage, found)
+        for op in ("reduce-scatter", "all-gather"):
+            if op in found:
+                assert found[op]["count"] == 1 and found[op]["payload"] == 440 * 4
+                assert found[op]["sent_per_device"] == pytest.approx(7 / 8 * 440 * 4)
+
+
+def test_collectives_parse_each_form_of_replica_groups():
+    text = "\n".join([
+        "  %a = f32[16]{0} all-reduce(%x), replica_groups=[1,8]<=[8], to_apply=%add",
+        "  %b = bf16[4]{0} reduce-scatter(%y), replica_groups={{0,1,2,3},{4,5,6,7}}, dimensions={0}",
+        "  %c = (f32[8]{0}, f32[]) all-reduce(%p, %q), replica_groups=mesh['data'=8] {'data'}, to_apply=%add",
+        "  %d = f32[32]{0} all-gather(%z), replica_groups=mesh['data'=2,'model'=4] {'model'}, dimensions={0}",
+    ])
+    found = ss.collectives(text)
+    assert [(c.op, c.dtype, c.group, c.payload) for c in found] == [
+        ("all-reduce", "f32", 8, 64), ("reduce-scatter", "bf16", 4, 32), ("all-reduce", "f32", 8, 36),
+        ("all-gather", "f32", 4, 128)]
+    assert found[0].sent_per_device == 2 * 7 / 8 * 64
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: ss.init_state(mlp(), optax.adam(0.1), stage="zero4"), r"stage must be one of .*got 'zero4'"),
+    (lambda: ss.make_train_step(loss_fn, optax.adam(0.1), stage="ZeRO-2"), r"got 'ZeRO-2'"),
+    (lambda: ss.make_train_step(loss_fn, optax.adam(0.1), accumulate=0), r"accumulate must be .* got 0"),
+    (lambda: ss.make_train_step(loss_fn, optax.adam(0.1), compute_dtype=jnp.int32), r"compute_dtype must be"),
+    (lambda: ss.formula_bytes(10, 0, "fsdp"), r"n_devices must be"),
+    (lambda: ss.init_state({"n": jnp.arange(3)}, optax.adam(0.1)), r"float arrays"),
+])
+def test_bad_settings_are_named(devices, call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_a_batch_that_does_not_divide_is_named_with_the_fix(devices):
+    opt = optax.adam(0.1)
+    state = ss.init_state(mlp(), opt, stage="zero2")
+    step = ss.make_train_step(loss_fn, opt, stage="zero2", accumulate=4)
+    with pytest.raises(ValueError, match=r"\['x'\] has shape \(60, 12\).*multiple of 32.*global batch of 32"):
+        step(state, batches(1, size=60)[0])
+
+
+def test_a_state_of_another_stage_is_refused_with_the_fix(devices):
+    opt = optax.adam(0.1)
+    state = ss.init_state(mlp(), opt, stage="zero1")
+    step = ss.make_train_step(loss_fn, opt, stage="fsdp")
+    with pytest.raises(ValueError, match=r"made for stage 'zero1' but this step is for 'fsdp'.*stage='fsdp'"):
+        step(state, batches(1)[0])
+    with pytest.raises(TypeError, match="must be a ShardedState"):
+        step({"params": 1}, batches(1)[0])
+
+
+def test_dataflow_is_drawn_from_the_state_and_the_compiled_step(devices):
+    state, _, step = train("zero2", data=batches(1))
+    d = ss.dataflow(step, state, batches(1)[0])
+    assert [c.op for c in d.collectives] == ["reduce-scatter", "all-gather"]
+    assert "params [440]" in d.source and "its own gradients [440]" in d.source and "optimizer [55]" in d.source and "f32[55]" in d.source
+    assert "437 parameters, padded to 440 = 8 x 55" in d.source
+
+
+def test_states_of_the_same_model_and_stage_share_one_compiled_step(devices):
+    opt = optax.adam(0.1)
+    step = ss.make_train_step(loss_fn, opt, stage="fsdp")
+    first, second = (ss.init_state(mlp(), opt, stage="fsdp") for _ in range(2))
+    b = batches(1)[0]
+    assert step.compile(first, b) is step.compile(second, b)
+    assert step.compile(first, b) is not step.compile(first, batches(1, size=128)[0])
