@@ -12,9 +12,10 @@ accelerator plugin. Where JAX is missing or too old, it says so and how to fix i
 import json
 import pathlib
 import sys
+import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-REPOSITORY = "https://github.com/spmd-jax-course/spmd-jax-course"
+REPOSITORY = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
 MIN_JAX = (0, 11)
 
 
