@@ -24,7 +24,8 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-back
 
 
 def chromium() -> str | None:
-    for name in [os.environ.get("CHROMIUM", ""), "chromium", "chromium-browser", "google-chrome"]:
+    # chromium-browser last: on Ubuntu it may be a wrapper that only says to install the snap.
+    for name in [os.environ.get("CHROMIUM", ""), "chromium", "google-chrome", "chromium-browser"]:
         if name and shutil.which(name):
             return shutil.which(name)
     return None
