@@ -6,6 +6,7 @@
 #   ./course.sh refresh   re-execute every notebook in place, to store fresh outputs (after changing course_lib)
 #   ./course.sh setup     only the set-up: a Python >= 3.12 virtual environment in .venv and graphviz's `dot`
 #   ./course.sh lock      re-resolve the dependencies and rewrite constraints.txt and binder/requirements.txt
+#   ./course.sh compat    run the unit tests and every notebook on the oldest supported and the newest JAX (slow)
 #
 # Extra arguments go to the program that runs: `./course.sh test tests/test_devices.py -x`,
 # `./course.sh lab --no-browser`. Environment: PYTHON=/path/to/python3.12 picks the interpreter,
@@ -103,7 +104,7 @@ ensure_venv() {
     say "installing course_lib and its pinned dependencies into $VENV (first run: a few minutes)"
     local -a pins=()
     [ -f constraints.txt ] && pins=(-c constraints.txt)
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${pins[@]}" -e ".[test]" \
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${pins[@]}" -e ".[lab,test]" \
       || die "pip could not install the course's dependencies (see above)."
     echo "$want" > "$VENV/.course-stamp"
   fi
@@ -125,6 +126,8 @@ case "$CMD" in
     # Jupyter refuses to run as root unless told; containers and cloud shells often are root.
     extra=()
     [ "$(id -u)" = 0 ] && extra+=(--allow-root)
+    # Trust the course's own notebooks, so that their stored diagrams show as SVG (untrusted, they show a PNG).
+    "$VENV/bin/jupyter" trust notebooks/[0-9][0-9]_*.ipynb >/dev/null 2>&1 || say "could not mark the notebooks trusted"
     exec "$VENV/bin/jupyter" lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=. "${extra[@]}" \
       --LabApp.default_url=/lab/tree/notebooks/00_setup_and_devices.ipynb "$@"
     ;;
@@ -142,17 +145,23 @@ case "$CMD" in
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT
     "$py" -m venv "$tmp/venv"
-    "$tmp/venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[test]"
+    "$tmp/venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[lab,test]"
     {
       echo "# Exact versions the stored notebook outputs were produced with. Written by ./course.sh lock."
       echo "# Python $("$tmp/venv/bin/python" -c 'import sys; print(sys.version.split()[0])') on $(uname -s) $(uname -m)."
       "$tmp/venv/bin/python" -m pip freeze --exclude-editable | grep -v '^course[_-]lib' | LC_ALL=C sort -f
     } > constraints.txt
-    cp constraints.txt binder/requirements.txt
+    "$tmp/venv/bin/python" tools/binder_requirements.py > binder/requirements.txt
     say "wrote constraints.txt and binder/requirements.txt; run ./course.sh refresh and ./course.sh test next."
     ;;
+  compat)
+    # Throwaway environments under ${COMPAT_DIR:-/tmp/course-compat}; not part of `./course.sh test`.
+    ensure_dot
+    py=$(find_python)
+    exec "$py" tools/compat.py "$@"
+    ;;
   *)
-    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
     [ -z "$CMD" ] || [ "$CMD" = help ] || [ "$CMD" = -h ] || [ "$CMD" = --help ] || exit 2
     ;;
 esac

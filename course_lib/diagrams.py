@@ -3,19 +3,25 @@
 Every function here reads what it draws from JAX itself (the devices a process
 has, shapes from ``jax.eval_shape``, placement from an array's sharding, values
 from a computation) and returns a ``Diagram``, a ``graphviz.Digraph`` that a
-notebook displays as SVG. Where graphviz's ``dot`` program is missing, it
-displays its DOT source instead, with the line that installs graphviz.
+notebook displays as SVG, with a PNG of the same picture beside it: JupyterLab
+shows stored SVG only in a trusted notebook, and a freshly cloned one is not
+trusted, so it shows the PNG there (as do GitHub's viewer and Colab). Where
+graphviz's ``dot`` program is missing, fails, or does not finish within
+``RENDER_TIMEOUT_S`` seconds, it displays its DOT source instead, with the reason.
 
 Under nbval the DOT source (``text/plain``) is what gets compared; the SVG
-differs between graphviz versions and is masked by ``tests/nbval_sanitize.cfg``.
+differs between graphviz versions and is masked by ``tests/nbval_sanitize.cfg``,
+and nbval does not compare PNG.
 """
 
 from __future__ import annotations
 
+import base64
 import collections
 import inspect
 import platform
 import shutil
+import subprocess
 
 import graphviz
 import jax
@@ -23,7 +29,7 @@ import numpy as np
 
 from . import _checks
 
-__all__ = ["Diagram", "dot_available", "graphviz_install_hint", "shape_str", "device_topology", "spmd_overview",
+__all__ = ["Diagram", "RenderError", "render", "RENDER_TIMEOUT_S", "dot_available", "graphviz_install_hint", "shape_str", "device_topology", "spmd_overview",
            "mpmd_overview", "pmap_dataflow", "array_placement", "collective", "train_step"]
 
 # One look for the whole course.
@@ -32,6 +38,8 @@ _NODE_ATTR = {"fontname": "Helvetica", "fontsize": "10", "shape": "box", "style"
               "fillcolor": "white"}
 _EDGE_ATTR = {"fontname": "Helvetica", "fontsize": "9"}
 PLATFORM_COLOURS = {"cpu": "#dbe9f6", "gpu": "#d9f0d3", "tpu": "#fde0c5"}
+# How long one `dot` run may take. The course's diagrams take well under a second.
+RENDER_TIMEOUT_S = 20
 
 
 def dot_available() -> bool:
@@ -53,8 +61,46 @@ def graphviz_install_hint() -> str:
     return "install Graphviz from https://graphviz.org/download/ so that `dot` is on PATH"
 
 
+class RenderError(RuntimeError):
+    """graphviz's ``dot`` could not draw a diagram (missing, failed, or too slow)."""
+
+
+def render(source: str, fmt: str = "svg", *, timeout: float | None = None) -> bytes:
+    """Run graphviz's ``dot`` on DOT ``source``, with a time limit.
+
+    Args:
+      source: the DOT text, e.g. ``Diagram.source``.
+      fmt: an output format of ``dot -T``: ``"svg"``, ``"png"``, ...
+      timeout: seconds ``dot`` may take (default ``RENDER_TIMEOUT_S``); it is killed after that.
+
+    Returns:
+      The rendered bytes.
+
+    Raises:
+      RenderError: ``dot`` is missing, exits with an error, or does not finish in time; the
+        message says which and what to do.
+    """
+    timeout = RENDER_TIMEOUT_S if timeout is None else timeout
+    dot = shutil.which("dot")
+    if dot is None:
+        raise RenderError(f"graphviz's `dot` program is missing. To see the picture, install it with: "
+                          f"{graphviz_install_hint()} and restart the kernel.")
+    try:
+        done = subprocess.run([dot, f"-T{fmt}"], input=source.encode(), capture_output=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RenderError(f"graphviz's `dot` did not finish within {timeout:g} s and was stopped. "
+                          "Check that `dot -V` runs in a terminal.") from None
+    except OSError as e:
+        raise RenderError(f"graphviz's `dot` ({dot}) could not be started: {e.strerror or e}.") from None
+    if done.returncode != 0:
+        why = done.stderr.decode(errors="replace").strip().splitlines()
+        raise RenderError(f"graphviz's `dot -T{fmt}` failed with exit status {done.returncode}"
+                          + (f": {why[-1]}" if why else "") + ". Check that `dot -V` runs in a terminal.")
+    return done.stdout
+
+
 class Diagram(graphviz.Digraph):
-    """A ``graphviz.Digraph`` that displays as SVG, or as its DOT source where ``dot`` is missing."""
+    """A ``graphviz.Digraph`` that displays as SVG and PNG, or as its DOT source where ``dot`` cannot draw it."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("graph_attr", dict(_GRAPH_ATTR))
@@ -63,16 +109,15 @@ class Diagram(graphviz.Digraph):
         super().__init__(*args, **kwargs)
 
     def _repr_mimebundle_(self, include=None, exclude=None, **kwargs):
-        bundle = {"text/plain": self.source}
+        # text/plain is the DOT source: nbval compares it. The PNG is for untrusted notebooks
+        # (a fresh clone in JupyterLab), which do not show SVG; trusted ones show the SVG.
         try:
-            bundle["image/svg+xml"] = self.pipe(format="svg", encoding="utf-8")
-        except graphviz.ExecutableNotFound:
-            bundle["text/plain"] = (
-                self.source
-                + "\n(graphviz's `dot` program is missing, so this is the diagram's DOT source."
-                + f" To see the picture, install it with: {graphviz_install_hint()} and restart the kernel.)"
-            )
-        return bundle
+            svg = render(self.source, "svg").decode("utf-8")
+            png = render(self.source, "png")
+        except RenderError as e:
+            return {"text/plain": f"{self.source}\n(This is the diagram's DOT source: {e})"}
+        return {"text/plain": self.source, "image/svg+xml": svg,
+                "image/png": base64.b64encode(png).decode("ascii")}
 
 
 def _device_label(d: jax.Device) -> str:

@@ -18,6 +18,11 @@ jax.config.update("jax_num_cpu_devices", 8)
 N_DEVICES = 8
 
 
+def pytest_report_header(config):
+    return (f"unit tests: {N_DEVICES} simulated CPU devices (jax_platforms=cpu), whatever accelerator this machine "
+            "has; notebooks: JAX_PLATFORMS=" + os.environ.get("JAX_PLATFORMS", "(unset)"))
+
+
 @pytest.fixture(scope="session")
 def devices():
     devs = jax.devices()
@@ -25,9 +30,17 @@ def devices():
     return devs
 
 
-def run_python(code: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter (JAX not yet started), with a timeout."""
+def run_python(code: str, env: dict | None = None, timeout: float = 120,
+               accelerators: bool = False) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (JAX not yet started), with a timeout.
+
+    JAX sees only the CPU there (``JAX_PLATFORMS=cpu``), as on a machine without an accelerator, so a
+    GPU or TPU on the test machine does not change what the test checks. ``accelerators=True`` lets
+    JAX look for every platform (tests that put a stand-in accelerator in place need it).
+    """
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+    if not accelerators:
+        full_env["JAX_PLATFORMS"] = "cpu"
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           env=full_env, timeout=timeout)

@@ -120,7 +120,7 @@ FAKE_ACCELERATOR = """
 
 
 def test_lesson_devices_with_one_accelerator_falls_back_to_simulated_cpu_devices():
-    r = run_python(FAKE_ACCELERATOR.format(platform="tpu", count=1) + """
+    r = run_python(accelerators=True, code=FAKE_ACCELERATOR.format(platform="tpu", count=1) + """
     devs = cd.lesson_devices(8)
     print(len(devs), {d.platform for d in devs}, len(real_devices()), jax.default_backend())
     """)
@@ -132,7 +132,7 @@ def test_lesson_devices_with_one_accelerator_falls_back_to_simulated_cpu_devices
 
 
 def test_lesson_devices_with_enough_accelerators_uses_them():
-    r = run_python(FAKE_ACCELERATOR.format(platform="gpu", count=16) + """
+    r = run_python(accelerators=True, code=FAKE_ACCELERATOR.format(platform="gpu", count=16) + """
     devs = cd.lesson_devices(8)
     print(len(devs), [d.id for d in devs])
     """)

@@ -1,6 +1,9 @@
 """course_lib.diagrams: the DOT source each diagram produces, and its display with and without `dot`."""
 
+import base64
+import os
 import re
+import time
 
 import jax
 import jax.numpy as jnp
@@ -33,11 +36,19 @@ def test_device_topology_needs_a_device():
         diagrams.device_topology([])
 
 
-def test_diagram_displays_svg_and_compares_as_dot_source(devices):
+needs_dot = pytest.mark.skipif(not diagrams.dot_available(),
+                               reason="graphviz's `dot` is not on PATH here; ./course.sh installs it")
+
+
+@needs_dot
+def test_diagram_displays_svg_and_png_and_compares_as_dot_source(devices):
     g = diagrams.device_topology()
     bundle = g._repr_mimebundle_()
     assert bundle["text/plain"] == g.source
     assert "<svg" in bundle["image/svg+xml"] and "CPU 7" in bundle["image/svg+xml"]
+    # The PNG is what an untrusted notebook (a fresh clone in JupyterLab) shows.
+    png = base64.b64decode(bundle["image/png"])
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 1000
 
 
 def test_diagram_without_dot_shows_source_and_install_line(monkeypatch, tmp_path, devices):
@@ -45,10 +56,42 @@ def test_diagram_without_dot_shows_source_and_install_line(monkeypatch, tmp_path
     assert not diagrams.dot_available()
     g = diagrams.device_topology()
     bundle = g._repr_mimebundle_()
-    assert "image/svg+xml" not in bundle
+    assert set(bundle) == {"text/plain"}
     assert bundle["text/plain"].startswith(g.source)
     assert "graphviz's `dot` program is missing" in bundle["text/plain"]
     assert diagrams.graphviz_install_hint() in bundle["text/plain"]
+
+
+def fake_dot(tmp_path, body: str) -> None:
+    """Put a `dot` on PATH that runs the shell ``body`` instead of graphviz."""
+    dot = tmp_path / "dot"
+    dot.write_text("#!/bin/sh\n" + body + "\n")
+    dot.chmod(0o755)
+
+
+def test_a_failing_dot_shows_source_and_its_error(monkeypatch, tmp_path, devices):
+    fake_dot(tmp_path, 'cat >/dev/null; echo "Error: <stdin>: syntax error in line 1" >&2; exit 1')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    g = diagrams.device_topology()
+    bundle = g._repr_mimebundle_()
+    assert set(bundle) == {"text/plain"}
+    assert bundle["text/plain"].startswith(g.source)
+    assert "`dot -Tsvg` failed with exit status 1: Error: <stdin>: syntax error in line 1" in bundle["text/plain"]
+    with pytest.raises(diagrams.RenderError, match="exit status 1"):
+        diagrams.render(g.source, "png")
+
+
+def test_a_dot_that_never_returns_is_stopped_and_the_source_shown(monkeypatch, tmp_path, devices):
+    fake_dot(tmp_path, "exec sleep 60")
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(diagrams, "RENDER_TIMEOUT_S", 1)
+    g = diagrams.device_topology()
+    start = time.monotonic()
+    bundle = g._repr_mimebundle_()
+    assert time.monotonic() - start < 15, "the time limit did not stop `dot`"
+    assert set(bundle) == {"text/plain"}
+    assert bundle["text/plain"].startswith(g.source)
+    assert "did not finish within 1 s and was stopped" in bundle["text/plain"]
 
 
 @pytest.mark.parametrize("system, tool, expected", [

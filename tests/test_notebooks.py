@@ -8,6 +8,8 @@ import pathlib
 import re
 import tomllib
 
+import sys
+
 import pytest
 
 from notebook_checks import problems
@@ -16,10 +18,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 REPO_URL = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
 REPO = REPO_URL.removeprefix("https://github.com/")
-INSTALL_CELL = f'''# Colab and Kaggle only: install course_lib from the course repository. Elsewhere ./course.sh has installed it.
-import os, sys
-if "google.colab" in sys.modules or "KAGGLE_KERNEL_RUN_TYPE" in os.environ:
-    %pip install -q "course_lib @ git+{REPO_URL}"'''
+sys.path.insert(0, str(ROOT / "tools"))
+import install_cell  # noqa: E402  (the install cell's one source; tests/test_install_cell.py tests what it does)
+
+INSTALL_CELL = install_cell.source()
 
 
 def cells(path, kind):
@@ -43,11 +45,13 @@ def test_stored_outputs_are_clean(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_first_cell_has_title_and_colab_badge(path):
+def test_first_cell_has_title_and_colab_and_kaggle_badges(path):
     first = source(cells(path, "markdown")[0])
     assert first.startswith("# "), "the first cell is the notebook's title"
     badge = f"https://colab.research.google.com/github/{REPO}/blob/main/notebooks/{path.name}"
     assert f"({badge})" in first, f"missing Open-in-Colab badge linking to {badge}"
+    kaggle = f"https://kaggle.com/kernels/welcome?src={REPO_URL}/blob/main/notebooks/{path.name}"
+    assert f"({kaggle})" in first, f"missing Open-in-Kaggle badge linking to {kaggle}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -8,6 +8,7 @@ memory addresses, unexpected errors) and exits non-zero if it finds any.
 """
 
 import argparse
+import html
 import pathlib
 import sys
 import time
@@ -25,6 +26,33 @@ sys.path.insert(0, str(ROOT / "tests"))
 from notebook_checks import problems  # noqa: E402
 
 
+def settle_progress_bars(nb) -> int:
+    """Store each tqdm progress bar's final state as its text fallback; returns how many were settled.
+
+    A tqdm bar in a notebook is a widget. Its stored ``text/plain`` is the bar as it was first displayed
+    (0%), and that is what a viewer without the widget state shows (GitHub, an untrusted notebook). The
+    final state is in the notebook's widget metadata, which nbclient saves: write it out as tqdm's text bar.
+    """
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    settled = 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            view = out.get("data", {}).get("application/vnd.jupyter.widget-view+json")
+            box = state.get(view["model_id"]) if view else None
+            if not box or box.get("model_name") != "HBoxModel":
+                continue
+            parts = [state.get(c.removeprefix("IPY_MODEL_"), {}) for c in box["state"].get("children", [])]
+            if [p.get("model_name") for p in parts] != ["HTMLModel", "FloatProgressModel", "HTMLModel"]:
+                continue
+            left, bar, right = (p["state"] for p in parts)
+            done = bar.get("value", 0) / bar["max"] if bar.get("max") else 0
+            filled = min(10, int(done * 10))
+            text = f"{left.get('value', '')}|{'█' * filled}{' ' * (10 - filled)}|{right.get('value', '')}"
+            out["data"]["text/plain"] = html.unescape(text).replace("\u2007", " ")
+            settled += 1
+    return settled
+
+
 def refresh(path: pathlib.Path, timeout: int) -> list[str]:
     nb = nbformat.read(path, as_version=4)
     # This environment's Python, whatever "python3" means in the user's Jupyter set-up: as nbval --nbval-current-env.
@@ -33,6 +61,7 @@ def refresh(path: pathlib.Path, timeout: int) -> list[str]:
         nb, km=km, timeout=timeout, record_timing=False, resources={"metadata": {"path": str(path.parent)}},
     )
     client.execute()
+    settle_progress_bars(nb)
     nbformat.write(nb, path)
     return problems(path)
 

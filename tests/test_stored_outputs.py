@@ -1,0 +1,67 @@
+"""What a learner sees first, before running anything: pictures for diagrams, progress bars at their end."""
+
+import json
+import pathlib
+import sys
+
+import nbformat
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+sys.path.insert(0, str(ROOT / "tools"))
+import refresh_notebooks  # noqa: E402
+
+
+def outputs(path):
+    for cell in json.loads(path.read_text())["cells"]:
+        yield from cell.get("outputs", [])
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_stored_diagram_has_a_png_for_untrusted_viewers(path):
+    for out in outputs(path):
+        data = out.get("data", {})
+        if "image/svg+xml" in data:
+            assert "image/png" in data, f"{path.name}: a diagram without a PNG shows as DOT text when untrusted"
+            assert "".join(data["text/plain"]).lstrip().startswith("digraph"), "nbval compares the DOT source"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_stored_progress_bars_show_their_final_state(path):
+    for out in outputs(path):
+        data = out.get("data", {})
+        if "application/vnd.jupyter.widget-view+json" in data:
+            text = "".join(data["text/plain"])
+            assert "100%|██████████|" in text, f"{path.name}: a stored bar shows {text!r}"
+
+
+def bar_notebook(value, total):
+    """A notebook holding one tqdm bar as nbclient stores it: a widget view, a 0% text, and the widget state."""
+    nb = nbformat.v4.new_notebook()
+    out = nbformat.v4.new_output("display_data", data={
+        "application/vnd.jupyter.widget-view+json": {"model_id": "box", "version_major": 2, "version_minor": 0},
+        "text/plain": "training:   0%|          | 0/500 [00:00<?, ?it/s]"})
+    nb.cells.append(nbformat.v4.new_code_cell("fit()", outputs=[out]))
+    state = {
+        "box": {"model_name": "HBoxModel", "state": {"children": ["IPY_MODEL_l", "IPY_MODEL_p", "IPY_MODEL_r"]}},
+        "l": {"model_name": "HTMLModel", "state": {"value": f"training:\u2007{100 * value // total}%"}},
+        "p": {"model_name": "FloatProgressModel", "state": {"value": float(value), "max": float(total)}},
+        "r": {"model_name": "HTMLModel", "state": {"value": f"\u2007{value}/{total}\u2007[00:02&lt;00:00]"}},
+    }
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": state}}
+    return nb, out
+
+
+@pytest.mark.parametrize("value, bar", [(500, "██████████"), (250, "█████     "), (0, "          ")])
+def test_refresh_writes_the_bars_final_state_as_its_text(value, bar):
+    nb, out = bar_notebook(value, 500)
+    assert refresh_notebooks.settle_progress_bars(nb) == 1
+    assert out["data"]["text/plain"] == f"training: {100 * value // 500}%|{bar}| {value}/500 [00:02<00:00]"
+
+
+def test_refresh_leaves_other_widgets_alone():
+    nb, out = bar_notebook(500, 500)
+    nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]["box"]["model_name"] = "VBoxModel"
+    assert refresh_notebooks.settle_progress_bars(nb) == 0
+    assert out["data"]["text/plain"].startswith("training:   0%")
