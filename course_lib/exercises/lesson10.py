@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from . import Mismatch, call, exercise, expect_array
+from . import Mismatch, call, describe, exercise, expect_array
 
 AXIS = "data"
 
@@ -186,13 +186,15 @@ def check_choose_k(choose_k):
                 raise Mismatch(f"choose_k({b}, {per_example}, {budget}) raised {type(e).__name__}: even one "
                                "example per micro-batch does not fit; return None instead.") from None
         shown = f"choose_k(per_device_batch={b}, bytes_per_example={per_example:_}, budget={budget:_})"
-        if got == want and (got is None or isinstance(got, (int, np.integer))):
+        whole = isinstance(got, (int, np.integer)) and not isinstance(got, bool)
+        if (got is None or whole) and got == want:
             continue
         if want is None:
-            raise Mismatch(f"{shown} returned {got!r}: not even one example per micro-batch fits "
-                           f"({per_example:_} > {budget:_} bytes); return None.")
-        if not isinstance(got, (int, np.integer)) or isinstance(got, bool):
-            raise Mismatch(f"{shown} returned {got!r}; expected a whole number of micro-batches, {want}.")
+            raise Mismatch(f"{shown} returned {describe(got) if hasattr(got, 'shape') else repr(got)}: not even "
+                           f"one example per micro-batch fits ({per_example:_} > {budget:_} bytes); return None.")
+        if not whole:
+            raise Mismatch(f"{shown} returned {describe(got) if hasattr(got, 'shape') else repr(got)}; expected a "
+                           f"whole number of micro-batches (a Python int), {want}.")
         if b % got:
             raise Mismatch(f"{shown} returned {got}, which does not divide the batch of {b}: the micro-batches "
                            f"must all have the same size (B // K). The smallest K that divides {b} and fits is "
