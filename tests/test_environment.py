@@ -32,8 +32,9 @@ def runtime_names() -> set[str]:
 
 
 # What the notebooks and course_lib do not import: never a runtime dependency (Colab and Kaggle get only those).
+# (PyYAML is in the test extra for the workflow check, but orbax-checkpoint needs it at run time too.)
 NOT_RUNTIME = {"jupyterlab", "notebook", "jupyter-server", "nbval", "nbclient", "pytest", "pytest-timeout",
-               "hypothesis", "coverage", "playwright", "setuptools", "pyyaml"}
+               "hypothesis", "coverage", "playwright", "setuptools"}
 
 
 def test_runtime_dependencies_are_what_the_lessons_import_with_lower_bounds_only():
