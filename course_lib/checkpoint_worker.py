@@ -114,6 +114,12 @@ def crash_test(directory, step: int, megabytes: int = 64) -> None:
     pieces = 16
     state = {f"w{i:02d}": jnp.full((megabytes * 2 ** 20 // (4 * pieces),), float(i)) for i in range(pieces)}
     ckpt.save(step, state, extra={"position": step})
+    # Orbax may create the step's temporary directory in its background thread too: say SAVING only once the
+    # half-written step is on disk (or, on a fast disk, already complete), so that the kill lands mid-save.
+    folder, deadline = pathlib.Path(directory), time.monotonic() + 30
+    while time.monotonic() < deadline and not (
+            folder.is_dir() and any(p.name.startswith(str(step)) for p in folder.iterdir())):
+        time.sleep(0.005)
     print("SAVING", flush=True)  # the arrays are off the devices; a background thread is writing them
     ckpt.wait()
     print("SAVED", flush=True)
