@@ -40,10 +40,28 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from . import _checks
+
 __all__ = ["Checkpoints", "CheckpointError", "save", "restore", "latest_step", "steps", "resume", "replicated_on",
            "TMP_MARKER"]
 
 TMP_MARKER = ".orbax-checkpoint-tmp"  # what Orbax adds to the name of a step directory still being written
+
+
+class _Plain:
+    def __init__(self, text):
+        self.text = text
+
+    def __repr__(self):
+        return self.text
+
+
+def _fail(where, name, what, value, fix="", kind=ValueError):
+    """``_checks.fail``, with a value whose repr holds a memory address named by its type (or function) instead."""
+    if " at 0x" in repr(value):
+        value = _Plain(f"the function {value.__name__}" if hasattr(value, "__name__") and callable(value)
+                       else f"a {type(value).__name__}")
+    _checks.fail(where, name, what, value, fix, kind)
 
 
 class CheckpointError(ValueError):
@@ -64,6 +82,37 @@ def _keys_to_data(tree):
     return jax.tree.map(lambda x: jax.random.key_data(x) if _is_key(x) else x, tree)
 
 
+def _directory(directory, where: str) -> pathlib.Path:
+    if isinstance(directory, bool) or not isinstance(directory, (str, os.PathLike)) or str(directory) == "":
+        _fail(where, "directory", "a path (a str or a pathlib.Path)", directory,
+                     "Pass e.g. directory=pathlib.Path(tempfile.mkdtemp()) / 'run'.", TypeError)
+    return pathlib.Path(directory)
+
+
+def _step(step, where: str, *, optional: bool = False):
+    if optional and step is None:
+        return None
+    return _checks.whole(step, "step", where, minimum=0,
+                         fix="Steps are whole numbers, e.g. step=100" + (", or None for the newest." if optional
+                                                                          else "."))
+
+
+def _check_tree(tree, name: str, where: str) -> None:
+    """A pytree with at least one leaf, every leaf an array or a number (what Orbax stores)."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    if leaves and leaves[0][0] == ():
+        _fail(where, name, "a pytree of arrays (a dict, a list, a TrainState)", tree,
+              f"Wrap a single array in a dict, e.g. {name}={{'x': x}}.", TypeError)
+    if not leaves:
+        _fail(where, name, "a pytree of arrays (e.g. a TrainState)", tree,
+                     "It holds no array: pass the state itself.", TypeError)
+    for path, leaf in leaves:
+        if isinstance(leaf, (str, bytes)) or not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")
+                                                  or isinstance(leaf, (int, float, np.number))):
+            _fail(where, f"{name} leaf {jax.tree_util.keystr(path) or '(the root)'}", "an array or a number",
+                         leaf, "Keep other values in extra= (JSON), or convert them with np.asarray.", TypeError)
+
+
 def _writable(directory: pathlib.Path) -> None:
     existing = directory
     while not existing.exists():
@@ -78,16 +127,25 @@ def _writable(directory: pathlib.Path) -> None:
 
 def replicated_on(devices) -> NamedSharding:
     """``NamedSharding(Mesh(devices, ("devices",)), P())``: a whole copy of an array on each of ``devices``."""
-    devices = list(devices)
-    if not devices:
-        raise ValueError("devices=[]: restore needs at least one device, e.g. jax.devices()[:4].")
+    devices = _checks.device_list(devices, "devices", "replicated_on", allow_none=False)
     return NamedSharding(jax.sharding.Mesh(np.array(devices), ("devices",)), P())
 
 
 def _targets(like, devices, sharding):
     """The abstract arrays to restore into: ``like``'s shapes and dtypes, placed as asked."""
     if devices is not None and sharding is not None:
-        raise ValueError("give devices= or sharding=, not both.")
+        raise ValueError("restore: give devices= or sharding=, not both. devices=[...] puts a whole copy on each; "
+                         "sharding= places each leaf as you say.")
+    devices = _checks.device_list(devices, "devices", "restore")
+    if sharding is not None and not isinstance(sharding, jax.sharding.Sharding):
+        if isinstance(sharding, P):
+            _fail("restore", "sharding", "a jax.sharding.Sharding or a pytree of them", sharding,
+                         "A PartitionSpec needs a mesh: pass NamedSharding(mesh, spec).", TypeError)
+        if not jax.tree.leaves(sharding, is_leaf=lambda s: isinstance(s, jax.sharding.Sharding)) or not all(
+                isinstance(s, jax.sharding.Sharding)
+                for s in jax.tree.leaves(sharding, is_leaf=lambda s: isinstance(s, jax.sharding.Sharding))):
+            _fail("restore", "sharding", "a jax.sharding.Sharding or a pytree of them", sharding,
+                         "Pass e.g. NamedSharding(mesh, P()), or devices=[...] for a whole copy on each.", TypeError)
     leaves, treedef = jax.tree.flatten(like)
     if sharding is None:
         shardings = [replicated_on(devices)] * len(leaves) if devices is not None else \
@@ -97,8 +155,9 @@ def _targets(like, devices, sharding):
     else:
         shardings, sharding_def = jax.tree.flatten(sharding, is_leaf=lambda s: isinstance(s, jax.sharding.Sharding))
         if sharding_def != treedef:
-            raise ValueError(f"sharding= must be one Sharding or a pytree of them shaped like the state; got "
-                             f"{sharding_def}, the state is {treedef}.")
+            raise ValueError(f"restore: sharding must be one Sharding or a pytree of them shaped like the state; got "
+                             f"{sharding_def}, the state is {treedef}. Give one Sharding per leaf of like=, or a "
+                             "single Sharding for all.")
     if any(s is None for s in shardings):
         shardings = [s or replicated_on(jax.devices()[:1]) for s in shardings]
     out = []
@@ -108,8 +167,37 @@ def _targets(like, devices, sharding):
                 jax.eval_shape(jax.random.key_data, x)
             out.append(jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=s))
         else:
-            out.append(jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s))
+            out.append(jax.ShapeDtypeStruct(np.shape(x), jax.dtypes.result_type(x), sharding=s))
     return jax.tree.unflatten(treedef, out)
+
+
+def _flat_keys(tree, is_leaf=None) -> dict:
+    """``{"params/0/w": leaf}``: each leaf by its path, whatever the containers (Orbax's metadata uses dicts)."""
+    def part(k):
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                return str(getattr(k, attr))
+        return str(k)
+    return {"/".join(part(k) for k in path): leaf
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0]}
+
+
+def _shape_mismatch(step_dir: pathlib.Path, targets) -> str | None:
+    """The first leaf whose saved shape differs from the target's, read from the step's metadata (before Orbax
+    starts reading arrays: a failure inside its reader leaves background threads complaining)."""
+    try:
+        metadata = _ocp().StandardCheckpointHandler().metadata(step_dir / "state")
+        saved = _flat_keys(getattr(metadata, "tree", metadata), is_leaf=lambda x: hasattr(x, "shape"))
+        wanted = _flat_keys(targets)
+    except Exception:  # no readable metadata: Orbax's own restore reports it
+        return None
+    if set(saved) != set(wanted):
+        return None        # another structure: Orbax names every difference
+    for key, t in wanted.items():
+        shape = tuple(getattr(saved[key], "shape", ()) or ())
+        if shape != tuple(t.shape):
+            return f"leaf {key} was saved with shape {shape}, like= asks for {tuple(t.shape)}."
+    return None
 
 
 def _rewrap_keys(restored, like):
@@ -131,9 +219,14 @@ class Checkpoints:
     """
 
     def __init__(self, directory, *, keep: int | None = None, asynchronous: bool = False):
-        if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool) or keep < 1):
-            raise ValueError(f"keep must be a whole number >= 1 (or None to keep every step), got {keep!r}.")
-        self.directory = pathlib.Path(directory).absolute()
+        directory = _directory(directory, "Checkpoints")
+        keep = _checks.optional_whole(keep, "keep", "Checkpoints",
+                                      fix="It is how many of the newest steps to keep, e.g. keep=3, or None for all.")
+        if not isinstance(asynchronous, (bool, np.bool_)):
+            _fail("Checkpoints", "asynchronous", "True or False", asynchronous,
+                         "Pass asynchronous=True to write in a background thread.", TypeError)
+        asynchronous = bool(asynchronous)
+        self.directory = directory.absolute()
         _writable(self.directory)
         ocp = _ocp()
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=asynchronous,
@@ -163,24 +256,27 @@ class Checkpoints:
           ValueError: ``step`` is not newer than the latest saved step (Orbax would skip it silently), or
             ``extra`` is not JSON.
         """
-        if not isinstance(step, (int, np.integer)) or isinstance(step, bool) or step < 0:
-            raise ValueError(f"step must be a whole number >= 0, got {step!r}.")
+        step = _step(step, "save")
+        if extra is not None and not isinstance(extra, dict):
+            _fail("save", "extra", "a dict of JSON values (or None)", extra,
+                         "Pass e.g. extra={'position': 100}.", TypeError)
+        _check_tree(state, "state", "save")
         latest = self.latest_step()
         if latest is not None and step <= latest:
-            raise ValueError(f"step={step}, but {self.directory.name}/ already holds step {latest}: Orbax would skip "
+            raise ValueError(f"save: step={step}, but {self.directory.name}/ already holds step {latest}: Orbax would skip "
                              f"this save without a word. Resume from step {latest} (restore it), or save to an "
                              "empty directory for a new run.")
         import json
         try:
             json.dumps(extra or {})
         except TypeError as e:
-            raise ValueError(f"extra must hold only JSON values (numbers, strings, lists, dicts): {e}. "
+            raise ValueError(f"save: extra must hold only JSON values (numbers, strings, lists, dicts): {e}. "
                              "Convert arrays with .tolist() or int().") from None
         ocp = _ocp()
         args = ocp.args.Composite(state=ocp.args.StandardSave(_keys_to_data(state)),
                                   extra=ocp.args.JsonSave(extra or {}))
         if not self._manager.save(int(step), args=args, force=True):
-            raise CheckpointError(f"Orbax did not save step {step} in {self.directory.name}/.")
+            raise CheckpointError(f"save: Orbax did not save step {step} in {self.directory.name}/.")
 
     def wait(self) -> None:
         """Block until an asynchronous save has been written and renamed into place."""
@@ -202,23 +298,30 @@ class Checkpoints:
         Raises:
           CheckpointError: no such directory or step, a damaged step, or ``like`` does not match what was saved.
         """
+        step = _step(step, "restore", optional=True)
+        _check_tree(like, "like", "restore")
         available = self.steps() if self.directory.is_dir() else []
         if step is None:
             if not available:
-                raise CheckpointError(f"no checkpoint in {self.directory.name}/ (it is empty or missing). Save one "
+                raise CheckpointError(f"restore: no checkpoint in {self.directory.name}/ (it is empty or missing). Save one "
                                       "first, or pass the directory the run wrote to.")
             step = available[-1]
         elif step not in available:
-            raise CheckpointError(f"step={step} is not in {self.directory.name}/; the steps there are {available}. "
+            raise CheckpointError(f"restore: step={step} is not in {self.directory.name}/; the steps there are {available}. "
                                   "Pass one of them, or step=None for the newest.")
         targets = _targets(like, devices, sharding)
         for path, t in jax.tree_util.tree_flatten_with_path(targets)[0]:
             try:  # checked here: a failure inside Orbax's reader leaves its background threads complaining
                 t.sharding.shard_shape(t.shape)
             except ValueError as e:
-                raise ValueError(f"sharding= does not fit leaf {jax.tree_util.keystr(path)} of shape {t.shape}: "
+                raise ValueError(f"restore: sharding= does not fit leaf {jax.tree_util.keystr(path)} of shape {t.shape}: "
                                  f"{e}. Use a device count that divides that axis, or replicate the leaf "
                                  "with P().") from None
+        mismatch = _shape_mismatch(self.directory / str(step), targets)
+        if mismatch:
+            raise CheckpointError(f"restore: the state given as like= does not match step {step} in "
+                                  f"{self.directory.name}/: {mismatch} Build like= the way the saved state was "
+                                  "built (same model, optimizer and backend).")
         ocp = _ocp()
         args = ocp.args.Composite(state=ocp.args.StandardRestore(targets), extra=ocp.args.JsonRestore())
         try:
@@ -227,7 +330,7 @@ class Checkpoints:
             text = str(e)
             if "tree structures do not match" in text or "not compatible with the stored shape" in text:
                 first = " ".join(ln.strip() for ln in text.splitlines()[:6] if ln.strip())
-                raise CheckpointError(f"the state given as like= does not match step {step} in "
+                raise CheckpointError(f"restore: the state given as like= does not match step {step} in "
                                       f"{self.directory.name}/: {first} Build like= the way the saved state was "
                                       "built (same model, optimizer and backend).") from None
             raise self._damaged(step, e, available) from None
@@ -238,7 +341,7 @@ class Checkpoints:
     def _damaged(self, step, error, available) -> CheckpointError:
         what = (str(error).splitlines() or [""])[0].replace(str(self.directory.parent) + os.sep, "")[:200]
         others = [s for s in available if s != step]
-        return CheckpointError(f"step {step} in {self.directory.name}/ could not be read; it looks damaged (truncated "
+        return CheckpointError(f"restore: step {step} in {self.directory.name}/ could not be read; it looks damaged (truncated "
                                f"or edited files; Orbax says {type(error).__name__}: {what}). Restore another step "
                                f"({others or 'none left'}), or delete this one.")
 
@@ -259,15 +362,18 @@ class Checkpoints:
 
 def save(directory, step: int, state, extra: dict | None = None) -> None:
     """Save ``state`` and ``extra`` as ``<directory>/<step>/`` and wait until it is written (see ``Checkpoints``)."""
+    directory = _directory(directory, "save")
+    _step(step, "save")
+    _check_tree(state, "state", "save")
     with Checkpoints(directory) as ckpt:
         ckpt.save(step, state, extra)
 
 
 def restore(directory, like, *, step: int | None = None, devices=None, sharding=None):
     """``(state, extra)`` from ``<directory>/<step>/`` (default: newest), placed as asked (see ``Checkpoints.restore``)."""
-    directory = pathlib.Path(directory)
+    directory = _directory(directory, "restore")
     if not directory.is_dir():
-        raise CheckpointError(f"directory={str(directory.name)!r} does not exist: no checkpoint to restore. Pass the "
+        raise CheckpointError(f"restore: directory={str(directory.name)!r} does not exist: no checkpoint to restore. Pass the "
                               "directory the run saved to.")
     with Checkpoints(directory) as ckpt:
         return ckpt.restore(like, step=step, devices=devices, sharding=sharding)
@@ -275,7 +381,10 @@ def restore(directory, like, *, step: int | None = None, devices=None, sharding=
 
 def steps(directory) -> list[int]:
     """The complete steps in ``directory``, oldest first; ``[]`` if there is none (or no directory)."""
-    directory = pathlib.Path(directory)
+    directory = _directory(directory, "steps")
+    if directory.exists() and not directory.is_dir():
+        raise NotADirectoryError(f"steps: directory={directory.name!r} is a file, not a checkpoint directory. Pass the "
+                                 "directory the run saved to.")
     if not directory.is_dir():
         return []
     with Checkpoints(directory) as ckpt:
@@ -284,6 +393,10 @@ def steps(directory) -> list[int]:
 
 def latest_step(directory) -> int | None:
     """The newest complete step in ``directory``, or ``None``."""
+    directory = _directory(directory, "latest_step")
+    if directory.exists() and not directory.is_dir():
+        raise NotADirectoryError(f"latest_step: directory={directory.name!r} is a file, not a checkpoint directory. "
+                                 "Pass the directory the run saved to.")
     done = steps(directory)
     return done[-1] if done else None
 
@@ -295,6 +408,10 @@ def resume(make_batches: Callable[[], Iterable], position: int) -> Iterator:
     ``position`` batches are generated and dropped, so the next one is the batch the uninterrupted run
     would have used next. Save ``position`` (the number of batches used so far) in the checkpoint's ``extra``.
     """
-    if not isinstance(position, (int, np.integer)) or isinstance(position, bool) or position < 0:
-        raise ValueError(f"position must be a whole number >= 0 (batches already used), got {position!r}.")
+    if not callable(make_batches):
+        _fail("resume", "make_batches", "a function that returns the batches", make_batches,
+                     "Pass e.g. lambda: data.batches(x, y, 128, seed=0, epochs=None), so that resume can start them "
+                     "again from the beginning.", TypeError)
+    position = _checks.whole(position, "position", "resume", minimum=0,
+                             fix="It is the number of batches already used, e.g. extra['position'].")
     return itertools.islice(iter(make_batches()), int(position), None)

@@ -29,6 +29,8 @@ import pathlib
 import re
 from typing import Callable
 
+from . import _checks
+
 __all__ = ["Op", "Dispatch", "Marker", "Trace", "capture", "find_trace", "load", "summarise", "collective_fraction",
            "plot_timeline", "from_ops", "COLLECTIVE"]
 
@@ -36,6 +38,22 @@ __all__ = ["Op", "Dispatch", "Marker", "Trace", "capture", "find_trace", "load",
 COLLECTIVE = re.compile(r"all-reduce|all_reduce|allreduce|psum|all-gather|all_gather|reduce-scatter|"
                         r"reduce_scatter|psum_scatter|collective-permute|ppermute|all-to-all|all_to_all", re.I)
 HOST_READ = re.compile(r"np\.asarray\(jax\.Array\)|__float__|__array__|device_get|block_until_ready")
+
+
+class _Plain:
+    def __init__(self, text):
+        self.text = text
+
+    def __repr__(self):
+        return self.text
+
+
+def _fail(where, name, what, value, fix="", kind=ValueError):
+    """``_checks.fail``, with a value whose repr holds a memory address named by its type (or function) instead."""
+    if " at 0x" in repr(value):
+        value = _Plain(f"the function {value.__name__}" if hasattr(value, "__name__") and callable(value)
+                       else f"a {type(value).__name__}")
+    _checks.fail(where, name, what, value, fix, kind)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +109,21 @@ class Trace:
         return sorted(self.dispatches)
 
 
+def _check_trace(trace, where: str) -> None:
+    if not isinstance(trace, Trace):
+        hint = (" That is the file: read it first, trace = profile.load(path)."
+                if isinstance(trace, (str, pathlib.Path)) else "")
+        raise TypeError(f"{where}: trace must be a profile.Trace, got {type(trace).__name__}.{hint} Make one with "
+                        "profile.load(profile.capture(...)) or profile.from_ops(ops).")
+
+
+def _path(path, name: str, where: str) -> pathlib.Path:
+    if isinstance(path, bool) or not isinstance(path, (str, pathlib.PurePath)) or str(path) == "":
+        _fail(where, name, "a path (a str or a pathlib.Path)", path,
+                     f"Pass e.g. {name}=pathlib.Path(tempfile.mkdtemp()) / 'trace'.", TypeError)
+    return pathlib.Path(path)
+
+
 def capture(directory, run_step: Callable[[int], object], steps: int, *, name: str = "train") -> pathlib.Path:
     """Trace ``run_step(0) ... run_step(steps - 1)``, each inside ``StepTraceAnnotation(name, step_num=i)``.
 
@@ -99,9 +132,13 @@ def capture(directory, run_step: Callable[[int], object], steps: int, *, name: s
     """
     import jax
 
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise ValueError(f"steps must be a whole number >= 1, got {steps!r}.")
-    directory = pathlib.Path(directory)
+    directory = _path(directory, "directory", "capture")
+    if not callable(run_step):
+        _fail("capture", "run_step", "a function run_step(i) that runs step i", run_step,
+                     "Pass e.g. lambda i: step(state, batches[i]).", TypeError)
+    steps = _checks.whole(steps, "steps", "capture", fix="It is how many steps to trace, e.g. steps=5.")
+    if not isinstance(name, str):
+        _fail("capture", "name", "a string", name, "Pass e.g. name='train'.", TypeError)
     results = []
     with jax.profiler.trace(str(directory), create_perfetto_trace=True):
         for i in range(steps):
@@ -113,9 +150,10 @@ def capture(directory, run_step: Callable[[int], object], steps: int, *, name: s
 
 def find_trace(directory) -> pathlib.Path:
     """The newest ``perfetto_trace.json.gz`` under ``directory``."""
-    found = sorted(pathlib.Path(directory).glob("plugins/profile/*/perfetto_trace.json.gz"))
+    directory = _path(directory, "directory", "find_trace")
+    found = sorted(directory.glob("plugins/profile/*/perfetto_trace.json.gz"))
     if not found:
-        raise FileNotFoundError(f"directory={pathlib.Path(directory).name!r} holds no plugins/profile/*/"
+        raise FileNotFoundError(f"find_trace: directory={directory.name!r} holds no plugins/profile/*/"
                                 "perfetto_trace.json.gz: capture one with jax.profiler.trace(directory, "
                                 "create_perfetto_trace=True).")
     return found[-1]
@@ -123,34 +161,58 @@ def find_trace(directory) -> pathlib.Path:
 
 def load(path) -> Trace:
     """Parse a Perfetto/Chrome trace file (``.json`` or ``.json.gz``) into ops, dispatches, markers, host reads."""
-    path = pathlib.Path(path)
+    path = _path(path, "path", "load")
+    fix = "Pass the perfetto_trace.json.gz that jax.profiler.trace wrote (profile.find_trace(directory))."
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rt") as f:
             events = json.load(f)
-    except (OSError, EOFError, json.JSONDecodeError) as e:
-        raise ValueError(f"path={path.name!r} is not a readable trace file ({type(e).__name__}: {e}). Pass the "
-                         "perfetto_trace.json.gz that jax.profiler.trace wrote (profile.find_trace).") from None
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0][:120]
+        raise ValueError(f"load: path={path.name!r} is not a readable trace file ({type(e).__name__}: {why}). "
+                         f"{fix}") from None
     events = events.get("traceEvents", []) if isinstance(events, dict) else events
+    if not isinstance(events, list):
+        raise ValueError(f"load: path={path.name!r} is JSON but not a trace: it holds no list of events. {fix}")
     ops, markers, reads = [], [], []
-    for e in events:
-        if e.get("ph") != "X":
-            continue
-        args = e.get("args") or {}
-        name = e.get("name", "")
-        if "device_ordinal" in args and "hlo_op" in args:
-            ops.append(Op(int(args["device_ordinal"]), str(args.get("run_id", "")), name, float(e["ts"]),
-                          float(e.get("dur", 0.0)), bool(COLLECTIVE.search(name))))
-        elif "step_num" in args:
-            markers.append(Marker(int(args["step_num"]), float(e["ts"]), float(e.get("dur", 0.0))))
-        elif HOST_READ.search(name):
-            reads.append((float(e["ts"]), float(e.get("dur", 0.0))))
+    for i, e in enumerate(events):
+        try:
+            if e.get("ph") != "X":
+                continue
+            args = e.get("args") or {}
+            name = str(e.get("name", ""))
+            if "device_ordinal" in args and "hlo_op" in args:
+                ops.append(Op(int(args["device_ordinal"]), str(args.get("run_id", "")), name, float(e["ts"]),
+                              float(e.get("dur", 0.0)), bool(COLLECTIVE.search(name))))
+            elif "step_num" in args:
+                markers.append(Marker(int(args["step_num"]), float(e["ts"]), float(e.get("dur", 0.0))))
+            elif HOST_READ.search(name):
+                reads.append((float(e["ts"]), float(e.get("dur", 0.0))))
+        except (AttributeError, KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"load: path={path.name!r} is not a trace in the Chrome trace-event format: event {i} "
+                             f"is {_checks.shown(e)} ({type(error).__name__}: {error}). {fix}") from None
     ops.sort(key=lambda o: (o.device, o.start_us))
     return Trace(ops, _dispatches(ops), sorted(markers, key=lambda m: m.start_us), _outermost(sorted(reads)))
 
 
 def from_ops(ops, markers=(), host_reads=()) -> Trace:
     """A ``Trace`` from ``Op``s, ``Marker``s and host-read spans ``(start_us, dur_us)`` you made yourself."""
+    for name, items, kind in [("ops", ops, Op), ("markers", markers, Marker)]:
+        try:
+            items = list(items)
+        except TypeError:
+            _fail("from_ops", name, f"a list of profile.{kind.__name__}", items,
+                         f"Pass e.g. {name}=[profile.{kind.__name__}(...), ...].", TypeError)
+        wrong = [x for x in items if not isinstance(x, kind)]
+        if wrong:
+            _fail("from_ops", name, f"a list of profile.{kind.__name__}", items,
+                         f"It holds {type(wrong[0]).__name__} {_checks.shown(wrong[0])}; build each with "
+                         f"profile.{kind.__name__}(...).", TypeError)
+    try:
+        host_reads = [(float(s), float(d)) for s, d in host_reads]
+    except (TypeError, ValueError):
+        _fail("from_ops", "host_reads", "a list of (start_us, dur_us) pairs", host_reads,
+                     "Pass e.g. host_reads=[(1200.0, 35.0)].", TypeError)
     ops = sorted(ops, key=lambda o: (o.device, o.start_us))
     return Trace(ops, _dispatches(ops), sorted(markers, key=lambda m: m.start_us), _outermost(sorted(host_reads)))
 
@@ -188,6 +250,7 @@ def summarise(trace: Trace) -> dict[int, dict]:
     """
     import numpy as np
 
+    _check_trace(trace, "summarise")
     out = {}
     for device, runs in trace.dispatches.items():
         busy = sum(r.dur_us for r in runs)
@@ -202,6 +265,7 @@ def summarise(trace: Trace) -> dict[int, dict]:
 
 def collective_fraction(trace: Trace) -> float:
     """The share of the devices' busy time spent in collectives, over all devices: in ``[0, 1]``."""
+    _check_trace(trace, "collective_fraction")
     s = summarise(trace)
     busy = sum(v["busy_us"] for v in s.values())
     return sum(v["collective_us"] for v in s.values()) / busy if busy else 0.0
@@ -214,10 +278,12 @@ def plot_timeline(trace: Trace, ax=None, *, title: str = "what each device did")
     """
     import matplotlib.pyplot as plt
 
+    _check_trace(trace, "plot_timeline")
+    if not trace.ops:
+        raise ValueError("plot_timeline: the trace holds no device ops: was anything run inside the trace? Capture "
+                         "a few steps with profile.capture after a first call that compiles them.")
     if ax is None:
         _, ax = plt.subplots(figsize=(11, 0.45 * (len(trace.devices) + 2) + 1))
-    if not trace.ops:
-        raise ValueError("the trace holds no device ops: was anything run inside the trace?")
     t0 = min(o.start_us for o in trace.ops)
     for row, device in enumerate(trace.devices):
         runs = trace.dispatches[device]

@@ -42,6 +42,8 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from . import _checks
+
 __all__ = ["STAGES", "AXIS", "Layout", "ShardedState", "data_mesh", "init_state", "make_train_step", "params_of",
            "live_bytes", "state_bytes", "compiled_memory", "formula_bytes", "Collective", "collectives",
            "communication", "ring_bytes", "dataflow", "bench_variants"]
@@ -50,15 +52,63 @@ STAGES = ("replicated", "zero1", "zero2", "fsdp")
 AXIS = "data"
 
 
-def _check_stage(stage):
-    if stage not in STAGES:
-        raise ValueError(f"stage must be one of {STAGES}, got {stage!r}. 'zero1' shards the optimizer state, "
-                         "'zero2' also the reduced gradients, 'fsdp' also the parameters.")
+def _check_stage(stage, where):
+    if not any(stage == s and type(stage) is str for s in STAGES):
+        _fail(where, "stage", "one of " + ", ".join(repr(s) for s in STAGES), stage,
+                     "'replicated' keeps everything whole; 'zero1' shards the optimizer state, 'zero2' also the "
+                     "reduced gradients, 'fsdp' also the parameters.")
+
+
+def _check_state(state, where, name="state"):
+    if not isinstance(state, ShardedState):
+        other = (" (a training.TrainState is for training.make_train_step)"
+                 if type(state).__name__ == "TrainState" else "")
+        raise TypeError(f"{where}: {name} must be a ShardedState, got {type(state).__name__}{other}. Make one with "
+                        "sharded_state.init_state(params, optimizer, mesh, stage=...).")
+
+
+def _named(value):
+    """A value for an error message: a function by its name, an object by its type (their reprs hold a memory
+    address)."""
+    if " at 0x" not in repr(value):
+        return _checks.shown(value)
+    return f"the function {value.__name__}" if callable(value) and hasattr(value, "__name__") else \
+        f"a {type(value).__name__}"
+
+
+
+class _Plain:
+    def __init__(self, text):
+        self.text = text
+
+    def __repr__(self):
+        return self.text
+
+
+def _fail(where, name, what, value, fix="", kind=ValueError):
+    """``_checks.fail``, with a value whose repr holds a memory address named by ``_named`` instead."""
+    _checks.fail(where, name, what, _Plain(_named(value)) if " at 0x" in repr(value) else value, fix, kind)
+
+def _check_optimizer(optimizer, where):
+    if not (callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))):
+        fix = ("Call it to build the optimizer, e.g. optax.adam(1e-3), not optax.adam." if callable(optimizer)
+               else "Pass e.g. optax.adam(1e-3).")
+        raise TypeError(f"{where}: optimizer must be an optax.GradientTransformation, got {_named(optimizer)}. {fix}")
+
+
+def _check_step(step, where):
+    if not callable(getattr(step, "compile", None)) or not hasattr(step, "stage"):
+        raise TypeError(f"{where}: step must be a step from sharded_state.make_train_step, got {_named(step)}. Pass "
+                        "the step function make_train_step returned.")
 
 
 def data_mesh(devices=None, axis: str = AXIS) -> Mesh:
     """A 1-D mesh over ``devices`` (default: all of them), axis ``axis``, with Auto axes (lesson 06)."""
-    devices = jax.devices() if devices is None else list(devices)
+    devices = _checks.device_list(devices, "devices", "data_mesh")
+    if not isinstance(axis, str) or not axis:
+        _fail("data_mesh", "axis", "a non-empty string, the mesh axis's name", axis, f"Pass axis={AXIS!r}.",
+                     TypeError)
+    devices = jax.devices() if devices is None else devices
     return Mesh(np.array(devices), (axis,))
 
 
@@ -149,15 +199,31 @@ def init_state(params, optimizer: optax.GradientTransformation, mesh: Mesh | Non
       a ``ShardedState``; its ``params`` and the optimizer's vectors are ``(P_pad,)`` with ``P_pad`` the parameter
       count rounded up to a multiple of ``mesh.size``, placed ``P()`` or ``P(axis)`` as the stage says.
     """
-    _check_stage(stage)
+    _check_stage(stage, "init_state")
+    _check_optimizer(optimizer, "init_state")
     mesh = data_mesh() if mesh is None else mesh
+    if not isinstance(mesh, Mesh):
+        _fail("init_state", "mesh", "a jax.sharding.Mesh", mesh,
+                     "Build one with sharded_state.data_mesh(devices).", TypeError)
     if len(mesh.axis_names) != 1:
-        raise ValueError(f"mesh must be 1-D (one data axis), got axes {mesh.axis_names}; build one with "
-                         "sharded_state.data_mesh(devices).")
+        _fail("init_state", "mesh", "1-D (one data axis)", mesh,
+                     "Build one with sharded_state.data_mesh(devices).")
     leaves, treedef = jax.tree.flatten(params)
+    if isinstance(params, ShardedState):
+        raise TypeError("init_state: params must be a pytree of float arrays, got a ShardedState. Pass the model's "
+                        "parameters (sharded_state.params_of(state) gives them back).")
+    for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+        try:
+            dtype = jnp.result_type(x)
+        except TypeError:
+            dtype = None
+        if dtype is None or isinstance(x, (str, bytes)):
+            _fail("init_state", f"params leaf {jax.tree_util.keystr(path) or '(the root)'}", "an array",
+                         x, "Every leaf of params must be a float array, e.g. jnp.zeros((3,)).", TypeError)
     if not leaves or not all(jnp.issubdtype(jnp.result_type(x), jnp.floating) for x in leaves):
-        raise ValueError("params must be a non-empty pytree of float arrays, got leaves of dtypes "
-                         f"{[str(jnp.result_type(x)) for x in leaves]}.")
+        raise ValueError("init_state: params must be a non-empty pytree of float arrays, got leaves of dtypes "
+                         f"{[str(jnp.result_type(x)) for x in leaves]}. Cast them, e.g. "
+                         "jax.tree.map(lambda x: x.astype(jnp.float32), params).")
     n_params = sum(int(np.size(x)) for x in leaves)
     n = mesh.size
     layout = Layout(stage, mesh, mesh.axis_names[0], n_params, -(-n_params // n) * n, treedef,
@@ -172,6 +238,7 @@ def init_state(params, optimizer: optax.GradientTransformation, mesh: Mesh | Non
 
 def params_of(state: ShardedState):
     """The parameters as the pytree ``init_state`` got, float32 (gathered if they were sharded)."""
+    _check_state(state, "params_of")
     layout = state.layout
     flat = state.params[:layout.n_params]
     return jax.tree.map(lambda x, d: x.astype(d), layout.unravel(flat),
@@ -197,12 +264,21 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
     compiles once; ``step.compile(state, batch)`` gives that compiled program (its HLO, its memory analysis) and
     ``step.lower(state, batch)`` the program before the backend compiler.
     """
-    _check_stage(stage)
-    if not isinstance(accumulate, int) or isinstance(accumulate, bool) or accumulate < 1:
-        raise ValueError(f"accumulate must be a whole number >= 1 (micro-batches per step), got {accumulate!r}.")
-    compute_dtype = jnp.dtype(compute_dtype)
-    if not jnp.issubdtype(compute_dtype, jnp.floating):
-        raise ValueError(f"compute_dtype must be a float dtype (jnp.float32, jnp.bfloat16), got {compute_dtype}.")
+    _check_stage(stage, "make_train_step")
+    if not callable(loss_fn):
+        _fail("make_train_step", "loss_fn", "a function loss_fn(params, batch) -> loss", loss_fn,
+                     "Pass the function itself, not the result of calling it.", TypeError)
+    _check_optimizer(optimizer, "make_train_step")
+    accumulate = _checks.whole(accumulate, "accumulate", "make_train_step",
+                               fix="It is the number of micro-batches per step, e.g. accumulate=4.")
+    try:
+        dtype = jnp.dtype(compute_dtype)
+    except TypeError:
+        dtype = None
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        _fail("make_train_step", "compute_dtype", "a float dtype", compute_dtype if dtype is None else dtype,
+                     "Pass jnp.float32 or jnp.bfloat16.")
+    compute_dtype = dtype
     compiled = {}
 
     def device_step(state: ShardedState, batch):
@@ -251,11 +327,9 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
         return ShardedState(p, opt_state, state.step + 1, layout), {"loss": loss}
 
     def program(state):
-        if not isinstance(state, ShardedState):
-            raise TypeError(f"state must be a ShardedState from sharded_state.init_state, got "
-                            f"{type(state).__name__}.")
+        _check_state(state, "step")
         if state.layout.stage != stage:
-            raise ValueError(f"the state was made for stage {state.layout.stage!r} but this step is for {stage!r}: "
+            raise ValueError(f"step: the state was made for stage {state.layout.stage!r} but this step is for {stage!r}: "
                              f"their parameters and optimizer state are placed differently. Use "
                              f"init_state(..., stage={stage!r}) or make_train_step(..., stage="
                              f"{state.layout.stage!r}).")
@@ -296,22 +370,39 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
 
 
 def _place_batch(batch, layout: Layout, accumulate: int):
-    n = layout.n_devices
+    _check_batch(batch, layout, accumulate, "step")
     split = NamedSharding(layout.mesh, P(layout.axis))
+    return jax.tree.map(lambda x: x if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(split, x.ndim)
+                        else jax.device_put(x, split), batch)
+
+
+def _check_batch(batch, layout: Layout, accumulate: int, where: str) -> None:
+    n = layout.n_devices
     leaves = jax.tree_util.tree_flatten_with_path(batch)[0]
     if not leaves:
-        raise ValueError("batch has no arrays in it.")
+        _fail(where, "batch", "a pytree of arrays with a batch axis", batch,
+                     "Pass e.g. {'x': x, 'y': y} with x (B, ...) and y (B,).", TypeError)
+    sizes = {}
+    for path, leaf in leaves:
+        if isinstance(leaf, (str, bytes)) or not hasattr(leaf, "shape") and not isinstance(leaf, (int, float)):
+            _fail(where, f"batch leaf {jax.tree_util.keystr(path) or '(the root)'}", "an array", leaf,
+                         "Convert it with np.asarray.", TypeError)
+        shape = np.shape(leaf)
+        if shape:
+            sizes.setdefault(shape[0], jax.tree_util.keystr(path) or "batch")
+    if len(sizes) > 1:
+        (a, name_a), (b, name_b) = list(sizes.items())[:2]
+        raise ValueError(f"{where}: the leaves of batch must share one batch size, got {a} rows in {name_a} and {b} in "
+                         f"{name_b}. Cut or pad them to the same number of rows.")
     for path, leaf in leaves:
         shape = np.shape(leaf)
         if len(shape) == 0 or shape[0] % (n * accumulate):
             b = shape[0] if shape else None
             raise ValueError(
-                f"batch leaf {jax.tree_util.keystr(path) or 'batch'} has shape {shape}: its leading (batch) axis "
+                f"{where}: batch leaf {jax.tree_util.keystr(path) or '(the root)'} has shape {shape}: its leading (batch) axis "
                 f"must divide into {n} devices x {accumulate} micro-batches, a multiple of {n * accumulate}. "
                 + (f"Use a global batch of {(b // (n * accumulate)) * n * accumulate or n * accumulate}, or change "
                    "accumulate." if b is not None else "Give every leaf a batch axis."))
-    return jax.tree.map(lambda x: x if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(split, x.ndim)
-                        else jax.device_put(x, split), batch)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -319,7 +410,9 @@ def _place_batch(batch, layout: Layout, accumulate: int):
 
 
 def live_bytes(tree) -> dict[int, int]:
-    """``{device id: bytes}``: what each device holds of ``tree``'s arrays now (its ``addressable_shards``)."""
+    """``{device id: bytes}``: what each device holds of ``tree``'s arrays now (its ``addressable_shards``).
+
+    Leaves that are not ``jax.Array`` (NumPy arrays, numbers) live on no device and count nothing."""
     out: dict[int, int] = {}
     for leaf in jax.tree.leaves(tree):
         if not isinstance(leaf, jax.Array):
@@ -331,6 +424,7 @@ def live_bytes(tree) -> dict[int, int]:
 
 def state_bytes(state: ShardedState) -> dict[str, int]:
     """Bytes on the fullest device, by category: ``{"params", "opt_state", "total"}`` (from live buffers)."""
+    _check_state(state, "state_bytes")
     out = {name: max(live_bytes(getattr(state, name)).values(), default=0) for name in ("params", "opt_state")}
     out["total"] = max(live_bytes((state.params, state.opt_state, state.step)).values())
     return out
@@ -340,6 +434,9 @@ def compiled_memory(step, state, batch) -> dict[str, int]:
     """Per-device bytes of the compiled step (``step.compile``), from ``compiled.memory_analysis()``:
     ``{"arguments", "outputs", "temporaries", "aliased"}`` (arguments: state and batch; temporaries: gradients,
     activations and whatever else the step needs while it runs)."""
+    _check_step(step, "compiled_memory")
+    _check_state(state, "compiled_memory")
+    _check_batch(batch, state.layout, step.accumulate, "compiled_memory")
     m = step.compile(state, batch).memory_analysis()
     return {"arguments": int(m.argument_size_in_bytes), "outputs": int(m.output_size_in_bytes),
             "temporaries": int(m.temp_size_in_bytes), "aliased": int(m.alias_size_in_bytes)}
@@ -353,9 +450,15 @@ def formula_bytes(n_params: int, n_devices: int, stage: str, *, param_bytes: int
     divides by ``n_devices``: ``"zero1"`` the optimizer state, ``"zero2"`` also the gradients, ``"fsdp"`` also
     the parameters. Activations are not included: they depend on the batch, not on the stage.
     """
-    _check_stage(stage)
-    if not isinstance(n_devices, int) or n_devices < 1:
-        raise ValueError(f"n_devices must be a whole number >= 1, got {n_devices!r}.")
+    _check_stage(stage, "formula_bytes")
+    n_params = _checks.whole(n_params, "n_params", "formula_bytes", minimum=0,
+                             fix="It is the number of parameters, e.g. sum(p.size for p in jax.tree.leaves(params)).")
+    n_devices = _checks.whole(n_devices, "n_devices", "formula_bytes")
+    param_bytes = _checks.whole(param_bytes, "param_bytes", "formula_bytes", fix="float32: 4, bfloat16: 2.")
+    grad_bytes = _checks.whole(grad_bytes, "grad_bytes", "formula_bytes", fix="float32: 4, bfloat16: 2.")
+    optimizer_copies = _checks.whole(optimizer_copies, "optimizer_copies", "formula_bytes", minimum=0,
+                                     fix="Adam: 2 (its two moments), SGD with momentum: 1, plain SGD: 0.")
+    optimizer_bytes = _checks.whole(optimizer_bytes, "optimizer_bytes", "formula_bytes", fix="float32: 4.")
     split = {"replicated": (1, 1, 1), "zero1": (1, 1, n_devices), "zero2": (1, n_devices, n_devices),
              "fsdp": (n_devices, n_devices, n_devices)}[stage]
     out = {"params": n_params * param_bytes / split[0], "grads": n_params * grad_bytes / split[1],
@@ -401,7 +504,12 @@ _BODY = re.compile(r"\bbody=%?([\w.\-]+)")
 
 def ring_bytes(op: str, payload: float, group: int) -> float:
     """Bytes each device sends for one collective over ``group`` devices with a ring algorithm."""
-    if group <= 1:
+    _checks.one_of(op, "op", "ring_bytes", _OPS)
+    if isinstance(payload, bool) or not isinstance(payload, (int, float, np.integer, np.floating)) or payload < 0:
+        _fail("ring_bytes", "payload", "a number of bytes >= 0", payload, "Pass e.g. payload=4 * n_params.",
+                     TypeError if not isinstance(payload, (int, float, np.integer, np.floating)) else ValueError)
+    group = _checks.whole(group, "group", "ring_bytes", fix="It is the number of devices in the collective.")
+    if group == 1:
         return 0.0
     factor = {"all-reduce": 2.0}.get(op, 1.0)
     return factor * (group - 1) / group * payload
@@ -429,8 +537,10 @@ def collectives(hlo_text: str, n_devices: int | None = None) -> list[Collective]
     instruction does not say (default: ``jax.device_count()``).
     """
     if not isinstance(hlo_text, str):
-        raise TypeError(f"hlo_text must be the compiled program's text (step.lower(...).compile().as_text()), got "
-                        f"{type(hlo_text).__name__}.")
+        raise TypeError(f"collectives: hlo_text must be the compiled program's text, a str, got "
+                        f"{type(hlo_text).__name__}. Pass step.compile(state, batch).as_text(), not the compiled "
+                        "object.")
+    n_devices = _checks.optional_whole(n_devices, "n_devices", "collectives")
     default = jax.device_count() if n_devices is None else n_devices
     found, calls, current = [], {}, None
     for line in hlo_text.splitlines():
@@ -489,6 +599,10 @@ def dataflow(step, state: ShardedState, batch, *, show_devices: int = 3):
     """
     from . import diagrams
 
+    _check_step(step, "dataflow")
+    _check_state(state, "dataflow")
+    _check_batch(batch, state.layout, step.accumulate, "dataflow")
+    show_devices = _checks.whole(show_devices, "show_devices", "dataflow")
     layout = state.layout
     n = layout.n_devices
     shown = list(range(min(show_devices, n - 1))) + [n - 1]
@@ -547,6 +661,12 @@ def bench_variants(params, loss_fn, optimizer, host_batches, *, accumulate: int 
     ``(B, ...)`` arrays before any timing. ``start()`` makes the initial state on the devices; ``run(state)`` trains
     over every batch and returns the final loss, read on the host.
     """
+    accumulate = _checks.whole(accumulate, "accumulate", "bench_variants")
+    host_batches = list(host_batches)
+    if not host_batches:
+        _fail("bench_variants", "host_batches", "a non-empty list of batches", host_batches,
+                     "Pass at least one pmap-sharded batch, leaves (n, B // n, ...).")
+    _check_optimizer(optimizer, "bench_variants")
     mesh = data_mesh(jax.local_devices())
     split = NamedSharding(mesh, P(AXIS))
     batches = [jax.device_put(jax.tree.map(lambda a: np.reshape(a, (-1,) + np.shape(a)[2:]), b), split)
