@@ -53,3 +53,13 @@ def test_06_2_raises_or_wrong_structure():
     assert not fb and "stats_out_specs() raised NameError: name 'undefined_name' is not defined" in fb.message
     fb = check("06.2", lambda: ("i", None))
     assert not fb and "got tuple(str 'i', NoneType)" in fb.message
+
+
+def test_06_1_parameters_split_or_another_mesh_are_named():
+    split_params = check("06.1", lambda p, b, m: (jax.device_put(p, NamedSharding(m, P("i"))),
+                                                  jax.device_put(b, NamedSharding(m, P()))))
+    assert not split_params and "the parameters stay whole on every device" in split_params.message
+    all_devices = jax.make_mesh((len(jax.devices()),), ("i",))
+    own_mesh = check("06.1", lambda p, b, m: (jax.device_put(p, NamedSharding(all_devices, P())),
+                                              jax.device_put(b, NamedSharding(all_devices, P("i")))))
+    assert not own_mesh and "the mesh you were given" in own_mesh.message

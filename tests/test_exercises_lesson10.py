@@ -83,3 +83,10 @@ def test_10_3_choose_k():
 def test_hints_cover_every_exercise_with_at_least_two_steps():
     assert set(HINTS) == {"10.1", "10.2", "10.3"}
     assert all(len(h) >= 2 and all(isinstance(t, str) and t for t in h) for h in HINTS.values())
+
+
+def test_10_3_zero_or_negative_k_is_named_not_a_checker_crash():
+    for k in (0, -1):
+        feedback = check("10.3", lambda b, e, m, k=k: k)
+        assert not feedback and f"returned {k}: K counts micro-batches, a whole number >= 1" in feedback.message
+        assert "Checking it failed" not in feedback.message

@@ -50,3 +50,24 @@ def test_11_3_stalled_step():
 def test_every_exercise_has_at_least_two_hints():
     assert set(lesson11.HINTS) == {"11.1", "11.2", "11.3"}
     assert all(len(h) >= 2 and all(isinstance(s, str) and s for s in h) for h in lesson11.HINTS.values())
+
+
+def test_11_1_restore_then_move_is_not_the_mechanism():
+    moved = check("11.1", lambda d, like, devs: jax.device_put(checkpoint.restore(d, like)[0],
+                                                               checkpoint.replicated_on(devs)))
+    assert not moved and "Pass devices= to checkpoint.restore" in moved.message
+    with_sharding = check("11.1", lambda d, like, devs: checkpoint.restore(
+        d, like, sharding=checkpoint.replicated_on(devs))[0])
+    assert with_sharding, with_sharding.message
+    assert checkpoint.restore.__name__ == "restore"          # the checker put the library back
+
+
+def test_11_2_shortcuts_percentages_and_unweighted_means_are_named():
+    shortcut = check("11.2", lambda t: profile.collective_fraction(t))
+    assert not shortcut and "calls profile.collective_fraction" in shortcut.message
+    assert profile.collective_fraction.__name__ == "collective_fraction"
+    percent = check("11.2", lambda t: 100 * solution_collective_fraction(t))
+    assert not percent and "is a percentage" in percent.message
+    unweighted = check("11.2", lambda t: sum(v["collective_us"] / v["busy_us"] for v in profile.summarise(t).values())
+                       / len(profile.summarise(t)))
+    assert not unweighted and "averages the devices' own fractions" in unweighted.message

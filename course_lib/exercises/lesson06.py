@@ -40,7 +40,12 @@ def check_place(place):
         mesh = _mesh(n)
         params = {"w": np.ones((3, 2), np.float32), "b": np.zeros(2, np.float32)}
         batch = {"x": np.arange(4 * n * 3, dtype=np.float32).reshape(4 * n, 3), "y": np.arange(4 * n)}
-        out = call(place, params, batch, mesh, name="place")
+        out = call(place, params, batch, mesh, name="place", hints={
+            "does not evenly divide": "Only the batch is split over 'i'; the parameters stay whole on every "
+                                      "device: NamedSharding(mesh, P()).",
+            "must be >= the product of mesh_shape": "Use the mesh you were given (the argument mesh); do not "
+                                                    "build another one.",
+        })
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise Mismatch(f"place should return a pair (params, batch); got {describe_tree(out)}.")
         p, b = out
@@ -55,6 +60,10 @@ def check_place(place):
             if leaf.ndim == 3 or (name == "params['b']" and leaf.ndim == 2):
                 raise Mismatch(f"{name} has shape {leaf.shape}: a stacked copy per device is the pmap way "
                                "(sharding.replicate). On a mesh, keep the shape and replicate with P().")
+            if len(leaf.devices()) != n and isinstance(leaf.sharding, NamedSharding) and leaf.sharding.mesh.size > 1:
+                raise Mismatch(f"{name} lives on a mesh of {len(leaf.devices())} devices, but the mesh you were given "
+                               f"has {n}: build the NamedSharding on that mesh (the argument mesh), not on another "
+                               "one.")
             if not leaf.sharding.is_fully_replicated or len(leaf.devices()) != n:
                 raise Mismatch(f"{name} has sharding {_spec(leaf)} on {len(leaf.devices())} device(s); every one of "
                                f"the {n} devices needs the whole array: NamedSharding(mesh, P()).")

@@ -195,6 +195,9 @@ def check_choose_k(choose_k):
         if not whole:
             raise Mismatch(f"{shown} returned {describe(got) if hasattr(got, 'shape') else repr(got)}; expected a "
                            f"whole number of micro-batches (a Python int), {want}.")
+        if got < 1:
+            raise Mismatch(f"{shown} returned {got}: K counts micro-batches, a whole number >= 1 (K = 1 is the whole "
+                           f"per-device batch at once). The smallest K that divides {b} and fits is {want}.")
         if b % got:
             raise Mismatch(f"{shown} returned {got}, which does not divide the batch of {b}: the micro-batches "
                            f"must all have the same size (B // K). The smallest K that divides {b} and fits is "

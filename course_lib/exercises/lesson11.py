@@ -1,5 +1,6 @@
 """Lesson 11 exercises: restore a checkpoint onto given devices; read a trace: collectives, the stalled step."""
 
+import contextlib
 import pathlib
 import tempfile
 
@@ -30,6 +31,22 @@ def solution_restore_onto(directory, like, devices):
     return state
 
 
+@contextlib.contextmanager
+def _watch(module, attribute, calls):
+    """Record the keyword arguments of every call of ``module.attribute`` (still calling it) while inside."""
+    original = getattr(module, attribute)
+
+    def watched(*args, **kwargs):
+        calls.append(kwargs)
+        return original(*args, **kwargs)
+
+    setattr(module, attribute, watched)
+    try:
+        yield
+    finally:
+        setattr(module, attribute, original)
+
+
 @exercise("11.1", "Restore a checkpoint saved from 8 devices onto the devices you are given",
           solution=solution_restore_onto)
 def check_restore_onto(restore_onto):
@@ -42,7 +59,9 @@ def check_restore_onto(restore_onto):
         checkpoint.save(directory, 100, jax.device_put(saved, on_all), {"position": 100})
         for count in sorted({min(4, len(devs)), 1}, reverse=True):
             target = devs[len(devs) - count:]   # the last devices, so "the first n" or "all" is caught
-            got = call(restore_onto, directory, like, target, name="restore_onto")
+            restores = []
+            with _watch(checkpoint, "restore", restores), _watch(checkpoint.Checkpoints, "restore", restores):
+                got = call(restore_onto, directory, like, target, name="restore_onto")
             what = f"restore_onto(directory, like, devices={count} device(s))"
             if isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], dict):
                 raise Mismatch(f"{what} returned (state, extra); return only the state.")
@@ -70,6 +89,12 @@ def check_restore_onto(restore_onto):
                 if a.tobytes() != np.asarray(b).tobytes():
                     raise Mismatch(f"{what} returned values that differ from the saved ones, e.g. {np.asarray(a)} "
                                    f"instead of {np.asarray(b)}: restore the checkpoint, not like=.")
+            if restores and not any(k.get("devices") is not None or k.get("sharding") is not None
+                                    for k in restores):
+                raise Mismatch(f"{what}: the values and devices are right, but checkpoint.restore read the arrays "
+                               "onto the devices of like= and they were moved afterwards: a second copy, and on "
+                               "a large model a second trip through device memory. Pass devices= to "
+                               "checkpoint.restore, so that Orbax reads each array straight onto those devices.")
     return "the saved state came back bit for bit, whole on each of the devices you were given."
 
 
@@ -104,7 +129,13 @@ def solution_collective_fraction(trace):
 def check_collective_fraction(collective_fraction):
     for seed, wait in [(0, (10.0, 70.0)), (1, (100.0, 300.0))]:
         trace = _synthetic(wait=wait, seed=seed)
-        got = call(collective_fraction, trace, name="collective_fraction")
+        shortcut = []
+        with _watch(profile, "collective_fraction", shortcut):
+            got = call(collective_fraction, trace, name="collective_fraction")
+        if shortcut:
+            raise Mismatch("collective_fraction(trace) calls profile.collective_fraction, the function this exercise "
+                           "asks you to write. Compute it from profile.summarise(trace): per device, collective_us "
+                           "and busy_us.")
         try:
             value = float(got)
         except Exception:
@@ -121,6 +152,14 @@ def check_collective_fraction(collective_fraction):
         if abs(value - coll / (span * len(s))) < 1e-6:
             raise Mismatch(f"collective_fraction(trace) = {value:.3f} divides by the whole trace, idle gaps "
                            f"included; divide by the time inside dispatches (busy_us): {expected:.3f}.")
+        if abs(value - 100 * expected) < 1e-4:
+            raise Mismatch(f"collective_fraction(trace) = {value:.2f} is a percentage; return the fraction, "
+                           f"{expected:.4f} (format it with :.0% when you print it).")
+        per_device = float(np.mean([v["collective_us"] / v["busy_us"] for v in s.values()]))
+        if abs(value - per_device) < 1e-6 and abs(per_device - expected) > 1e-6:
+            raise Mismatch(f"collective_fraction(trace) = {value:.4f} averages the devices' own fractions; a device "
+                           f"that was busy longer must weigh more. Add up collective_us over all devices, then "
+                           f"busy_us, then divide: {expected:.4f}.")
         if not abs(value - expected) <= 1e-6:
             raise Mismatch(f"collective_fraction(trace) = {value:.4f}; course_lib's parse gives {expected:.4f} "
                            "(the sum over devices of collective_us over the sum of busy_us).")
