@@ -330,6 +330,7 @@ class Checkpoints:
             text = str(e)
             if "tree structures do not match" in text or "not compatible with the stored shape" in text:
                 first = " ".join(ln.strip() for ln in text.splitlines()[:6] if ln.strip())
+                first = first.split(" If this mismatch is intentional")[0]   # Orbax's option, not restore's
                 raise CheckpointError(f"restore: the state given as like= does not match step {step} in "
                                       f"{self.directory.name}/: {first} Build like= the way the saved state was "
                                       "built (same model, optimizer and backend).") from None
