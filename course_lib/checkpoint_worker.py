@@ -132,7 +132,23 @@ def crash_mid_save(directory, step: int, megabytes: int = 64, timeout: float = 1
     ``killed_mid_save`` is true when the kill landed before the step was complete. The child is killed and
     reaped on every path (an error, a timeout, Ctrl-C).
     """
+    from course_lib import _checks
+
+    if isinstance(directory, bool) or not isinstance(directory, (str, os.PathLike)) or str(directory) == "":
+        _checks.fail("crash_mid_save", "directory", "a path (a str or a pathlib.Path)", directory,
+                     "Pass the checkpoint directory, e.g. run_dir.", TypeError)
+    step = _checks.whole(step, "step", "crash_mid_save", minimum=0,
+                         fix="Pass a step newer than the directory's latest, e.g. step=200.")
+    megabytes = _checks.whole(megabytes, "megabytes", "crash_mid_save", fix="e.g. megabytes=64.")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        _checks.fail("crash_mid_save", "timeout", "a number of seconds > 0", timeout, "e.g. timeout=120.",
+                     TypeError if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) else ValueError)
     directory = pathlib.Path(directory)
+    latest = max((int(q.name) for q in directory.iterdir() if q.name.isdigit()), default=None) \
+        if directory.is_dir() else None
+    if latest is not None and step <= latest:
+        raise ValueError(f"crash_mid_save: step={step}, but {directory.name}/ already holds step {latest}: the child "
+                         f"would refuse to save it. Pass a newer step, e.g. step={latest + 100}.")
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1", PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "course_lib.checkpoint_worker", "--directory", str(directory), "--crash-test",
            "--steps", str(step), "--batch-size", str(megabytes)]

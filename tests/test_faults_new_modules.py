@@ -15,7 +15,7 @@ import numpy as np
 import optax
 import pytest
 
-from course_lib import checkpoint as ck, profile as pr, sharded_state as ss, training
+from course_lib import checkpoint as ck, checkpoint_worker as cw, profile as pr, sharded_state as ss, training
 
 PARAMS = {"w": jnp.zeros(3), "b": jnp.float32(0.0)}
 OPT = optax.sgd(0.1)
@@ -231,6 +231,16 @@ CASES = [
      ["replicated_on: devices must be a list of jax.Device", "not their indices"]),
     ("replicated-on-empty", lambda *_: ck.replicated_on([]), ValueError,
      ["replicated_on: devices must be a non-empty list", "got []"]),
+    ("crash-mid-save-older-step", lambda s, st, d, *_: cw.crash_mid_save(d, 3), ValueError,
+     ["crash_mid_save: step=3, but run/ already holds step 5", "step=105"]),
+    ("crash-mid-save-negative-step", lambda *a: cw.crash_mid_save(a[4], -1), ValueError,
+     ["crash_mid_save: step must be a whole number >= 0, got -1"]),
+    ("crash-mid-save-zero-megabytes", lambda *a: cw.crash_mid_save(a[4], 1, megabytes=0), ValueError,
+     ["crash_mid_save: megabytes must be a whole number >= 1, got 0"]),
+    ("crash-mid-save-timeout-string", lambda *a: cw.crash_mid_save(a[4], 1, timeout="60"), TypeError,
+     ["crash_mid_save: timeout must be a number of seconds > 0, got '60'"]),
+    ("crash-mid-save-directory-none", lambda *_: cw.crash_mid_save(None, 1), TypeError,
+     ["crash_mid_save: directory must be a path", "got None"]),
     # profile
     ("capture-zero-steps", lambda *a: pr.capture(a[4] / "t", lambda i: i, 0), ValueError,
      ["capture: steps must be a whole number >= 1, got 0", "steps=5"]),
