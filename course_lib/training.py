@@ -69,6 +69,9 @@ def init_state(params, optimizer: optax.GradientTransformation, key: jax.Array, 
     state = TrainState(params, optimizer.init(params), key, jnp.zeros((), jnp.int32))
     if backend == "pmap":
         return sharding.replicate(state, devices)
+    # A copy: device_put may hand back the caller's own arrays when they are already in place, and a step with
+    # donation would then delete them.
+    state = jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
     return sharding.replicate_on_mesh(state, sharding.device_mesh(devices))
 
 
@@ -171,17 +174,28 @@ class TrainStep:
     with ``lax.scan`` inside one compiled program: ``batches`` is a list of ``K`` batches like the one ``step``
     takes, and every metric comes back with one value per step, ``(K,)`` (``(n, K)`` with the pmap backend, one
     row per device). Each new ``K`` compiles once. ``fit`` uses ``steps`` on its own.
+
+    With ``donate`` (the default of ``make_train_step``) both give the buffers of the ``state`` they are passed to
+    the new state: the old state is deleted, and reading it afterwards raises. Keep the returned state.
     """
 
-    def __init__(self, one, many, backend, place=lambda batch: batch):
+    def __init__(self, one, many, backend, place, donate=False):
         self._one, self._many, self._place = one, many, place
-        self.backend = backend
+        self.backend, self.donate = backend, donate
 
     def __call__(self, state, batch):
         return self._one(state, self._place(batch))
 
     def steps(self, state, batches):
         return self._many(state, [self._place(b) for b in batches])
+
+    def place(self, batch):
+        """``batch`` on the step's devices, split as the step takes it: leaves ``(n, B // n, ...)``.
+
+        Asynchronous like any transfer: ``fit`` calls it a few batches ahead of the step that needs them
+        (``prefetch``), so the copies overlap the steps before. Arrays already in place are returned as they are.
+        """
+        return self._place(batch)
 
     def lower(self, state, batch):
         """The compiler's view of one step (``.compile().as_text()`` for the HLO), as ``jax.jit(...).lower``."""
@@ -192,7 +206,7 @@ class TrainStep:
 
 
 def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, *, has_aux: bool = False,
-                    axis_name: str = AXIS, devices=None, backend: str = "pmap") -> TrainStep:
+                    axis_name: str = AXIS, devices=None, backend: str = "pmap", donate: bool = True) -> TrainStep:
     """A data-parallel training step, with one of three backends that compute the same thing.
 
     Args:
@@ -209,6 +223,9 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
           with ``P()``, batch split with ``P(axis_name)``;
         * ``"jit"``: plain ``jax.jit`` of the step written for the whole global batch; the inputs'
           shardings tell the compiler to split it, and it inserts the gradient all-reduce itself.
+      donate: hand the input state's buffers to the output state (``donate_argnums``), so a step updates the
+        parameters and optimizer state in place instead of allocating a fresh copy. The state passed in is
+        deleted: write ``state, metrics = step(state, batch)``.
 
     Returns:
       a ``TrainStep``: ``step(state, batch) -> (state, metrics)`` for a state from
@@ -218,16 +235,27 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
       so padding counts for nothing.
     """
     _check_backend(backend)
-    if backend == "pmap":
-        per_device = device_step(loss_fn, optimizer, has_aux, axis_name)
-        one, many = (jax.pmap(f, axis_name=axis_name, devices=devices) for f in (per_device, _scanned(per_device)))
-        return TrainStep(one, many, backend)
+    donated = (0,) if donate else ()
     mesh = sharding.device_mesh(devices)
     if mesh.axis_names != (axis_name,):
         mesh = jax.sharding.Mesh(mesh.devices, (axis_name,))
     P = jax.sharding.PartitionSpec
     replicated = jax.sharding.NamedSharding(mesh, P())
     split = jax.sharding.NamedSharding(mesh, P(axis_name))
+
+    def place(batch):
+        # Host arrays are split over the mesh here; global arrays built by each process from its own part of the
+        # batch (jax.make_array_from_process_local_data, lesson 08) are already in place.
+        return jax.tree.map(lambda x: x if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(split, x.ndim)
+                            else jax.device_put(x, split), batch)
+
+    if backend == "pmap":
+        per_device = device_step(loss_fn, optimizer, has_aux, axis_name)
+        one, many = (jax.pmap(f, axis_name=axis_name, devices=devices, donate_argnums=donated)
+                     for f in (per_device, _scanned(per_device)))
+        # pmap takes device arrays as they are; host arrays are split over its devices, as pmap itself would.
+        return TrainStep(one, many, backend, lambda batch: jax.tree.map(
+            lambda x: x if isinstance(x, jax.Array) else jax.device_put(x, split), batch), donate)
     if backend == "shard_map":
         per_device = device_step(loss_fn, optimizer, has_aux, axis_name, in_shard_map=True)
 
@@ -235,19 +263,13 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
             return lambda state, batches: f(state, jax.tree.map(lambda x: x[0], batches))
 
         one, many = (jax.jit(jax.shard_map(squeezed(f), mesh=mesh, in_specs=(P(), P(axis_name)),
-                                           out_specs=(P(), P())))
+                                           out_specs=(P(), P())), donate_argnums=donated)
                      for f in (per_device, _scanned(per_device)))
     else:
         global_step = _global_step(loss_fn, optimizer, has_aux, mesh.size)
-        one, many = (jax.jit(f, out_shardings=(replicated, replicated)) for f in (global_step, _scanned(global_step)))
-
-    def place(batch):
-        # Host arrays are split over the mesh here; global arrays built by each process from its own part of the
-        # batch (jax.make_array_from_process_local_data, lesson 07) are already in place.
-        return jax.tree.map(lambda x: x if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(split, x.ndim)
-                            else jax.device_put(x, split), batch)
-
-    return TrainStep(one, many, backend, place)
+        one, many = (jax.jit(f, out_shardings=(replicated, replicated), donate_argnums=donated)
+                     for f in (global_step, _scanned(global_step)))
+    return TrainStep(one, many, backend, place, donate)
 
 
 def _scanned(step):
@@ -279,6 +301,18 @@ def _check_batch(batch, n: int) -> None:
                          "have the same number of examples.")
 
 
+def _placed_ahead(batches, place, depth, n):
+    """Yield ``batches`` already on the devices, each sent ``depth`` batches before it is yielded."""
+    queue = collections.deque()
+    for i, batch in enumerate(batches):
+        if i == 0:
+            _check_batch(batch, n)  # before any transfer, so a badly shaped batch gets fit's own message
+        queue.append(place(batch))
+        if len(queue) > depth:
+            yield queue.popleft()
+    yield from queue
+
+
 def _first_copy(value):
     """One device's block of a metric: ``(1, ...)`` of a pmap output ``(n, ...)``, all of a replicated one."""
     return value.addressable_shards[0].data if isinstance(value, jax.Array) else value
@@ -286,7 +320,7 @@ def _first_copy(value):
 
 def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int | None = None,
         eval_fn: Callable | None = None, eval_every: int | None = None, steps_per_call: int = 10,
-        max_ahead: int = 20, progress: bool = True, desc: str = "training"):
+        max_ahead: int = 20, prefetch: int = 2, progress: bool = True, desc: str = "training"):
     """Run ``step`` over ``batches``; return the final state and a history of metrics.
 
     Two rules make the loop fast and safe (lesson 08 measures both):
@@ -312,6 +346,9 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
       steps_per_call: steps fused into one dispatch (1: one dispatch per step).
       max_ahead: the most steps dispatched and not yet read back; at least ``steps_per_call`` when ``step`` can
         fuse steps (twice it keeps the devices busy while Python reads).
+      prefetch: when ``step`` can place batches (``TrainStep.place``), each batch is sent to the devices this
+        many dispatches ahead of the one that uses it (double buffering with 1), so host-to-device copies overlap
+        the steps before; 0 sends each batch with its own dispatch.
       progress: show a tqdm progress bar.
 
     Returns:
@@ -333,6 +370,8 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
     if not whole(max_ahead) or max_ahead < fused:
         raise ValueError(f"max_ahead must be a whole number >= steps_per_call ({fused}), got {max_ahead!r}; "
                          f"use max_ahead={2 * fused} to keep the devices busy while Python reads results.")
+    if not isinstance(prefetch, int) or isinstance(prefetch, bool) or prefetch < 0:
+        raise ValueError(f"prefetch must be a whole number >= 0 (dispatches placed ahead), got {prefetch!r}.")
     if eval_every is not None and (eval_fn is None or not whole(eval_every)):
         raise ValueError("eval_every needs an eval_fn and a whole number >= 1.")
     try:
@@ -343,6 +382,8 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
     if num_steps is not None:
         iterator = itertools.islice(iterator, num_steps)
     n = len(jax.tree.leaves(state)[0].devices())  # the devices the state lives on, whatever the backend
+    if prefetch and callable(getattr(step, "place", None)):
+        iterator = _placed_ahead(iterator, step.place, prefetch * fused, n)
     history = {"train": [], "eval": []}
     in_flight = collections.deque()  # (first step, number of steps, metrics), oldest first
     bar = tqdm(total=num_steps, desc=desc, disable=not progress, mininterval=1.0)
