@@ -187,13 +187,12 @@ class TrainStep:
         return self._one(state, self._place(batch))
 
     def steps(self, state, batches):
-        return self._many(state, [self._place(b) for b in batches])
+        return self._many(state, self._place(list(batches)))
 
     def place(self, batch):
-        """``batch`` on the step's devices, split as the step takes it: leaves ``(n, B // n, ...)``.
-
-        Asynchronous like any transfer: ``fit`` calls it a few batches ahead of the step that needs them
-        (``prefetch``), so the copies overlap the steps before. Arrays already in place are returned as they are.
+        """``batch`` (or a list of batches) on the step's devices, split as the step takes it: leaves
+        ``(n, B // n, ...)``. Arrays already in place are returned as they are; the others travel in one
+        ``jax.device_put`` call. ``fit(..., prefetch=k)`` calls it ``k`` dispatches ahead of the step that needs them.
         """
         return self._place(batch)
 
@@ -243,19 +242,21 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
     replicated = jax.sharding.NamedSharding(mesh, P())
     split = jax.sharding.NamedSharding(mesh, P(axis_name))
 
-    def place(batch):
-        # Host arrays are split over the mesh here; global arrays built by each process from its own part of the
-        # batch (jax.make_array_from_process_local_data, lesson 08) are already in place.
-        return jax.tree.map(lambda x: x if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(split, x.ndim)
-                            else jax.device_put(x, split), batch)
+    def placer(in_place):
+        def place(batches):  # every leaf that is not in place, in one device_put call (one per leaf costs more)
+            leaves, tree = jax.tree.flatten(batches)
+            todo = [i for i, x in enumerate(leaves) if not in_place(x)]
+            for i, x in zip(todo, jax.device_put([leaves[i] for i in todo], split)):
+                leaves[i] = x
+            return jax.tree.unflatten(tree, leaves)
+        return place
 
     if backend == "pmap":
         per_device = device_step(loss_fn, optimizer, has_aux, axis_name)
         one, many = (jax.pmap(f, axis_name=axis_name, devices=devices, donate_argnums=donated)
                      for f in (per_device, _scanned(per_device)))
         # pmap takes device arrays as they are; host arrays are split over its devices, as pmap itself would.
-        return TrainStep(one, many, backend, lambda batch: jax.tree.map(
-            lambda x: x if isinstance(x, jax.Array) else jax.device_put(x, split), batch), donate)
+        return TrainStep(one, many, backend, placer(lambda x: isinstance(x, jax.Array)), donate)
     if backend == "shard_map":
         per_device = device_step(loss_fn, optimizer, has_aux, axis_name, in_shard_map=True)
 
@@ -269,7 +270,10 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
         global_step = _global_step(loss_fn, optimizer, has_aux, mesh.size)
         one, many = (jax.jit(f, out_shardings=(replicated, replicated), donate_argnums=donated)
                      for f in (global_step, _scanned(global_step)))
-    return TrainStep(one, many, backend, place, donate)
+    # Host arrays are split over the mesh; global arrays built by each process from its own part of the batch
+    # (jax.make_array_from_process_local_data, lesson 08) are already in place.
+    return TrainStep(one, many, backend, placer(
+        lambda x: isinstance(x, jax.Array) and x.sharding.is_equivalent_to(split, x.ndim)), donate)
 
 
 def _scanned(step):
@@ -301,16 +305,21 @@ def _check_batch(batch, n: int) -> None:
                          "have the same number of examples.")
 
 
-def _placed_ahead(batches, place, depth, n):
-    """Yield ``batches`` already on the devices, each sent ``depth`` batches before it is yielded."""
+def _placed_ahead(batches, place, group, depth, n):
+    """Yield ``batches`` already on the devices: ``group`` at a time in one ``place`` call, ``depth`` groups
+    placed before the first of them is yielded."""
     queue = collections.deque()
-    for i, batch in enumerate(batches):
-        if i == 0:
-            _check_batch(batch, n)  # before any transfer, so a badly shaped batch gets fit's own message
-        queue.append(place(batch))
+    batches = iter(batches)
+    first = True
+    while chunk := list(itertools.islice(batches, group)):
+        if first:
+            _check_batch(chunk[0], n)  # before any transfer, so a badly shaped batch gets fit's own message
+            first = False
+        queue.append(place(chunk))
         if len(queue) > depth:
-            yield queue.popleft()
-    yield from queue
+            yield from queue.popleft()
+    for chunk in queue:
+        yield from chunk
 
 
 def _first_copy(value):
@@ -320,7 +329,7 @@ def _first_copy(value):
 
 def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int | None = None,
         eval_fn: Callable | None = None, eval_every: int | None = None, steps_per_call: int = 10,
-        max_ahead: int = 20, prefetch: int = 2, progress: bool = True, desc: str = "training"):
+        max_ahead: int = 20, prefetch: int = 0, progress: bool = True, desc: str = "training"):
     """Run ``step`` over ``batches``; return the final state and a history of metrics.
 
     Two rules make the loop fast and safe (lesson 08 measures both):
@@ -346,9 +355,11 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
       steps_per_call: steps fused into one dispatch (1: one dispatch per step).
       max_ahead: the most steps dispatched and not yet read back; at least ``steps_per_call`` when ``step`` can
         fuse steps (twice it keeps the devices busy while Python reads).
-      prefetch: when ``step`` can place batches (``TrainStep.place``), each batch is sent to the devices this
-        many dispatches ahead of the one that uses it (double buffering with 1), so host-to-device copies overlap
-        the steps before; 0 sends each batch with its own dispatch.
+      prefetch: when ``step`` can place batches (``TrainStep.place``), send each group of ``steps_per_call``
+        batches to the devices this many dispatches before the one that uses it (1: double buffering), so that
+        host-to-device copies can overlap the steps before. 0 (the default) sends a group with its own dispatch:
+        on simulated CPU devices the copies run on the same cores as the steps, and placing ahead measured no
+        faster (lesson 09).
       progress: show a tqdm progress bar.
 
     Returns:
@@ -383,7 +394,7 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
         iterator = itertools.islice(iterator, num_steps)
     n = len(jax.tree.leaves(state)[0].devices())  # the devices the state lives on, whatever the backend
     if prefetch and callable(getattr(step, "place", None)):
-        iterator = _placed_ahead(iterator, step.place, prefetch * fused, n)
+        iterator = _placed_ahead(iterator, step.place, fused, prefetch, n)
     history = {"train": [], "eval": []}
     in_flight = collections.deque()  # (first step, number of steps, metrics), oldest first
     bar = tqdm(total=num_steps, desc=desc, disable=not progress, mininterval=1.0)
