@@ -437,7 +437,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", default="bench.json", help="where to write the results (default bench.json)")
     args = p.parse_args(argv)
     from course_lib import devices
-    devices.simulate_devices(args.devices)   # also applies its XLA settings for simulated devices
+    devices.simulate_devices(args.devices)
     report = run(global_batch=args.global_batch, steps=args.steps, repeats=args.repeats, scan_steps=args.scan_steps,
                  extra_batches=args.extra_batches)
     print(table(report))

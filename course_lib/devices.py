@@ -26,7 +26,6 @@ from jax._src import xla_bridge as _xla_bridge  # backends_are_initialized has n
 import jax.extend.backend as _backend
 
 __all__ = [
-    "SIMULATED_XLA_FLAGS",
     "DeviceSetupError",
     "DeviceReport",
     "backends_started",
@@ -56,31 +55,13 @@ def _restart_message(n: int, current: int) -> str:
     )
 
 
-# XLA settings for simulated CPU devices (lesson 09 measures them). By default each CPU device hands the work of
-# a large operation (a matrix product) to a thread pool shared by all devices; with 8 devices on a few cores, the
-# devices' threads and that pool's threads fight over the same cores. With this flag each device computes its
-# operations on its own thread, the one that runs its program.
-SIMULATED_XLA_FLAGS = ("--xla_cpu_multi_thread_eigen=false",)
-
-
-def _use_simulation_flags() -> None:
-    """Add ``SIMULATED_XLA_FLAGS`` to ``XLA_FLAGS``, before the backends start (XLA reads them then), unless the
-    environment already sets the same flags, to any value: your own setting wins."""
-    current = os.environ.get("XLA_FLAGS", "")
-    named = {flag.split("=")[0] for flag in current.split()}
-    missing = [flag for flag in SIMULATED_XLA_FLAGS if flag.split("=")[0] not in named]
-    if missing:
-        os.environ["XLA_FLAGS"] = " ".join([current, *missing]).strip()
-
-
 def simulate_devices(n: int = 8) -> list[jax.Device]:
     """Give JAX ``n`` CPU devices, before its first operation.
 
     Equivalent to ``jax.config.update("jax_num_cpu_devices", n)`` right after
-    ``import jax``, plus, for ``n > 1``, the XLA settings in ``SIMULATED_XLA_FLAGS``
-    (added to ``XLA_FLAGS`` unless you set those flags yourself). Calling it again with
-    the same ``n`` is a no-op. Calling it after JAX has started with a different count
-    raises ``DeviceSetupError`` saying to restart the kernel.
+    ``import jax``. Calling it again with the same ``n`` is a no-op. Calling it
+    after JAX has started with a different count raises ``DeviceSetupError``
+    saying to restart the kernel.
 
     Args:
       n: number of CPU devices, at least 1.
@@ -95,8 +76,6 @@ def simulate_devices(n: int = 8) -> list[jax.Device]:
         if have != n:
             raise DeviceSetupError(_restart_message(n, have))
         return jax.devices("cpu")
-    if n > 1:
-        _use_simulation_flags()
     jax.config.update("jax_num_cpu_devices", n)
     return jax.devices("cpu")
 
@@ -116,9 +95,7 @@ def lesson_devices(n: int = 8, *, verbose: bool = True) -> list[jax.Device]:
       devices, and JAX's default platform becomes the CPU for the rest of the process.
 
     Call it first in a notebook, before any other JAX operation. It prints which
-    devices it chose and why, unless ``verbose=False``. Before JAX starts it also adds
-    the XLA settings for simulated devices (``SIMULATED_XLA_FLAGS``, CPU only: they
-    change nothing on an accelerator).
+    devices it chose and why, unless ``verbose=False``.
 
     Returns:
       A list of ``n`` ``jax.Device``; afterwards ``jax.devices()`` holds them.
@@ -127,8 +104,6 @@ def lesson_devices(n: int = 8, *, verbose: bool = True) -> list[jax.Device]:
         raise ValueError(f"lesson_devices(n) needs a whole number n >= 1, got {n!r}.")
     started_before = backends_started()
     if not started_before:
-        if n > 1:
-            _use_simulation_flags()
         jax.config.update("jax_num_cpu_devices", n)
     found = jax.devices()
     platform_name = found[0].platform

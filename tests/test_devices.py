@@ -186,22 +186,3 @@ def test_report_counts_devices_and_processes(devices):
     assert f"global devices    {N_DEVICES} ({N_DEVICES} x CPU (cpu))" in text
     assert "process           0 of 1" in text
     assert "simulated         yes" in text
-
-
-def test_simulated_devices_get_the_xla_settings_and_your_own_setting_wins():
-    r = run_python("""
-        import os
-        from course_lib.devices import simulate_devices, SIMULATED_XLA_FLAGS
-        simulate_devices(4)
-        print(all(flag in os.environ["XLA_FLAGS"].split() for flag in SIMULATED_XLA_FLAGS))
-    """, env={"XLA_FLAGS": ""})
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["True"]
-    r = run_python("""
-        import os
-        from course_lib.devices import lesson_devices
-        lesson_devices(4, verbose=False)
-        print(os.environ["XLA_FLAGS"])
-    """, env={"XLA_FLAGS": "--xla_cpu_multi_thread_eigen=true"})
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["--xla_cpu_multi_thread_eigen=true"]
