@@ -9,10 +9,11 @@ parameters, which therefore stay identical.
 from ``make_train_step`` or one you wrote), and never lets Python run more than
 ``max_ahead`` steps ahead of the devices (see ``fit``).
 
-Two things make the library's step cheaper than the one a tutorial writes (lesson 08
-measures both): everything the devices exchange in a step travels in one all-reduce
-(``psum_bucketed``), and ``fit`` runs ``steps_per_call`` steps per dispatch, fused with
-``lax.scan`` (``TrainStep.steps``).
+Three things make the library's step cheaper than the one a tutorial writes (lesson 09
+measures them): everything the devices exchange in a step travels in one all-reduce
+(``psum_bucketed``), ``fit`` runs ``steps_per_call`` steps per dispatch, fused with
+``lax.scan`` (``TrainStep.steps``), and the step donates its input state, writing the new
+state into the old one's buffers (``make_train_step(..., donate=True)``).
 """
 
 from __future__ import annotations
