@@ -9,10 +9,11 @@ parameters, which therefore stay identical.
 from ``make_train_step`` or one you wrote), and never lets Python run more than
 ``max_ahead`` steps ahead of the devices (see ``fit``).
 
-Two things make the library's step cheaper than the one a tutorial writes (lesson 08
-measures both): everything the devices exchange in a step travels in one all-reduce
-(``psum_bucketed``), and ``fit`` runs ``steps_per_call`` steps per dispatch, fused with
-``lax.scan`` (``TrainStep.steps``).
+Three things make the library's step cheaper than the one a tutorial writes (lesson 09
+measures them): everything the devices exchange in a step travels in one all-reduce
+(``psum_bucketed``), ``fit`` runs ``steps_per_call`` steps per dispatch, fused with
+``lax.scan`` (``TrainStep.steps``), and the step donates its input state, writing the new
+state into the old one's buffers (``make_train_step(..., donate=True)``).
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ def init_state(params, optimizer: optax.GradientTransformation, key: jax.Array, 
     state = TrainState(params, optimizer.init(params), key, jnp.zeros((), jnp.int32))
     if backend == "pmap":
         return sharding.replicate(state, devices)
+    # A copy: device_put may hand back the caller's own arrays when they are already in place, and a step with
+    # donation would then delete them.
+    state = jax.tree.map(lambda x: x.copy() if isinstance(x, jax.Array) else x, state)
     return sharding.replicate_on_mesh(state, sharding.device_mesh(devices))
 
 
@@ -213,18 +217,28 @@ class TrainStep:
     with ``lax.scan`` inside one compiled program: ``batches`` is a list of ``K`` batches like the one ``step``
     takes, and every metric comes back with one value per step, ``(K,)`` (``(n, K)`` with the pmap backend, one
     row per device). Each new ``K`` compiles once. ``fit`` uses ``steps`` on its own.
+
+    With ``donate`` (the default of ``make_train_step``) both give the buffers of the ``state`` they are passed to
+    the new state: the old state is deleted, and reading it afterwards raises. Keep the returned state.
     """
 
-    def __init__(self, one, many, backend, place=lambda batch: batch, devices=None):
+    def __init__(self, one, many, backend, place, donate=False, devices=None):
         self._one, self._many, self._place = one, many, place
-        self.backend = backend
+        self.backend, self.donate = backend, donate
         self.devices = devices  # the devices it runs on, in order (fit checks the state against them)
 
     def __call__(self, state, batch):
         return self._one(state, self._place(batch))
 
     def steps(self, state, batches):
-        return self._many(state, [self._place(b) for b in batches])
+        return self._many(state, self._place(list(batches)))
+
+    def place(self, batch):
+        """``batch`` (or a list of batches) on the step's devices, split as the step takes it: leaves
+        ``(n, B // n, ...)``. Arrays already in place are returned as they are; the others travel in one
+        ``jax.device_put`` call. ``fit(..., prefetch=k)`` calls it ``k`` dispatches ahead of the step that needs them.
+        """
+        return self._place(batch)
 
     def lower(self, state, batch):
         """The compiler's view of one step (``.compile().as_text()`` for the HLO), as ``jax.jit(...).lower``."""
@@ -235,7 +249,7 @@ class TrainStep:
 
 
 def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, *, has_aux: bool = False,
-                    axis_name: str = AXIS, devices=None, backend: str = "pmap") -> TrainStep:
+                    axis_name: str = AXIS, devices=None, backend: str = "pmap", donate: bool = True) -> TrainStep:
     """A data-parallel training step, with one of three backends that compute the same thing.
 
     Args:
@@ -255,6 +269,9 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
           shardings tell the compiler to split it, and it inserts the all-reduces itself. With a (masked)
           mean loss the result is the same as the other backends'; random draws (dropout) differ, since
           the key is not split per device.
+      donate: hand the input state's buffers to the output state (``donate_argnums``), so a step updates the
+        parameters and optimizer state in place instead of allocating a fresh copy. The state passed in is
+        deleted: write ``state, metrics = step(state, batch)``.
 
     Returns:
       a ``TrainStep``: ``step(state, batch) -> (state, metrics)`` for a state from
@@ -269,16 +286,33 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
                         f"{type(loss_fn).__name__} ({_checks.shown(loss_fn)}). Pass the function itself.")
     _check_optimizer(optimizer, "make_train_step")
     devices = _checks.device_list(devices, "devices", "make_train_step")
-    if backend == "pmap":
-        per_device = device_step(loss_fn, optimizer, has_aux, axis_name)
-        one, many = (jax.pmap(f, axis_name=axis_name, devices=devices) for f in (per_device, _scanned(per_device)))
-        return TrainStep(one, many, backend, devices=devices)  # None: pmap picks the first n local devices
+    if not isinstance(donate, bool):
+        raise TypeError(f"make_train_step: donate must be True or False, got {_checks.shown(donate)}. Pass "
+                        "donate=False to keep the state you pass in readable after the step.")
+    donated = (0,) if donate else ()
     mesh = sharding.device_mesh(devices)
     if mesh.axis_names != (axis_name,):
         mesh = jax.sharding.Mesh(mesh.devices, (axis_name,))
     P = jax.sharding.PartitionSpec
     replicated = jax.sharding.NamedSharding(mesh, P())
     split = jax.sharding.NamedSharding(mesh, P(axis_name))
+
+    def placer(in_place):
+        def place(batches):  # every leaf that is not in place, in one device_put call (one per leaf costs more)
+            leaves, tree = jax.tree.flatten(batches)
+            todo = [i for i, x in enumerate(leaves) if not in_place(x)]
+            for i, x in zip(todo, jax.device_put([leaves[i] for i in todo], split)):
+                leaves[i] = x
+            return jax.tree.unflatten(tree, leaves)
+        return place
+
+    if backend == "pmap":
+        per_device = device_step(loss_fn, optimizer, has_aux, axis_name)
+        one, many = (jax.pmap(f, axis_name=axis_name, devices=devices, donate_argnums=donated)
+                     for f in (per_device, _scanned(per_device)))
+        # pmap takes device arrays as they are; host arrays are split over its devices, as pmap itself would.
+        return TrainStep(one, many, backend, placer(lambda x: isinstance(x, jax.Array)), donate,
+                         devices=devices)  # None: pmap picks the first n local devices
     if backend == "shard_map":
         per_device = device_step(loss_fn, optimizer, has_aux, axis_name, in_shard_map=True)
 
@@ -286,19 +320,17 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
             return lambda state, batches: f(state, jax.tree.map(lambda x: x[0], batches))
 
         one, many = (jax.jit(jax.shard_map(squeezed(f), mesh=mesh, in_specs=(P(), P(axis_name)),
-                                           out_specs=(P(), P())))
+                                           out_specs=(P(), P())), donate_argnums=donated)
                      for f in (per_device, _scanned(per_device)))
     else:
         global_step = _global_step(loss_fn, optimizer, has_aux)
-        one, many = (jax.jit(f, out_shardings=(replicated, replicated)) for f in (global_step, _scanned(global_step)))
-
-    def place(batch):
-        # Host arrays are split over the mesh here; global arrays built by each process from its own part of the
-        # batch (jax.make_array_from_process_local_data, lesson 07) are already in place.
-        return jax.tree.map(lambda x: x if isinstance(x, jax.Array) and x.sharding.is_equivalent_to(split, x.ndim)
-                            else jax.device_put(x, split), batch)
-
-    return TrainStep(one, many, backend, place, devices=list(mesh.devices.flat))
+        one, many = (jax.jit(f, out_shardings=(replicated, replicated), donate_argnums=donated)
+                     for f in (global_step, _scanned(global_step)))
+    # Host arrays are split over the mesh; global arrays built by each process from its own part of the batch
+    # (jax.make_array_from_process_local_data, lesson 08) are already in place.
+    return TrainStep(one, many, backend, placer(
+        lambda x: isinstance(x, jax.Array) and x.sharding.is_equivalent_to(split, x.ndim)), donate,
+        devices=list(mesh.devices.flat))
 
 
 def _scanned(step):
@@ -382,6 +414,23 @@ def _diverged(name, value, step, history):
         step=step, name=name, value=value, history=history)
 
 
+def _placed_ahead(batches, place, group, depth, n):
+    """Yield ``batches`` already on the devices: ``group`` at a time in one ``place`` call, ``depth`` groups
+    placed before the first of them is yielded."""
+    queue = collections.deque()
+    batches = iter(batches)
+    first = True
+    while chunk := list(itertools.islice(batches, group)):
+        if first:
+            _check_batch(chunk[0], n)  # before any transfer, so a badly shaped batch gets fit's own message
+            first = False
+        queue.append(place(chunk))
+        if len(queue) > depth:
+            yield from queue.popleft()
+    for chunk in queue:
+        yield from chunk
+
+
 def _first_copy(value):
     """One device's block of a metric: ``(1, ...)`` of a pmap output ``(n, ...)``, all of a replicated one."""
     return value.addressable_shards[0].data if isinstance(value, jax.Array) else value
@@ -389,7 +438,8 @@ def _first_copy(value):
 
 def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int | None = None,
         eval_fn: Callable | None = None, eval_every: int | None = None, steps_per_call: int = 10,
-        max_ahead: int = 20, progress: bool = True, desc: str = "training", allow_nonfinite: bool = False):
+        max_ahead: int = 20, prefetch: int = 0, progress: bool = True, desc: str = "training",
+        allow_nonfinite: bool = False):
     """Run ``step`` over ``batches``; return the final state and a history of metrics.
 
     Two rules make the loop fast and safe (lesson 08 measures both):
@@ -415,6 +465,11 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
       steps_per_call: steps fused into one dispatch (1: one dispatch per step).
       max_ahead: the most steps dispatched and not yet read back; at least ``steps_per_call`` when ``step`` can
         fuse steps (twice it keeps the devices busy while Python reads).
+      prefetch: when ``step`` can place batches (``TrainStep.place``), send each group of ``steps_per_call``
+        batches to the devices this many dispatches before the one that uses it (1: double buffering), so that
+        host-to-device copies can overlap the steps before. 0 (the default) sends a group with its own dispatch:
+        on simulated CPU devices the copies run on the same cores as the steps, and placing ahead measured no
+        faster (lesson 09).
       progress: show a tqdm progress bar.
       allow_nonfinite: by default the first NaN or infinite loss or metric read back raises
         ``TrainingDiverged``, naming the step; ``True`` records it in the history and trains on.
@@ -449,6 +504,8 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
     if eval_every is not None and eval_fn is None:
         raise ValueError(f"fit: eval_every needs an eval_fn to call (got eval_every={eval_every}); pass "
                          "eval_fn=..., or leave eval_every out.")
+    prefetch = _checks.whole(prefetch, "prefetch", "fit", minimum=0,
+                             fix="Pass prefetch=0 to send each group with its own dispatch, 1 for double buffering.")
     n = _check_state(step, state)
     try:
         iterator = iter(batches)
@@ -457,6 +514,8 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
                         f"got {type(batches).__name__}.") from None
     if num_steps is not None:
         iterator = itertools.islice(iterator, num_steps)
+    if prefetch and callable(getattr(step, "place", None)):
+        iterator = _placed_ahead(iterator, step.place, fused, prefetch, n)
     history = {"train": [], "eval": []}
     in_flight = collections.deque()  # (first step, number of steps, metrics), oldest first
     bar = tqdm(total=num_steps, desc=desc, disable=not progress, mininterval=1.0)

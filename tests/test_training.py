@@ -295,7 +295,7 @@ def test_device_step_fused_with_scan_equals_one_step_at_a_time():
     batches = [b for b, _ in zip(data.batches(x, y, 64, epochs=None), range(4))]
     state = training.init_state(ZERO, opt, jax.random.key(0))
     one_by_one = training.make_train_step(mse, opt)
-    s1 = state
+    s1 = training.init_state(ZERO, opt, jax.random.key(0))   # the step donates it: state stays for the fused run
     for b in batches:
         s1, _ = one_by_one(s1, b)
     fused = jax.pmap(lambda s, chunk: jax.lax.scan(training.device_step(mse, opt), s, chunk), axis_name=training.AXIS)
