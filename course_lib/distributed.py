@@ -1,6 +1,6 @@
 """Launch several JAX processes on this machine, as a cluster would on several, and collect their results.
 
-Lesson 07. ``launch`` starts ``num_processes`` copies of ``python -m course_lib.train_dp``
+Lesson 08. ``launch`` starts ``num_processes`` copies of ``python -m course_lib.train_dp``
 (or another module), each with its own simulated CPU devices, joined through JAX's
 distributed runtime on ``127.0.0.1``. It waits for all of them and returns what each one
 printed on its ``RESULT`` line. It never leaves a process behind:

@@ -207,7 +207,7 @@ def pad_batch(tree, multiple: int | None = None):
 
 
 # ---------------------------------------------------------------------------------------------
-# The mesh-based forms (lesson 06): one global array with a sharding, instead of stacked copies.
+# The mesh-based forms (lessons 06-07): one global array with a sharding, instead of stacked copies.
 
 
 def replicate_on_mesh(tree, mesh: Mesh | None = None):
@@ -220,7 +220,7 @@ def replicate_on_mesh(tree, mesh: Mesh | None = None):
     replicated = NamedSharding(mesh, P())
     if replicated.is_fully_addressable:
         return jax.device_put(tree, replicated)
-    # Several processes (lesson 07): each holds the same values and contributes its local copies.
+    # Several processes (lesson 08): each holds the same values and contributes its local copies.
     return jax.jit(lambda t: t, out_shardings=replicated)(tree)
 
 

@@ -1,6 +1,6 @@
-"""Data-parallel training of the lesson 05/06 linear regression, as one process of a multi-process job.
+"""Data-parallel training of the lesson 05/07 linear regression, as one process of a multi-process job.
 
-Lesson 07. Every process runs this same program (SPMD again, one level up). Each one starts
+Lesson 08. Every process runs this same program (SPMD again, one level up). Each one starts
 JAX's distributed runtime, sees all devices of all processes, builds its own part of each
 global batch, and calls the same jitted step; the gradient all-reduce spans the processes.
 
