@@ -16,7 +16,12 @@ __all__ = ["shown", "whole", "optional_whole", "one_of", "device_list", "axis", 
 
 
 def shown(value) -> str:
+    """``value`` for an error message: its repr, cut at 80 characters; a function by its name and an object whose
+    repr holds a memory address by its type (a message, and a notebook's stored output, holds no addresses)."""
     text = repr(value)
+    if " at 0x" in text:
+        return (f"the function {value.__name__}" if callable(value) and hasattr(value, "__name__")
+                else f"a {type(value).__name__}")
     return text if len(text) <= 80 else text[:77] + "..."
 
 

@@ -48,20 +48,7 @@ __all__ = ["Checkpoints", "CheckpointError", "save", "restore", "latest_step", "
 TMP_MARKER = ".orbax-checkpoint-tmp"  # what Orbax adds to the name of a step directory still being written
 
 
-class _Plain:
-    def __init__(self, text):
-        self.text = text
-
-    def __repr__(self):
-        return self.text
-
-
-def _fail(where, name, what, value, fix="", kind=ValueError):
-    """``_checks.fail``, with a value whose repr holds a memory address named by its type (or function) instead."""
-    if " at 0x" in repr(value):
-        value = _Plain(f"the function {value.__name__}" if hasattr(value, "__name__") and callable(value)
-                       else f"a {type(value).__name__}")
-    _checks.fail(where, name, what, value, fix, kind)
+_fail = _checks.fail  # every wrong argument: "<function>: <argument> must be ..., got ... <fix>"
 
 
 class CheckpointError(ValueError):

@@ -67,27 +67,8 @@ def _check_state(state, where, name="state"):
                         "sharded_state.init_state(params, optimizer, mesh, stage=...).")
 
 
-def _named(value):
-    """A value for an error message: a function by its name, an object by its type (their reprs hold a memory
-    address)."""
-    if " at 0x" not in repr(value):
-        return _checks.shown(value)
-    return f"the function {value.__name__}" if callable(value) and hasattr(value, "__name__") else \
-        f"a {type(value).__name__}"
-
-
-
-class _Plain:
-    def __init__(self, text):
-        self.text = text
-
-    def __repr__(self):
-        return self.text
-
-
-def _fail(where, name, what, value, fix="", kind=ValueError):
-    """``_checks.fail``, with a value whose repr holds a memory address named by ``_named`` instead."""
-    _checks.fail(where, name, what, _Plain(_named(value)) if " at 0x" in repr(value) else value, fix, kind)
+_named = _checks.shown  # a value for an error message (a function by its name, no memory addresses)
+_fail = _checks.fail
 
 def _check_optimizer(optimizer, where):
     if not (callable(getattr(optimizer, "init", None)) and callable(getattr(optimizer, "update", None))):

@@ -24,7 +24,8 @@ def traces(tmp_path_factory, devices):
                                 backend="shard_map")
     bs = [b for b, _ in zip(data.batches(x, y, 128, epochs=None), range(30))]
     holder = {"state": state}
-    s, m = step(state, bs[0]); s, m = step.steps(s, bs[:5]); jax.block_until_ready(m)   # compile first
+    # Compile first, on a copy: the step donates (takes over) the state it is given.
+    s, m = step(jax.tree.map(jnp.copy, state), bs[0]); s, m = step.steps(s, bs[:5]); jax.block_until_ready(m)
 
     def one_and_read(i):                  # the tutorial loop: one step, then read the loss on the host
         holder["state"], m = step(holder["state"], bs[i])
