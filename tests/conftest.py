@@ -44,3 +44,17 @@ def run_python(code: str, env: dict | None = None, timeout: float = 120,
     full_env.update(env or {})
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           env=full_env, timeout=timeout)
+
+
+def gone(pid) -> bool:
+    """Whether process ``pid`` has ended (a zombie not yet reaped counts as ended)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:  # a zombie not yet reaped counts as gone
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+    return False

@@ -8,19 +8,7 @@ import numpy as np
 import pytest
 
 from course_lib import distributed, train_dp
-
-
-def gone(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:  # a zombie not yet reaped counts as gone
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] == "Z"
-    except FileNotFoundError:
-        return True
-    return False
+from conftest import gone
 
 
 @pytest.mark.timeout(180)

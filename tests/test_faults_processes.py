@@ -13,22 +13,10 @@ import numpy as np
 import pytest
 
 from course_lib import bench, distributed, train_dp
+from conftest import gone
 
 LOOPBACK_V4 = "0100007F"  # 127.0.0.1 as /proc/net/tcp writes it (little-endian hex)
 LOOPBACK_V6 = {"00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}  # ::1, ::ffff:127.0.0.1
-
-
-def gone(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    try:  # a zombie not yet reaped counts as gone
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-    return False
 
 
 def listening(port=None):
