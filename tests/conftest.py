@@ -5,6 +5,7 @@ to the CPU too, so that a machine with one GPU still tests 8-device semantics.
 """
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -58,3 +59,31 @@ def gone(pid) -> bool:
     except FileNotFoundError:
         return True
     return False
+
+
+# The errors that mean a public function let a wrong argument through to Python, NumPy or JAX.
+RAW = (IndexError, KeyError, ZeroDivisionError, AttributeError)
+
+
+def unclear_errors(sweep, junk) -> list[str]:
+    """Each argument of each ``(name, fn, kwargs)`` in ``sweep`` swapped for ``junk``: the calls whose error is not
+    course_lib's own (a raw one, or a message that does not start with the function's name)."""
+    unclear = []
+    for name, fn, kwargs in sweep:
+        for arg in kwargs:
+            try:
+                fn(**{**kwargs, arg: junk})
+            except Exception as e:
+                if isinstance(e, RAW) or not str(e).startswith(name):
+                    unclear.append(f"{name}({arg}={junk!r}): {type(e).__name__}: {str(e)[:300]}")
+    return unclear
+
+
+def stop_process_group(proc, timeout: float = 20) -> None:
+    """End ``proc``'s process group: SIGTERM, then SIGKILL if it has not ended within ``timeout`` seconds."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)

@@ -10,13 +10,14 @@ the `playwright` Python package; it downloads no browser.
 import os
 import pathlib
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
 
 import pytest
+
+from conftest import stop_process_group
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -62,12 +63,7 @@ def fresh_lab(tmp_path):
                 time.sleep(0.5)
         yield f"http://127.0.0.1:{port}/lab/tree/notebooks/00_setup_and_devices.ipynb?token={token}"
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_group(proc, timeout=20)
 
 
 @pytest.mark.timeout(300)

@@ -5,7 +5,6 @@ import os
 import pathlib
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -13,6 +12,8 @@ import urllib.error
 import urllib.request
 
 import pytest
+
+from conftest import stop_process_group
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "course.sh"
@@ -150,10 +151,5 @@ def test_lab_binds_to_localhost_with_a_token_and_opens_notebook_00(tmp_path):
             with pytest.raises(OSError):
                 socket.create_connection((addr, port), timeout=3).close()
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        stop_process_group(proc, timeout=30)
     assert proc.poll() is not None

@@ -14,6 +14,7 @@ import pytest
 
 from course_lib import _checks, bench, collectives as C, data, devices as cdev, diagrams, distributed, errors
 from course_lib import sharding, train_dp, training
+from conftest import RAW, unclear_errors
 
 X, Y = np.zeros((64, 3), np.float32), np.zeros(64, np.float32)
 PARAMS = {"w": jnp.zeros(3), "b": jnp.float32(0.0)}
@@ -231,7 +232,6 @@ CASES = [
      ["bench.run: steps must be a multiple of scan_steps (10), got 15", "steps=10"]),
 ]
 
-RAW = (IndexError, KeyError, ZeroDivisionError, AttributeError)
 
 
 @pytest.mark.parametrize("call, error, words", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
@@ -380,12 +380,5 @@ def _sweep():
 @pytest.mark.parametrize("junk", JUNK, ids=[type(j).__name__ + repr(j)[:6] for j in JUNK])
 def test_no_raw_python_error_for_any_junk_argument(devices, junk):
     """Each argument of each function, swapped for junk, gives a clear error or a correct result, never a raw one."""
-    unclear = []
-    for name, fn, kwargs in _sweep():
-        for arg in kwargs:
-            try:
-                fn(**{**kwargs, arg: junk})
-            except Exception as e:  # must be course_lib's own check, which names the function first
-                if isinstance(e, RAW) or not str(e).startswith(name):
-                    unclear.append(f"{name}({arg}={junk!r}): {type(e).__name__}: {e}")
+    unclear = unclear_errors(_sweep(), junk)  # each must be course_lib's own check, which names the function first
     assert not unclear, "\n".join(unclear)

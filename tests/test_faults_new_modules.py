@@ -16,11 +16,11 @@ import optax
 import pytest
 
 from course_lib import checkpoint as ck, checkpoint_worker as cw, profile as pr, sharded_state as ss, training
+from conftest import RAW, unclear_errors
 
 PARAMS = {"w": jnp.zeros(3), "b": jnp.float32(0.0)}
 OPT = optax.sgd(0.1)
 BATCH = {"x": np.zeros((16, 3), np.float32), "y": np.zeros(16, np.float32)}
-RAW = (IndexError, KeyError, ZeroDivisionError, AttributeError)
 
 
 def loss_fn(params, batch):
@@ -362,12 +362,5 @@ def test_no_raw_python_error_for_any_junk_argument(state, step, saved, tmp_path,
     """Each argument of each function, swapped for junk, gives course_lib's own error (its message starts with the
     function's name) or a correct result, never a raw one."""
     monkeypatch.chdir(tmp_path)         # a junk str is a valid relative path: keep what it writes out of the tree
-    unclear = []
-    for name, fn, kwargs in _sweep(state, step, saved, tmp_path):
-        for arg in kwargs:
-            try:
-                fn(**{**kwargs, arg: junk})
-            except Exception as e:  # must be course_lib's own check, which names the function first
-                if isinstance(e, RAW) or not str(e).startswith(name):
-                    unclear.append(f"{name}({arg}={junk!r}): {type(e).__name__}: {str(e)[:300]}")
+    unclear = unclear_errors(_sweep(state, step, saved, tmp_path), junk)
     assert not unclear, "\n".join(unclear)
