@@ -28,6 +28,9 @@ The pmap and shard_map variants send one all-reduce per step (``training.psum_bu
 Besides the variants, ``run`` measures the overhead per workload, global batch and device count: the default path
 on the first ``k`` devices over the same path on one, for ``k`` = 1, 2, 4, 8 (``measure``). On simulated devices,
 which share the host's cores, the limit is 1.0x. Fusion's gain is reported apart: ``single_jit`` / ``single_scan``.
+And it measures what one all-reduce costs on its own on ``k`` devices, for one number and for each workload's
+gradient buffer (``allreduce_ms``): the price the default path pays once per step, which the goals set beside
+the overhead.
 
 Every figure is the median over ``--repeats`` timed runs of ``--steps`` steps, after a warm-up run
 that compiles, each run ended by ``block_until_ready`` (or a host read of the loss, which waits the same way).
@@ -37,7 +40,7 @@ state.
 
 ``goals(report)`` checks the goals the README states, for the default path on 8 devices: on the MLP an overhead
 of at most 1.25x at global batch 512 and 1.5x at 256, and on the linear regression at least 3x faster than
-``naive_pmap``.
+``naive_pmap``. Beside each overhead goal it puts the all-reduce's own cost, as a share of the one-device step.
 """
 
 from __future__ import annotations
@@ -159,6 +162,21 @@ class Setup:
         step = training.make_train_step(self.loss_fn, self.opt, devices=devices, backend=backend)
         return self.start(k, backend), self.fit_run(step, k, **{**self.fused, **settings})
 
+    def without_allreduce(self, k=None):
+        """``(start, run)`` for the default pmap path on the first ``k`` devices with its all-reduce taken out: each
+        device applies its own gradient. A wrong step (the replicas drift apart, and so does the loss), timed only
+        to see what the rest of the step costs; everything else is the default path's."""
+        import jax
+
+        from course_lib import training
+
+        devices = self.devices[:k or len(self.devices)]
+        per_device = training.device_step(self.loss_fn, self.opt, reduce=lambda tree, axis_name: tree)
+        one, many = (jax.pmap(f, axis_name=training.AXIS, devices=devices, donate_argnums=(0,))
+                     for f in (per_device, training._scanned(per_device)))
+        step = training.TrainStep(one, many, "pmap", lambda batches: batches, donate=True, devices=devices)
+        return self.start(k), self.fit_run(step, k, **self.fused)
+
 
 # The variants, in the order they are reported: name -> build(setup) -> (start, run). start() makes the initial
 # state on the devices (not timed); run(state) trains over every batch and returns the final loss, read on the
@@ -259,13 +277,16 @@ REFERENCE = "single_scan"       # the same path on one device: the fair referenc
 
 
 def measure(name, *, global_batch=512, steps=100, repeats=7, scan_steps=None, variants=None,
-            device_counts=()) -> dict:
+            device_counts=(), without_allreduce=()) -> dict:
     """Time ``variants`` on one workload, and the default path on each of ``device_counts`` devices.
 
-    Returns ``{"variants": {variant: {"step_ms", "final_loss"}}, "devices": {k: {"step_ms", "final_loss"}}}``.
+    Returns ``{"variants": {variant: {"step_ms", "final_loss"}}, "devices": {k: {"step_ms", "final_loss"}},
+    "without_allreduce": {k: {"step_ms", "final_loss"}}}``.
     The default path on ``k`` devices runs on the first ``k`` local devices, the same global batch split
     ``(k, global_batch // k, ...)``; on 1 device it is ``single_scan``, on all of them ``pmap_scan``, and those
-    are timed once for both tables. Everything is timed in the same rounds (``_measure``).
+    are timed once for both tables. For each ``k`` in ``without_allreduce`` the same path runs with its all-reduce
+    taken out (``Setup.without_allreduce``; its loss is not the others'). Everything is timed in the same rounds
+    (``_measure``).
     """
     import jax
 
@@ -278,19 +299,23 @@ def measure(name, *, global_batch=512, steps=100, repeats=7, scan_steps=None, va
     scan_steps = default_k if scan_steps is None else scan_steps
     if steps % scan_steps:
         raise ValueError(f"steps ({steps}) must be a multiple of scan_steps ({scan_steps}).")
-    bad = [k for k in device_counts if not 1 <= k <= n or global_batch % k]
+    counts = list(device_counts) + [k for k in without_allreduce if k not in device_counts]
+    bad = [k for k in counts if not isinstance(k, int) or not 1 <= k <= n or global_batch % k]
     if global_batch % n or bad:
         raise ValueError(f"global_batch ({global_batch}) must divide over the {n} devices (and every device count "
-                         f"in {list(device_counts)} must be between 1 and {n} and divide it); use a multiple of {n}.")
+                         f"in {counts} must be between 1 and {n} and divide it); use a multiple of {n}.")
     setup = Setup(name, global_batch, steps, scan_steps)
     runs = {v: VARIANTS[v](setup) for v in VARIANTS if v in variants}
     same = {1: REFERENCE, n: DEFAULT_VARIANT}
     for k in device_counts:
         if same.get(k) not in runs:
             runs[("devices", k)] = setup.default_path(k)
+    for k in without_allreduce:
+        runs[("without_allreduce", k)] = setup.without_allreduce(k)
     timed = _measure(runs, repeats, steps)
     return {"variants": {v: timed[v] for v in runs if isinstance(v, str)},
-            "devices": {k: timed[same[k] if same.get(k) in runs else ("devices", k)] for k in device_counts}}
+            "devices": {k: timed[same[k] if same.get(k) in runs else ("devices", k)] for k in device_counts},
+            "without_allreduce": {k: timed[("without_allreduce", k)] for k in without_allreduce}}
 
 
 def run_workload(name, *, global_batch=512, steps=100, repeats=7, scan_steps=None, variants=None):
@@ -320,6 +345,47 @@ def _measure(runs: dict, repeats: int, steps: int) -> dict:
             for name in runs}
 
 
+def buffer_size(name) -> int:
+    """How many numbers the default path's one all-reduce per step carries for workload ``name``: every parameter's
+    gradient, the loss and the count of real examples, flattened into one vector (``training.psum_bucketed``)."""
+    import jax
+    params = workloads(name, 8)[0]
+    return sum(int(p.size) for p in jax.tree.leaves(params)) + 2
+
+
+def allreduce_ms(sizes: dict, device_counts, *, iters=50, repeats=7) -> dict:
+    """What one all-reduce costs on its own: ``{label: {k: ms}}`` for each ``label: size`` in ``sizes`` and each ``k``.
+
+    ``iters`` all-reduces (``lax.psum``) of a float32 vector ``(size,)`` in a row, fused into one dispatch with
+    ``lax.scan`` on the first ``k`` devices, against the same loop without the all-reduce; the difference over
+    ``iters``, median of ``repeats`` rounds (taken in turns, as ``measure``'s). The data stay on the devices, so
+    what is left is the all-reduce: on simulated devices, the rendezvous of ``k`` threads and the sums.
+    """
+    import jax
+    import numpy as np
+
+    from course_lib import sharding
+
+    devs = jax.local_devices()
+
+    def loop(k, size, reduce):
+        def body(c, _):
+            return reduce(c) * (1.0 / k), None
+        f = jax.pmap(lambda c: jax.lax.scan(body, c, None, length=iters)[0], axis_name="i", devices=devs[:k])
+        split = jax.sharding.NamedSharding(sharding.device_mesh(devs[:k]), jax.sharding.PartitionSpec("devices"))
+        x = jax.device_put(np.ones((k, size), np.float32), split)
+        return (lambda: x), (lambda c: float(f(c)[0, 0]))
+
+    runs = {}
+    for label, size in sizes.items():
+        for k in device_counts:
+            runs[(label, k, "psum")] = loop(k, size, lambda c: jax.lax.psum(c, "i"))
+            runs[(label, k, "none")] = loop(k, size, lambda c: c)
+    timed = _measure(runs, repeats, iters)
+    return {label: {k: round(max(0.0, timed[(label, k, "psum")]["step_ms"] - timed[(label, k, "none")]["step_ms"]), 4)
+                    for k in device_counts} for label in sizes}
+
+
 def machine() -> dict:
     import jax
     d = jax.devices()[0]
@@ -343,15 +409,28 @@ def goals(report: dict) -> dict:
       the same path on one device, the same global batch) is at most 1.25x at global batch 512 and 1.5x at 256;
       ``from_limit`` is how far the ratio is from the limit, 1.0x;
     * on the linear regression, the default path is at least 3x faster than the naive loop.
+
+    Beside each overhead goal, where the report has them: ``without_allreduce``, the overhead of the same path
+    with its all-reduce taken out (what the rest of the step costs), and ``allreduce_ms`` and ``allreduce_share``,
+    one all-reduce of the workload's buffer on ``k`` devices on its own, in ms and over the one-device step. When
+    ``without_allreduce`` meets the goal and the ratio does not, the all-reduce is what misses it.
     """
     out = {}
     for workload, batch, k, most in OVERHEAD_GOALS:
-        got = report.get("overhead", {}).get(workload, {}).get(str(batch), {}).get(str(k))
+        row = report.get("overhead", {}).get(workload, {}).get(str(batch), {})
+        got = row.get(str(k))
         if got:
             r = got["overhead"]
-            out[f"{workload}_overhead_{k}dev_batch{batch}"] = {
+            goal = out[f"{workload}_overhead_{k}dev_batch{batch}"] = {
                 "ratio": round(r, 3), "goal": f"<= {most}", "met": r <= most, "limit": LIMIT,
                 "from_limit": round(r - LIMIT, 3)}
+            bare = report.get("without_allreduce", {}).get(workload, {}).get(str(batch))
+            if bare and bare["devices"] == k:
+                goal["without_allreduce"] = bare["overhead"]
+            ar = report.get("allreduce", {}).get(workload, {}).get("ms", {}).get(str(k))
+            if ar is not None and row.get("1", {}).get("step_ms"):
+                goal["allreduce_ms"] = ar
+                goal["allreduce_share"] = round(ar / row["1"]["step_ms"], 3)
     w = report["workloads"]
     if "regression" in w and "naive_pmap" in w["regression"] and DEFAULT_VARIANT in w["regression"]:
         r = w["regression"]["naive_pmap"]["step_ms"] / w["regression"][DEFAULT_VARIANT]["step_ms"]
@@ -369,13 +448,20 @@ def run(*, global_batch=512, steps=100, repeats=7, scan_steps=None, workload_nam
         variants=None, extra_batches=(256,), device_counts=None) -> dict:
     """Time the variants on every workload, and the data-parallel overhead per workload, batch and device count.
 
-    Returns ``{"machine", "settings", "default_variant", "workloads", "fusion_gain", "overhead", "goals"}``:
+    Returns ``{"machine", "settings", "default_variant", "workloads", "fusion_gain", "overhead",
+    "without_allreduce", "allreduce", "goals"}``:
 
     * ``workloads[w][variant]``: ``{"step_ms", "final_loss"}`` at ``global_batch``;
     * ``fusion_gain[w]``: ``single_jit`` / ``single_scan``, what fusing steps gains on one device;
     * ``overhead[w][batch][k]``: ``{"step_ms", "overhead"}``, the default path on ``k`` devices over the same
       path on one device, at ``global_batch`` and each of ``extra_batches``, for ``k`` in ``device_counts``
       (default 1, 2, 4, ... up to the local device count, and that count);
+    * ``without_allreduce[w][batch]``: ``{"devices", "step_ms", "overhead"}``, the default path on the most devices
+      with its all-reduce taken out (``Setup.without_allreduce``, a wrong step timed only to see what the rest of
+      the step costs), over the same one-device time;
+    * ``allreduce[label]``: ``{"size", "ms": {"k": ms}}``, one all-reduce on its own on ``k`` devices
+      (``allreduce_ms``), for one number (``"1 number"``) and for each workload's gradient buffer (``buffer_size``),
+      for every ``k`` > 1 in ``device_counts``;
     * ``goals``: see ``goals``.
 
     ``scan_steps`` defaults to ``training.fit``'s ``steps_per_call``, so ``pmap_scan`` is the default path; with
@@ -407,19 +493,33 @@ def run(*, global_batch=512, steps=100, repeats=7, scan_steps=None, workload_nam
               "settings": {"global_batch": global_batch, "overhead_batches": batches, "steps": steps,
                            "repeats": repeats, "scan_steps": scan_steps, "device_counts": device_counts},
               "default_variant": DEFAULT_VARIANT if is_default else None,
-              "workloads": {}, "fusion_gain": {}, "overhead": {}}
+              "workloads": {}, "fusion_gain": {}, "overhead": {}, "without_allreduce": {}}
+    most = max(device_counts)
+    bare = (most,) if most > 1 else ()
     for w in workload_names:
         report["overhead"][w] = {}
+        report["without_allreduce"][w] = {}
         for batch in batches:
             main = batch == global_batch
             m = measure(w, global_batch=batch, steps=steps, repeats=repeats, scan_steps=scan_steps,
-                        variants=variants if main else (), device_counts=device_counts)
+                        variants=variants if main else (), device_counts=device_counts, without_allreduce=bare)
             if main:
                 report["workloads"][w] = m["variants"]
             report["overhead"][w][str(batch)] = _overhead_table(m["devices"])
+            one = m["devices"][1]["step_ms"]
+            for k, r in m["without_allreduce"].items():
+                report["without_allreduce"][w][str(batch)] = {"devices": k, "step_ms": r["step_ms"],
+                                                              "overhead": round(r["step_ms"] / one, 3)}
         res = report["workloads"][w]
         if "single_jit" in res and REFERENCE in res:
             report["fusion_gain"][w] = round(res["single_jit"]["step_ms"] / res[REFERENCE]["step_ms"], 3)
+    report["allreduce"] = {}
+    several = [k for k in device_counts if k > 1]
+    if several:
+        sizes = {"1 number": 1, **{w: buffer_size(w) for w in workload_names}}
+        ms = allreduce_ms(sizes, several, repeats=repeats)
+        report["allreduce"] = {label: {"size": size, "ms": {str(k): ms[label][k] for k in several}}
+                               for label, size in sizes.items()}
     report["goals"] = goals(report) if is_default else {}
     return report
 
@@ -447,16 +547,38 @@ def table(report: dict) -> str:
         counts = st["device_counts"]
         lines.append(f"\ndata-parallel overhead: the default path on k devices / on 1 device ({REFERENCE}), "
                      f"same global batch; the limit on simulated devices is {LIMIT:.2f}x")
-        lines.append(f"  {'workload':<11} {'batch':>5}" + "".join(f"{f'{k} dev':>9}" for k in counts))
+        bare = report.get("without_allreduce", {})
+        has_bare = any(bare.get(w) for w in report["overhead"])
+        lines[-1] += "; last column: the same on the most devices with its all-reduce taken out" if has_bare else ""
+        lines.append(f"  {'workload':<11} {'batch':>5}" + "".join(f"{f'{k} dev':>9}" for k in counts)
+                     + (f"{'no all-reduce':>15}" if has_bare else ""))
         for w, per_batch in report["overhead"].items():
             for batch, row in per_batch.items():
-                lines.append(f"  {w:<11} {batch:>5}" + "".join(f"{row[str(k)]['overhead']:8.2f}x" for k in counts))
+                b = bare.get(w, {}).get(batch)
+                lines.append(f"  {w:<11} {batch:>5}" + "".join(f"{row[str(k)]['overhead']:8.2f}x" for k in counts)
+                             + (f"{b['overhead']:14.2f}x" if b else ""))
+    if report.get("allreduce"):
+        counts = [k for k in st["device_counts"] if k > 1]
+        lines.append("\none all-reduce on its own, ms (psum of a float32 vector in a fused loop, minus the same loop "
+                     "without it)")
+        lines.append(f"  {'buffer':<24}" + "".join(f"{f'{k} dev':>9}" for k in counts))
+        for label, r in report["allreduce"].items():
+            name = f"{label} ({r['size']:,})"
+            lines.append(f"  {name:<24}" + "".join(f"{r['ms'][str(k)]:9.3f}" for k in counts))
     if report.get("goals"):
         lines.append("\ngoals:")
         for name, g in report["goals"].items():
             limit = f", {g['from_limit']:+.2f} from the limit {g['limit']:.2f}x" if "limit" in g else ""
             lines.append(f"  {name:<30} {g['ratio']:6.2f}  (goal {g['goal']}{limit}): "
                          f"{'met' if g['met'] else 'NOT met'}")
+            notes = []
+            if "without_allreduce" in g:
+                notes.append(f"without its all-reduce {g['without_allreduce']:.2f}x")
+            if "allreduce_share" in g:
+                notes.append(f"one all-reduce on its own {g['allreduce_ms']:.3f} ms = {g['allreduce_share']:.2f}x "
+                             "the one-device step")
+            if notes:
+                lines.append(f"  {'':<30} " + "; ".join(notes))
     return "\n".join(lines)
 
 

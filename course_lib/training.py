@@ -155,13 +155,23 @@ def psum_bucketed(tree, axis_name=AXIS):
     return unravel(jax.lax.psum(flat, axis_name))
 
 
-def device_step(loss_fn, optimizer, has_aux=False, axis_name=AXIS, in_shard_map=False):
+def device_step(loss_fn, optimizer, has_aux=False, axis_name=AXIS, in_shard_map=False, reduce=None):
     """One device's view of a step: local gradients, a weighted average over ``axis_name``, the update.
 
     ``step(state, shard) -> (state, metrics)``, unmapped: what ``make_train_step`` gives to ``jax.pmap``
     (or, with ``in_shard_map=True``, to ``jax.shard_map``). Use it to build your own mapped step, e.g. one
     that fuses several steps per dispatch with ``jax.lax.scan`` (lesson 09).
+
+    ``reduce(tree, axis_name) -> tree`` is how the step's weighted sums cross the devices: by default
+    ``psum_bucketed``, one all-reduce. Another one changes only the communication, e.g.
+    ``lambda t, a: jax.tree.map(lambda v: jax.lax.psum(v, a), t)`` (one psum per leaf); ``course_lib.bench`` passes
+    one that keeps each device's own sums, a wrong step, to time the step without its all-reduce.
     """
+    if reduce is None:
+        reduce = psum_bucketed
+    elif not callable(reduce):
+        raise TypeError(f"device_step: reduce must be a function reduce(tree, axis_name) -> tree, got "
+                        f"{_checks.shown(reduce)}. Leave it out for psum_bucketed, one all-reduce per step.")
 
     def step(state: TrainState, batch):
         key = _step_key(state, jax.lax.axis_index(axis_name))
@@ -179,7 +189,7 @@ def device_step(loss_fn, optimizer, has_aux=False, axis_name=AXIS, in_shard_map=
         # together: one all-reduce per step instead of one per leaf.
         count = _count(batch)
         weighted = (jax.tree.map(lambda g: g * count, grads), loss * count, jax.tree.map(lambda a: a * count, aux))
-        (grads, loss, aux), total = psum_bucketed((weighted, count), axis_name)
+        (grads, loss, aux), total = reduce((weighted, count), axis_name)
         grads, loss, aux = jax.tree.map(lambda v: v / total, (grads, loss, aux))
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)

@@ -44,11 +44,24 @@ def test_run_reports_every_variant_the_overhead_and_the_same_final_loss(devices)
         # at the main batch, 1 device is single_scan and 8 are the default path: the same timed runs
         assert report["overhead"][workload]["64"]["1"]["step_ms"] == results["single_scan"]["step_ms"]
         assert report["overhead"][workload]["64"]["8"]["step_ms"] == results["pmap_scan"]["step_ms"]
+        # the same path on 8 devices without its all-reduce: timed in the same rounds, over the same 1-device time
+        for batch in ("64", "32"):
+            bare = report["without_allreduce"][workload][batch]
+            assert bare["devices"] == 8 and bare["step_ms"] > 0
+            assert bare["overhead"] == pytest.approx(bare["step_ms"] / report["overhead"][workload][batch]["1"]
+                                                     ["step_ms"], rel=1e-2)
+    # one all-reduce on its own, for one number and each workload's buffer, on 2, 4 and 8 devices
+    assert list(report["allreduce"]) == ["1 number", "regression", "mlp"]
+    assert [r["size"] for r in report["allreduce"].values()] == [1, bench.buffer_size("regression"),
+                                                                 bench.buffer_size("mlp")]
+    for r in report["allreduce"].values():
+        assert list(r["ms"]) == ["2", "4", "8"] and all(ms >= 0 for ms in r["ms"].values())
     # no overhead goal at these batches; the regression goal is there
     assert set(report["goals"]) == {"regression_naive_vs_default"}
     text = bench.table(report)
     assert "8 simulated CPU devices" in text and "x single_scan" in text and "<- default" in text
     assert "<- reference" in text and "fusion's gain" in text and "data-parallel overhead" in text
+    assert "no all-reduce" in text and "one all-reduce on its own" in text and "mlp (19,212)" in text
     assert "goals:" in text
 
 
@@ -71,6 +84,29 @@ def _report(mlp_512, mlp_256, naive, default):
                                          "8": {"step_ms": mlp_256, "overhead": mlp_256}}}}}
 
 
+def test_buffer_size_is_what_the_default_step_sends_in_its_all_reduce(devices):
+    """The all-reduce the benchmark times on its own carries as many numbers as the MLP step's one all-reduce."""
+    params, loss_fn, x, y, opt = bench.workloads("mlp", 64)
+    step = training.make_train_step(loss_fn, opt)
+    state = training.init_state(params, opt, jax.random.key(0))
+    hlo = step.lower(state, next(data.batches(x, y, 64))).compile().as_text()
+    reduces = [line for line in hlo.splitlines() if " all-reduce(" in line]
+    assert len(reduces) == 1 and f"f32[{bench.buffer_size('mlp')}]" in reduces[0], reduces
+
+
+def test_without_allreduce_is_the_default_path_minus_its_collective(devices):
+    """The diagnostic path compiles to the default path's program with no all-reduce at all."""
+    setup = bench.Setup("mlp", 64, 10, 10)
+    start, run = setup.without_allreduce(8)
+    loss = run(start())
+    assert np.isfinite(loss)
+    m = bench.measure("mlp", global_batch=64, steps=10, repeats=1, variants=(), device_counts=(1, 8),
+                      without_allreduce=(8,))
+    assert list(m["without_allreduce"]) == [8] and m["without_allreduce"][8]["step_ms"] > 0
+    # each device trains on its own eighth of the batch: not the data-parallel loss
+    assert m["without_allreduce"][8]["final_loss"] != pytest.approx(m["devices"][8]["final_loss"], rel=1e-5)
+
+
 def test_goals_read_the_overhead_against_single_scan_and_the_naive_loop():
     g = bench.goals(_report(1.3, 1.4, 2.0, 0.5))
     assert g["mlp_overhead_8dev_batch512"] == {"ratio": 1.3, "goal": "<= 1.25", "met": False, "limit": 1.0,
@@ -81,6 +117,16 @@ def test_goals_read_the_overhead_against_single_scan_and_the_naive_loop():
     assert g["mlp_overhead_8dev_batch512"]["met"] and not g["mlp_overhead_8dev_batch256"]["met"]
     assert not g["regression_naive_vs_default"]["met"]
     assert "mlp_overhead_8dev_batch512" not in bench.goals({"workloads": {}, "overhead": {}})
+    # beside each overhead goal: the same path without its all-reduce, and one all-reduce over the 1-device step
+    report = _report(1.6, 1.8, 2.0, 0.5)
+    report["without_allreduce"] = {"mlp": {"512": {"devices": 8, "step_ms": 0.9, "overhead": 0.9},
+                                           "256": {"devices": 4, "step_ms": 0.95, "overhead": 0.95}}}
+    report["allreduce"] = {"mlp": {"size": 19212, "ms": {"8": 0.25}}}
+    g = bench.goals(report)
+    assert g["mlp_overhead_8dev_batch512"]["without_allreduce"] == 0.9
+    assert g["mlp_overhead_8dev_batch512"]["allreduce_ms"] == 0.25
+    assert g["mlp_overhead_8dev_batch512"]["allreduce_share"] == 0.25       # over the 1-device step, 1.0 ms
+    assert "without_allreduce" not in g["mlp_overhead_8dev_batch256"], "measured on 4 devices, not the goal's 8"
 
 
 def test_another_scan_steps_is_not_the_default_path_and_reports_no_goals(devices):
@@ -104,6 +150,8 @@ def test_a_new_variant_is_a_few_lines(devices, monkeypatch):
     (dict(steps=10, global_batch=60), r"global_batch \(60\) must divide over the 8 devices"),
     (dict(steps=10, device_counts=(3,)), r"global_batch \(64\) must divide .* device count in \[3\]"),
     (dict(steps=10, variants=("pmap_fast",)), r"unknown variants \['pmap_fast'\]"),
+    (dict(steps=10, without_allreduce=(3,)), r"global_batch \(64\) must divide .* device count in \[3\]"),
+    (dict(steps=10, without_allreduce=(16,)), r"between 1 and 8"),
 ])
 def test_bad_settings_are_named(devices, kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -118,7 +166,8 @@ def test_command_line_writes_json(tmp_path):
                        capture_output=True, text=True, timeout=280)
     assert r.returncode == 0, r.stderr
     report = json.loads(out.read_text())
-    assert set(report) == {"machine", "settings", "default_variant", "workloads", "fusion_gain", "overhead", "goals"}
+    assert set(report) == {"machine", "settings", "default_variant", "workloads", "fusion_gain", "overhead",
+                           "without_allreduce", "allreduce", "goals"}
     assert set(report["workloads"]) == {"regression", "mlp"}
     assert all(list(w) == VARIANTS for w in report["workloads"].values())
     assert all(list(o) == ["64", "32"] and all(list(row) == ["1", "2", "4", "8"] for row in o.values())

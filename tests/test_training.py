@@ -203,6 +203,24 @@ def test_device_step_sends_everything_in_one_all_reduce(backend):
     assert hlo.count(" all-reduce(") == 1, hlo
 
 
+def test_device_step_reduce_changes_only_the_communication():
+    """reduce= swaps how the sums cross the devices: one psum per leaf trains the same; keeping each device's own
+    sums (bench's step without its all-reduce) lets the replicas drift apart; a wrong value is named."""
+    x, y, _ = data.regression_data(n=256)
+    opt = optax.sgd(0.1)
+    batch = next(data.batches(x, y, 64))
+    per_leaf = lambda t, a: jax.tree.map(lambda v: jax.lax.psum(v, a), t)           # noqa: E731
+    results = {}
+    for name, reduce in [("default", None), ("per_leaf", per_leaf), ("local", lambda t, a: t)]:
+        step = jax.pmap(training.device_step(mse, opt, reduce=reduce), axis_name=training.AXIS)
+        results[name], _ = step(training.init_state(ZERO, opt, jax.random.key(0)), batch)
+    np.testing.assert_allclose(results["per_leaf"].params["w"], results["default"].params["w"], rtol=1e-6)
+    assert training.replicas_identical(results["default"].params)
+    assert not training.replicas_identical(results["local"].params)
+    with pytest.raises(TypeError, match=r"^device_step: reduce must be a function .*got 'psum'"):
+        training.device_step(mse, opt, reduce="psum")
+
+
 def test_psum_bucketed_equals_psum_per_leaf():
     tree = {"a": jnp.arange(16.0).reshape(8, 2), "b": jnp.arange(8.0), "c": jnp.ones((8, 2, 3), jnp.bfloat16)}
     bucketed = jax.pmap(lambda t: training.psum_bucketed(t, "i"), axis_name="i")(tree)
