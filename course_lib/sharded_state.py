@@ -31,7 +31,9 @@ compiled step's ``memory_analysis()``), ``formula_bytes`` (the ZeRO paper's arit
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import inspect
 import math
 import re
 from typing import Any, Callable
@@ -640,7 +642,9 @@ def bench_variants(params, loss_fn, optimizer, host_batches, *, accumulate: int 
     ``loss_fn(params, batch, key)`` as ``training.make_train_step`` takes it (called with ``key=None``);
     ``host_batches``: pmap-sharded batches, leaves ``(n, B // n, ...)``, placed here on a ``data_mesh`` as global
     ``(B, ...)`` arrays before any timing. ``start()`` makes the initial state on the devices; ``run(state)`` trains
-    over every batch and returns the final loss, read on the host.
+    over every batch and returns the final loss, read on the host. Like ``training.fit`` it waits for the oldest
+    step when more than ``max_ahead`` (``fit``'s default, 20) would be in flight: on JAX 0.11 a longer queue of
+    8 simulated devices' steps can deadlock XLA's CPU runtime (seen with 100 steps).
     """
     accumulate = _checks.whole(accumulate, "accumulate", "bench_variants")
     host_batches = list(host_batches)
@@ -654,6 +658,8 @@ def bench_variants(params, loss_fn, optimizer, host_batches, *, accumulate: int 
                for b in host_batches]
     per_device = np.shape(jax.tree.leaves(host_batches[0])[0])[1]
     k = max(d for d in range(1, accumulate + 1) if per_device % d == 0)
+    from . import training
+    ahead = inspect.signature(training.fit).parameters["max_ahead"].default
 
     def loss(p, batch):
         return loss_fn(p, batch, None)
@@ -662,8 +668,12 @@ def bench_variants(params, loss_fn, optimizer, host_batches, *, accumulate: int 
         step = make_train_step(loss, optimizer, stage=stage, accumulate=micro)
 
         def run(state):
+            in_flight = collections.deque()
             for b in batches:
                 state, metrics = step(state, b)
+                in_flight.append(metrics["loss"])
+                if len(in_flight) > ahead:  # as training.fit: never more than `ahead` steps queued (see above)
+                    jax.block_until_ready(in_flight.popleft())
             return float(metrics["loss"])
 
         return (lambda: jax.block_until_ready(init_state(params, optimizer, mesh, stage=stage))), run

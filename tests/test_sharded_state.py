@@ -208,3 +208,18 @@ def test_states_of_the_same_model_and_stage_share_one_compiled_step(devices):
     b = batches(1)[0]
     assert step.compile(first, b) is step.compile(second, b)
     assert step.compile(first, b) is not step.compile(first, batches(1, size=128)[0])
+
+
+def test_bench_variants_keep_at_most_fits_max_ahead_steps_in_flight(devices, monkeypatch):
+    """30 steps with fit's bound of 20: it waits for the 10 oldest, as fit would (JAX 0.11 deadlocked on 100 queued
+    steps of 8 simulated devices), and trains the same as one step at a time."""
+    host = [jax.tree.map(lambda a: a.reshape((N, -1) + a.shape[1:]), b) for b in batches(30, size=64)]
+    start, run = ss.bench_variants(mlp(), lambda p, b, key: loss_fn(p, b), optax.adam(0.05), host)["fsdp"]
+    state = start()
+    waited = []
+    wait = jax.block_until_ready
+    monkeypatch.setattr(jax, "block_until_ready", lambda x: waited.append(x) or wait(x))
+    loss = run(state)
+    assert len(waited) == 30 - 20
+    _, losses, _ = train("fsdp", data=batches(30, size=64))
+    assert loss == pytest.approx(losses[-1], rel=RTOL)
