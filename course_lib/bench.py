@@ -20,7 +20,8 @@ function decorated with ``@variant("name")`` that returns ``(start, run)``, usua
 * ``shard_map``: the same with the ``"shard_map"`` backend of ``training.make_train_step``;
 * ``jit_sharded``: the same with the ``"jit"`` backend (plain jit, sharded inputs);
 * ``fsdp`` and ``accumulate`` (lesson 10): ``sharded_state``'s FSDP step, and its replicated step with 4
-  micro-batches per device (``sharded_state.bench_variants``), one dispatch per step.
+  micro-batches per device (``sharded_state.bench_variants``), one dispatch per step, at most ``fit``'s
+  ``max_ahead`` (20) in flight.
 
 The pmap and shard_map variants send one all-reduce per step (``training.psum_bucketed``); for
 ``jit_sharded`` the compiler decides (two, on the CPU backend).
@@ -549,7 +550,9 @@ def table(report: dict) -> str:
                      f"same global batch; the limit on simulated devices is {LIMIT:.2f}x")
         bare = report.get("without_allreduce", {})
         has_bare = any(bare.get(w) for w in report["overhead"])
-        lines[-1] += "; last column: the same on the most devices with its all-reduce taken out" if has_bare else ""
+        if has_bare:
+            lines.append(f"  (no all-reduce: the same on {max(counts)} devices with its all-reduce taken out, a wrong step "
+                         "timed only to see what the rest costs)")
         lines.append(f"  {'workload':<11} {'batch':>5}" + "".join(f"{f'{k} dev':>9}" for k in counts)
                      + (f"{'no all-reduce':>15}" if has_bare else ""))
         for w, per_batch in report["overhead"].items():
