@@ -55,6 +55,9 @@ import sys
 import time
 
 
+WORKLOADS = ("regression", "mlp")
+
+
 def workloads(name, global_batch, seed=0):
     """(params, loss_fn(params, batch, key), x, y) for 'regression' or 'mlp'."""
     import jax
@@ -350,6 +353,10 @@ def buffer_size(name) -> int:
     """How many numbers the default path's one all-reduce per step carries for workload ``name``: every parameter's
     gradient, the loss and the count of real examples, flattened into one vector (``training.psum_bucketed``)."""
     import jax
+
+    from course_lib import _checks
+
+    _checks.one_of(name, "name", "bench.buffer_size", WORKLOADS)
     params = workloads(name, 8)[0]
     return sum(int(p.size) for p in jax.tree.leaves(params)) + 2
 
@@ -359,15 +366,30 @@ def allreduce_ms(sizes: dict, device_counts, *, iters=50, repeats=7) -> dict:
 
     ``iters`` all-reduces (``lax.psum``) of a float32 vector ``(size,)`` in a row, fused into one dispatch with
     ``lax.scan`` on the first ``k`` devices, against the same loop without the all-reduce; the difference over
-    ``iters``, median of ``repeats`` rounds (taken in turns, as ``measure``'s). The data stay on the devices, so
-    what is left is the all-reduce: on simulated devices, the rendezvous of ``k`` threads and the sums.
+    ``iters``, median of ``repeats`` rounds (taken in turns, as ``measure``'s), 0 where the difference is lost in
+    the noise. The data stay on the devices, so what is left is the all-reduce: on simulated devices, the rendezvous
+    of ``k`` threads and the sums.
     """
     import jax
     import numpy as np
 
-    from course_lib import sharding
+    from course_lib import _checks, sharding
 
+    where = "bench.allreduce_ms"
+    if not isinstance(sizes, dict) or not sizes:
+        _checks.fail(where, "sizes", "a non-empty dict {label: how many float32 numbers}", sizes,
+                     'Pass e.g. sizes={"one number": 1, "mlp": 19212}.', TypeError)
+    sizes = {label: _checks.whole(size, f"sizes[{label!r}]", where) for label, size in sizes.items()}
     devs = jax.local_devices()
+    if isinstance(device_counts, (str, bytes)) or not hasattr(device_counts, "__iter__"):
+        _checks.fail(where, "device_counts", "a list of device counts", device_counts,
+                     f"Pass e.g. device_counts=[2, {len(devs)}].", TypeError)
+    counts = [_checks.whole(k, "device_counts", where) for k in device_counts]
+    if not counts or max(counts) > len(devs):
+        _checks.fail(where, "device_counts", f"a non-empty list of counts from 1 to {len(devs)}, the local devices",
+                     device_counts, f"Pass e.g. device_counts=[2, {len(devs)}].")
+    iters = _checks.whole(iters, "iters", where)
+    repeats = _checks.whole(repeats, "repeats", where)
 
     def loop(k, size, reduce):
         def body(c, _):
@@ -379,12 +401,12 @@ def allreduce_ms(sizes: dict, device_counts, *, iters=50, repeats=7) -> dict:
 
     runs = {}
     for label, size in sizes.items():
-        for k in device_counts:
+        for k in counts:
             runs[(label, k, "psum")] = loop(k, size, lambda c: jax.lax.psum(c, "i"))
             runs[(label, k, "none")] = loop(k, size, lambda c: c)
     timed = _measure(runs, repeats, iters)
     return {label: {k: round(max(0.0, timed[(label, k, "psum")]["step_ms"] - timed[(label, k, "none")]["step_ms"]), 4)
-                    for k in device_counts} for label in sizes}
+                    for k in counts} for label in sizes}
 
 
 def machine() -> dict:

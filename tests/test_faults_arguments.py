@@ -230,6 +230,17 @@ CASES = [
      ["bench.run: repeats must be a whole number >= 1, got -3"]),
     ("bench-run-multiple", lambda: bench.run(steps=15, scan_steps=10), ValueError,
      ["bench.run: steps must be a multiple of scan_steps (10), got 15", "steps=10"]),
+    ("bench-allreduce-too-many-devices", lambda: bench.allreduce_ms({"one": 1}, [2, 16]), ValueError,
+     ["bench.allreduce_ms: device_counts must be a non-empty list of counts from 1 to 8", "got [2, 16]",
+      "device_counts=[2, 8]"]),
+    ("bench-allreduce-no-devices", lambda: bench.allreduce_ms({"one": 1}, []), ValueError,
+     ["bench.allreduce_ms: device_counts must be a non-empty list"]),
+    ("bench-allreduce-size-zero", lambda: bench.allreduce_ms({"one": 0}, [2]), ValueError,
+     ["bench.allreduce_ms: sizes['one'] must be a whole number >= 1, got 0"]),
+    ("bench-allreduce-sizes-list", lambda: bench.allreduce_ms([1], [2]), TypeError,
+     ["bench.allreduce_ms: sizes must be a non-empty dict {label: how many float32 numbers}", 'sizes={"one number"']),
+    ("bench-buffer-size-unknown", lambda: bench.buffer_size("cnn"), ValueError,
+     ["bench.buffer_size: name must be one of 'regression', 'mlp', got 'cnn'"]),
 ]
 
 
@@ -372,6 +383,9 @@ def _sweep():
         ("array_placement", diagrams.array_placement, {"x": jnp.zeros(8), "name": "x", "max_values": 8}),
         ("collective", diagrams.collective, {"op": jax.lax.psum, "xs": np.zeros((4, 2)), "axis_name": "i"}),
         ("simulate_devices", cdev.simulate_devices, {"n": 8}),
+        ("bench.allreduce_ms", bench.allreduce_ms, {"sizes": {"one": 1}, "device_counts": [2], "iters": 2,
+                                                     "repeats": 1}),
+        ("bench.buffer_size", bench.buffer_size, {"name": "mlp"}),
         ("Launcher", distributed.Launcher, {"num_processes": 2, "devices_per_process": 2, "args": [],
                                             "timeout": 10.0, "env": None, "module": "course_lib.train_dp"}),
     ]
