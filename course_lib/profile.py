@@ -114,8 +114,10 @@ def _path(path, name: str, where: str) -> pathlib.Path:
 def capture(directory, run_step: Callable[[int], object], steps: int, *, name: str = "train") -> pathlib.Path:
     """Trace ``run_step(0) ... run_step(steps - 1)``, each inside ``StepTraceAnnotation(name, step_num=i)``.
 
-    Run it once before (to compile) so that the trace holds steps, not compilation. Each call's result is
-    waited for at the end of the trace. Returns the path of the Perfetto trace file.
+    Run it once before (to compile) so that the trace holds steps, not compilation. Before the trace ends it
+    waits for each call's result and for every array still alive on the devices (``jax.live_arrays()``): a step
+    whose loss was read on the host from one device may still be running on the others, and their last ops would
+    be missing from the trace. Returns the path of the Perfetto trace file.
     """
     import jax
 
@@ -131,7 +133,7 @@ def capture(directory, run_step: Callable[[int], object], steps: int, *, name: s
         for i in range(steps):
             with jax.profiler.StepTraceAnnotation(name, step_num=i):
                 results.append(run_step(i))
-        jax.block_until_ready(results)
+        jax.block_until_ready((results, jax.live_arrays()))   # one wait: the trace shows one read at the end
     return find_trace(directory)
 
 
