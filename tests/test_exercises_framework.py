@@ -327,3 +327,31 @@ def test_every_exercise_is_offered_in_its_notebook_with_hint_then_solution(id_):
     assert all(IMPORT_LINE in "".join(c["source"]) for c in checking), f"the cell checking {id_} imports {IMPORT_LINE}"
     markdown = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
     assert f'Stuck? `hint("{id_}")` first' in markdown and f'then `solution("{id_}")`' in markdown
+
+
+def test_check_prints_its_verdict_in_a_notebook_once_whatever_follows_it(capsys):
+    """In IPython the verdict shows when check runs: a print after it cannot hide it, and as the last line it shows once."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        shell.run_cell("from course_lib.exercises import check", store_history=True)
+        capsys.readouterr()
+        shell.run_cell("check('00.1', lambda x: x)\nprint('after')", store_history=True)
+        out = capsys.readouterr().out
+        assert out.count("[00.1] ✘ Not yet") == 1 and out.rstrip().endswith("after"), out
+        shell.run_cell("check('00.1', lambda x: x)", store_history=True)
+        assert capsys.readouterr().out.count("[00.1] ✘ Not yet") == 1
+        shell.run_cell("fb = check('00.1', lambda x: x)", store_history=True)
+        capsys.readouterr()
+        shell.run_cell("fb", store_history=True)  # shown again when asked for in a later cell
+        assert capsys.readouterr().out.count("[00.1] ✘ Not yet") == 1
+    finally:
+        InteractiveShell.clear_instance()
+
+
+def test_check_prints_nothing_outside_ipython(capsys):
+    from course_lib.exercises import check
+
+    feedback = check("00.1", lambda x: x)
+    assert not feedback and capsys.readouterr().out == ""

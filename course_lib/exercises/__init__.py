@@ -35,6 +35,7 @@ Hints can also come from a module-level dict in the lesson module,
 
 from __future__ import annotations
 
+import builtins
 import collections
 import dataclasses
 import importlib
@@ -66,6 +67,26 @@ class Feedback:
 
     def _repr_pretty_(self, printer, cycle):
         printer.text(str(self))
+
+    def _ipython_display_(self) -> None:
+        # ``check`` has already printed this verdict in the cell that is running: show it once, not twice.
+        if _shown_in_cell.get(id(self)) == _cell_number():
+            return
+        print(self)
+
+
+# Which Feedback objects ``check`` printed, and in which cell (IPython's execution count).
+_shown_in_cell: dict[int, int | None] = {}
+
+
+def _cell_number() -> int | None:
+    """The number of the IPython cell that is running, or None outside IPython."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    return None if shell is None else shell.execution_count
 
 
 class Mismatch(Exception):
@@ -187,12 +208,20 @@ _hints_shown: collections.Counter = collections.Counter()
 
 
 def check(id: str, answer) -> Feedback:
-    """Check ``answer`` (usually your function) for exercise ``id``; returns a printable ``Feedback``."""
+    """Check ``answer`` (usually your function) for exercise ``id``: prints the verdict and returns it as a ``Feedback``.
+
+    In a notebook the verdict is printed when ``check`` runs, so it shows whatever follows in the cell; as the
+    cell's last line it still shows once. The returned ``Feedback`` is truthy when the answer passed.
+    """
     feedback = _get(id).check(answer)
     if feedback.started:
         _attempts[id] += 1
         if feedback.passed:
             _passed.add(id)
+    if _cell_number() is not None:
+        print(feedback)
+        _shown_in_cell.clear()  # only the newest verdicts matter; ids of freed objects may be reused
+        _shown_in_cell[builtins.id(feedback)] = _cell_number()
     return feedback
 
 
