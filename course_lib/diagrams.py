@@ -12,6 +12,13 @@ graphviz's ``dot`` program is missing, fails, or does not finish within
 Under nbval the DOT source (``text/plain``) is what gets compared; the SVG
 differs between graphviz versions and is masked by ``tests/nbval_sanitize.cfg``,
 and nbval does not compare PNG.
+
+Every diagram fits a notebook's width (about 1000 px) at a readable size: where a
+row of one node per device would be wider than ``MAX_WIDTH_IN``, the first devices
+and the last are drawn with an ellipsis node between them (``devices_shown``
+chooses the number), and graphviz's ``size`` attribute scales down whatever is
+still wider, so no stored picture is more than ``MAX_WIDTH_IN`` inches (about
+1000 px) wide.
 """
 
 from __future__ import annotations
@@ -29,11 +36,18 @@ import numpy as np
 
 from . import _checks
 
-__all__ = ["Diagram", "RenderError", "render", "RENDER_TIMEOUT_S", "dot_available", "graphviz_install_hint", "shape_str", "device_topology", "spmd_overview",
+__all__ = ["Diagram", "RenderError", "render", "RENDER_TIMEOUT_S", "MAX_WIDTH_IN", "dot_available", "graphviz_install_hint", "shape_str", "device_topology", "spmd_overview",
            "mpmd_overview", "pmap_dataflow", "array_placement", "collective", "train_step"]
 
+# The widest a drawing may be, in inches: 10.4 in is 749 pt in the SVG and 998 px in the PNG (96 dpi), about the
+# width of a notebook's output area. Graphviz scales a larger drawing down to it (the ``size`` attribute).
+MAX_WIDTH_IN = 10.4
+# What the layout aims for before that scaling, in points (72 per inch): a little less, for the margins.
+_ROW_BUDGET_PT = 700.0
+
 # One look for the whole course.
-_GRAPH_ATTR = {"fontname": "Helvetica", "fontsize": "11", "rankdir": "TB", "nodesep": "0.25"}
+_GRAPH_ATTR = {"fontname": "Helvetica", "fontsize": "11", "rankdir": "TB", "nodesep": "0.25",
+               "size": f"{MAX_WIDTH_IN:g},40"}
 _NODE_ATTR = {"fontname": "Helvetica", "fontsize": "10", "shape": "box", "style": "rounded,filled",
               "fillcolor": "white"}
 _EDGE_ATTR = {"fontname": "Helvetica", "fontsize": "9"}
@@ -131,6 +145,56 @@ def _keep_in_order(g, node_ids) -> None:
         g.edge(a, b, style="invis")
 
 
+def _label_width_pt(label: str, fontsize: float = 10.0) -> float:
+    """Roughly how wide graphviz draws a box with this label, in points (Helvetica, margins included)."""
+    longest = max(len(line) for line in label.replace("\\n", "\n").split("\n"))
+    return max(54.0, 0.56 * fontsize * longest + 18.0)
+
+
+def _devices_to_draw(n: int, widths, devices_shown, where: str, *, extra_pt: float = 0.0,
+                     per_device_pt: float = 0.0) -> list[int]:
+    """Which of ``n`` devices to draw: all if their row fits ``_ROW_BUDGET_PT``, else the first few and the last.
+
+    ``widths`` is the estimated width of one device's widest node; ``devices_shown`` (an int >= 2) overrides the
+    estimate; ``extra_pt`` is room the row needs besides the devices (a side node), ``per_device_pt`` room each
+    device's column needs besides its node (edges passing through the row, their labels).
+    """
+    if devices_shown is not None:
+        k = _checks.whole(devices_shown, "devices_shown", where, minimum=2,
+                          fix="Pass devices_shown=2 or more (the first devices and the last), or None to fit "
+                              "the width.")
+    else:
+        widths = list(widths)
+        step = max(widths) + 18.0 + per_device_pt     # a node and the gap (nodesep) after it
+        k = n
+        while k > 2 and k * step + (step if k < n else 0.0) + extra_pt > _ROW_BUDGET_PT:
+            k -= 1
+    if k >= n:
+        return list(range(n))
+    return list(range(k - 1)) + [n - 1]
+
+
+def _ellipsis(g, name: str, hidden: int) -> str:
+    """A plain-text node standing for ``hidden`` devices that are not drawn; returns its name."""
+    g.node(name, f"... {hidden} more ...", shape="plaintext", style="", fontsize="10")
+    return name
+
+
+def _device_row(s, prefix: str, shown: list[int], n: int, label_of, fill_of) -> list[str]:
+    """Draw one rank of device nodes ``<prefix><i>`` for ``i`` in ``shown``, an ellipsis where some are left out.
+
+    Returns the node names in drawing order (kept left to right).
+    """
+    s.attr(rank="same")
+    for i in shown:
+        s.node(f"{prefix}{i}", label_of(i), fillcolor=fill_of(i))
+    names = [f"{prefix}{i}" for i in shown]
+    if len(shown) < n:
+        names = names[:-1] + [_ellipsis(s, f"{prefix}_more", n - len(shown)), names[-1]]
+    _keep_in_order(s, names)
+    return names
+
+
 def device_topology(devices=None, *, title: str | None = None) -> Diagram:
     """Processes and the devices each one drives.
 
@@ -149,14 +213,22 @@ def device_topology(devices=None, *, title: str | None = None) -> Diagram:
     g = Diagram("devices")
     kinds = sorted({f"{d.platform.upper()}" for d in devices})
     n_proc = len(by_process)
-    g.attr(label=title or f"{len(devices)} {'/'.join(kinds)} devices in {n_proc} process{'es' if n_proc > 1 else ''}",
-           labelloc="t")
+    caption = title or f"{len(devices)} {'/'.join(kinds)} devices in {n_proc} process{'es' if n_proc > 1 else ''}"
+    if n_proc > 1:
+        # Device ids are global in a multi-process job, and the runtime chooses them: they need not run 0..n-1
+        # (process 1's CPU devices can be 2048, 2049, ...). Name each device by its place in its own process too.
+        caption += ("\\nid: the device's global id (jax.devices()), chosen by the runtime; "
+                    "local k: jax.local_devices()[k] in its process")
+    g.attr(label=caption, labelloc="t")
     for p, devs in sorted(by_process.items()):
         with g.subgraph(name=f"cluster_process{p}") as c:
             c.attr(label=f"process {p}", style="rounded", color="grey50")
             c.node(f"program{p}", "Python program\\n(one per process)", shape="note", fillcolor="#f5f5f5")
-            for d in sorted(devs, key=lambda d: d.id):
-                c.node(f"dev{d.id}", _device_label(d), fillcolor=PLATFORM_COLOURS.get(d.platform, "white"))
+            for k, d in enumerate(sorted(devs, key=lambda d: d.id)):
+                label = _device_label(d)
+                if n_proc > 1:
+                    label = f"{d.platform.upper()} id {d.id}\\nlocal {k}" + label[len(f"{d.platform.upper()} {d.id}"):]
+                c.node(f"dev{d.id}", label, fillcolor=PLATFORM_COLOURS.get(d.platform, "white"))
                 c.edge(f"program{p}", f"dev{d.id}")
     return g
 
@@ -180,7 +252,7 @@ def _fn_name(fn) -> str:
     return "lambda" if name == "<lambda>" else name
 
 
-def spmd_overview(devices=None, batch=None, program=None) -> Diagram:
+def spmd_overview(devices=None, batch=None, program=None, *, devices_shown: int | None = None) -> Diagram:
     """SPMD: one program, one shard of the data per device, one result per device.
 
     Args:
@@ -188,9 +260,11 @@ def spmd_overview(devices=None, batch=None, program=None) -> Diagram:
       batch: optional array (or ``ShapeDtypeStruct``) of shape ``(B, ...)``; the shards are
         drawn with their real shapes ``(B // n, ...)``. ``B`` must divide by ``n``.
       program: optional function whose name labels the program.
+      devices_shown: how many devices to draw (the first ones and the last, with an ellipsis between);
+        default: as many as fit about 1000 px.
 
     Returns:
-      A ``Diagram`` with nodes ``program``, ``data``, ``shard<i>``, ``dev<id>``.
+      A ``Diagram`` with nodes ``program``, ``data``, ``shard<i>``, ``dev<id>`` (for the devices drawn).
     """
     devices = _checks.device_list(devices, "devices", "spmd_overview", described=True) or jax.devices()
     if program is not None and not callable(program):
@@ -201,6 +275,7 @@ def spmd_overview(devices=None, batch=None, program=None) -> Diagram:
                      "Pass the global batch, e.g. np.zeros((64, 3), np.float32), whose axis 0 is split.",
                      TypeError if not hasattr(batch, "dtype") else ValueError)
     n = len(devices)
+    by_id = {d.id: d for d in devices}
     name = _fn_name(program) if program is not None else "program"
     g = Diagram("spmd")
     g.attr(label=f"SPMD: the same {name} on {n} devices, each on its own shard of the data", labelloc="t")
@@ -214,23 +289,32 @@ def spmd_overview(devices=None, batch=None, program=None) -> Diagram:
         if b % n:
             raise ValueError(f"spmd_overview: batch has B={b} rows on axis 0, which does not divide across {n} "
                              f"devices; pass a batch of {b - b % n or n} or {b - b % n + n} rows.")
+    shard_label = None
+    if batch is not None:
         shard_shape = jax.ShapeDtypeStruct((b // n,) + tuple(np.shape(batch)[1:]), batch.dtype)
+        shard_label = lambda i: f"shard {i}\\n{shape_str(shard_shape)}"  # noqa: E731
+    widths = [_label_width_pt(_device_label(d)) for d in devices]
+    if shard_label is not None:
+        widths += [_label_width_pt(shard_label(n - 1))]
+    # Each dashed edge from the program to a device crosses the shards' row: room for it beside each shard.
+    shown = _devices_to_draw(n, widths, devices_shown, "spmd_overview",
+                             per_device_pt=36.0 if batch is not None else 0.0)
+    if batch is not None:
         with g.subgraph(name="shards") as row:
-            row.attr(rank="same")
-            for i in range(n):
-                row.node(f"shard{i}", f"shard {i}\\n{shape_str(shard_shape)}", shape="box", style="filled",
-                         fillcolor="#fff7d6")
-            _keep_in_order(row, [f"shard{i}" for i in range(n)])
+            _device_row(row, "shard", shown, n, shard_label, lambda i: "#fff7d6")
     with g.subgraph(name="devices") as row:
-        row.attr(rank="same")
-        for d in devices:
-            row.node(f"dev{d.id}", _device_label(d), fillcolor=PLATFORM_COLOURS.get(d.platform, "white"))
-        _keep_in_order(row, [f"dev{d.id}" for d in devices])
-    for i, d in enumerate(devices):
+        _device_row(row, "dev", [devices[i].id for i in shown], n, lambda i: _device_label(by_id[i]),
+                    lambda i: PLATFORM_COLOURS.get(by_id[i].platform, "white"))
+    for i in shown:
+        d = devices[i]
         g.edge("program", f"dev{d.id}", style="dashed", color="grey40")
         if batch is not None:
             g.edge("data", f"shard{i}")
             g.edge(f"shard{i}", f"dev{d.id}")
+    if len(shown) < n:
+        if batch is not None:
+            g.edge("data", "shard_more", style="dotted", color="grey60")
+        g.edge("program", "dev_more", style="dotted", color="grey60")
     return g
 
 
@@ -290,21 +374,26 @@ def _axis_leaves(axes, arg):
                                                                                             is_leaf=lambda a: a is None))]
 
 
-def pmap_dataflow(fn, *args, in_axes=0, out_axes=0, axis_name=None, devices=None) -> Diagram:
+def pmap_dataflow(fn, *args, in_axes=0, out_axes=0, axis_name=None, devices=None,
+                  devices_shown: int | None = None) -> Diagram:
     """What ``jax.pmap(fn, in_axes=..., out_axes=...)(*args)`` sends to each device and gets back.
 
     Shapes come from ``jax.eval_shape``: nothing is computed. Mapped inputs are drawn with
     solid edges labelled with the slice each device receives, broadcast inputs (``in_axes=None``)
-    with dashed edges carrying the whole value; outputs are stacked on ``out_axes``, or, for
+    with dashed edges carrying the whole value (labelled on the first device's edge: every copy is
+    the same); outputs are stacked on ``out_axes``, or, for
     ``out_axes=None``, taken from the first device only (the other edges are drawn dotted).
 
     Args:
       fn, in_axes, out_axes, axis_name: as for ``jax.pmap`` (``in_axes`` may hold pytrees).
       *args: arrays or ``jax.ShapeDtypeStruct`` (positional arguments only).
       devices: default: the first ``n`` of ``jax.local_devices()``, ``n`` the mapped axis size.
+      devices_shown: how many devices to draw (the first ones and the last, with an ellipsis between);
+        default: as many as fit about 1000 px.
 
     Returns:
-      A ``Diagram`` with input nodes ``in<k>``, device nodes ``dev<id>`` and output nodes ``out<k>``.
+      A ``Diagram`` with input nodes ``in<k>``, device nodes ``dev<id>`` (for the devices drawn) and output
+      nodes ``out<k>``.
 
     Raises:
       ValueError: no argument is mapped, mapped sizes disagree, or there are more slices than devices.
@@ -361,19 +450,35 @@ def pmap_dataflow(fn, *args, in_axes=0, out_axes=0, axis_name=None, devices=None
             s.node(f"in{k}", f"{label}: {full}\\n({how})", shape="folder",
                    fillcolor="#fff7d6" if mapped else "#eeeeee")
     per_dev_in = ", ".join(per for _, _, per, _ in inputs)
+    if len(_fn_name(fn)) + len(per_dev_in) > 24:      # one argument per line, so the device boxes stay narrow
+        per_dev_in = ",\\n".join(per for _, _, per, _ in inputs)
     per_dev_out = ", ".join(shape_str(jax.ShapeDtypeStruct(x.shape[1:], x.dtype)) for _, x in out_leaves)
+
+    def device_text(d):
+        return f"{_device_label(d)}\\n{_fn_name(fn)}({per_dev_in})\\n-> {per_dev_out}"
+
+    # One device's column holds its node and the labels of the edges into it and out of it, side by side. A
+    # broadcast input's edges all carry the same copy: only the first is labelled, to leave room for devices.
+    in_labels = [f"[{n - 1}] {per}" for _, _, per, mapped in inputs if mapped]
+    out_labels = [f"[{n - 1}] " + shape_str(jax.ShapeDtypeStruct(x.shape[1:], x.dtype)) for _, x in out_leaves]
+    column = max(_label_width_pt(device_text(devs[-1])),
+                 sum(_label_width_pt(t, 9) for t in in_labels), sum(_label_width_pt(t, 9) for t in out_labels),
+                 0.0)
+    shown = _devices_to_draw(n, [column], devices_shown, "pmap_dataflow")
+    shown_devs = [devs[i] for i in shown]
+    by_id = {d.id: d for d in devs}
     with g.subgraph(name="devices") as s:
-        s.attr(rank="same")
-        for d in devs:
-            s.node(f"dev{d.id}", f"{_device_label(d)}\\n{_fn_name(fn)}({per_dev_in})\\n-> {per_dev_out}",
-                   fillcolor=PLATFORM_COLOURS.get(d.platform, "white"))
-        _keep_in_order(s, [f"dev{d.id}" for d in devs])
+        _device_row(s, "dev", [d.id for d in shown_devs], n, lambda i: device_text(by_id[i]),
+                    lambda i: PLATFORM_COLOURS.get(by_id[i].platform, "white"))
     for k, (label, _, per, mapped) in enumerate(inputs):
-        for i, d in enumerate(devs):
+        for i, d in zip(shown, shown_devs):
             if mapped:
                 g.edge(f"in{k}", f"dev{d.id}", label=f"[{i}] {per}")
             else:
-                g.edge(f"in{k}", f"dev{d.id}", label=f"copy {per}", style="dashed", color="grey40")
+                g.edge(f"in{k}", f"dev{d.id}", label=f"copy {per}" if i == shown[0] else "", style="dashed",
+                       color="grey40")
+        if len(shown) < n:
+            g.edge(f"in{k}", "dev_more", style="dotted", color="grey60")
     with g.subgraph(name="outputs") as s:
         s.attr(rank="same")
         for k, ((path, x), ax) in enumerate(zip(out_leaves, out_axes_leaves)):
@@ -388,11 +493,13 @@ def pmap_dataflow(fn, *args, in_axes=0, out_axes=0, axis_name=None, devices=None
                        shape="folder", fillcolor="#e5f5e0")
     for k, ((_, x), ax) in enumerate(zip(out_leaves, out_axes_leaves)):
         per = shape_str(jax.ShapeDtypeStruct(x.shape[1:], x.dtype))
-        for i, d in enumerate(devs):
+        for i, d in zip(shown, shown_devs):
             if ax is None and i > 0:
                 g.edge(f"dev{d.id}", f"out{k}", label="dropped", style="dotted", color="grey60")
             else:
                 g.edge(f"dev{d.id}", f"out{k}", label=f"[{i}] {per}" if ax is not None else per)
+        if len(shown) < n:
+            g.edge("dev_more", f"out{k}", style="dotted", color="grey60")
     return g
 
 
@@ -404,15 +511,16 @@ def _index_str(index, shape) -> str:
     return "[" + ", ".join(parts) + "]"
 
 
-def array_placement(x, name: str = "x", max_values: int = 8) -> Diagram:
+def array_placement(x, name: str = "x", max_values: int = 8, *, devices_shown: int | None = None) -> Diagram:
     """Which part of a ``jax.Array`` lives on which device, read from its sharding.
 
     Each device node shows the index of the block it holds (``x[2:3, :]``), the block's
     shape, and, when the block has at most ``max_values`` elements, its values as read
-    from that device.
+    from that device. ``devices_shown`` is how many devices to draw (the first ones and the last, with
+    an ellipsis between); by default as many as fit about 1000 px.
 
     Returns:
-      A ``Diagram`` with the node ``array`` and one node ``dev<id>`` per device holding data.
+      A ``Diagram`` with the node ``array`` and one node ``dev<id>`` per device drawn.
     """
     if not isinstance(x, jax.Array):
         raise TypeError(f"array_placement needs a jax.Array (on devices) as x, got {type(x).__name__}; "
@@ -433,19 +541,29 @@ def array_placement(x, name: str = "x", max_values: int = 8) -> Diagram:
     spec = getattr(x.sharding, "spec", None)
     g.node("array", f"{name}: {shape_str(x)}" + (f"\\n{spec}" if spec is not None else ""), shape="folder",
            fillcolor="#fff7d6")
+    placed = sorted(index_map, key=lambda d: d.id)
+
+    def device_text(d):
+        label = [_device_label(d), f"{name}{_index_str(index_map[d], x.shape)}"]
+        if d in shards:
+            block = shards[d].data
+            label.append(shape_str(block))
+            if block.size <= max_values:
+                label.append(np.array2string(np.asarray(block), separator=" ").replace("\n", " "))
+        return "\\n".join(label)
+
+    texts = {d.id: device_text(d) for d in placed}
+    by_id = {d.id: d for d in placed}
+    shown = _devices_to_draw(len(placed), [_label_width_pt(t) for t in texts.values()], devices_shown,
+                             "array_placement")
+    ids = [placed[i].id for i in shown]
     with g.subgraph(name="devices") as s:
-        s.attr(rank="same")
-        for d in sorted(index_map, key=lambda d: d.id):
-            index = index_map[d]
-            label = [_device_label(d), f"{name}{_index_str(index, x.shape)}"]
-            if d in shards:
-                block = shards[d].data
-                label.append(shape_str(block))
-                if block.size <= max_values:
-                    label.append(np.array2string(np.asarray(block), separator=" ").replace("\n", " "))
-            s.node(f"dev{d.id}", "\\n".join(label), fillcolor=PLATFORM_COLOURS.get(d.platform, "white"))
-            g.edge("array", f"dev{d.id}")
-        _keep_in_order(s, [f"dev{d.id}" for d in sorted(index_map, key=lambda d: d.id)])
+        _device_row(s, "dev", ids, len(placed), lambda i: texts[i],
+                    lambda i: PLATFORM_COLOURS.get(by_id[i].platform, "white"))
+    for i in ids:
+        g.edge("array", f"dev{i}")
+    if len(ids) < len(placed):
+        g.edge("array", "dev_more", style="dotted", color="grey60")
     return g
 
 
@@ -457,13 +575,15 @@ def _values_label(values, precision: int = 3, max_values: int = 12) -> str:
     return text.replace("\n", "\\n")
 
 
-def collective(op, xs, *, axis_name: str = "i", devices=None, **params) -> Diagram:
+def collective(op, xs, *, axis_name: str = "i", devices=None, devices_shown: int | None = None,
+               **params) -> Diagram:
     """Run a collective on the devices and draw what each device held before and after.
 
     ``op(x, axis_name, **params)`` is called inside ``jax.pmap`` (``jax.lax.psum``,
     ``jax.lax.all_gather``, ``jax.lax.ppermute`` with ``perm=...``, or your own function of
     ``(x, axis_name)``). The values drawn are the ones the devices hold after the real run.
-    For ``ppermute`` the edges are the messages, from ``src`` to ``dst``; for the other
+    For ``ppermute`` the edges are the messages, from ``src`` to ``dst`` (an edge that
+    starts or ends at the ellipsis, dotted, stands for messages of devices not drawn); for the other
     collectives every input feeds the operation and the operation feeds every output.
 
     Args:
@@ -471,11 +591,13 @@ def collective(op, xs, *, axis_name: str = "i", devices=None, **params) -> Diagr
       xs: per-device inputs, ``(n, ...)``: ``xs[i]`` is what device ``i`` holds before.
       axis_name: the name of the mapped axis.
       devices: default: the first ``n`` of ``jax.local_devices()``.
+      devices_shown: how many devices to draw (the first ones and the last, with an ellipsis between);
+        default: as many as fit about 1000 px. All ``n`` take part in the collective either way.
       **params: passed to ``op`` (``perm``, ``tiled``, ``axis``, ...).
 
     Returns:
-      A ``Diagram`` with nodes ``before<i>``, ``op`` (not for ppermute) and ``after<i>``;
-      ``diagram.outputs`` holds the per-device results, ``(n, ...)``.
+      A ``Diagram`` with nodes ``before<i>``, ``op`` (not for ppermute) and ``after<i>`` for the devices
+      drawn; ``diagram.outputs`` holds every device's result, ``(n, ...)``.
     """
     if not callable(op):
         _checks.fail("collective", "op", "a function op(x, axis_name, **params)", op,
@@ -499,26 +621,49 @@ def collective(op, xs, *, axis_name: str = "i", devices=None, **params) -> Diagr
     g = Diagram("collective")
     g.attr(label=f"{name} over axis '{axis_name}' on {n} devices" + (f" ({shown})" if shown else ""),
            labelloc="t", ranksep="0.6")
-    for row, values in (("before", [xs[i] for i in range(n)]), ("after", outs)):
+    rows = {"before": [_values_label(xs[i]) for i in range(n)], "after": [_values_label(v) for v in outs]}
+    widths = [_label_width_pt(f"{_device_label(d)}\\n{t}") for row in rows.values() for d, t in zip(devs, row)]
+    # Edges between the rows carry no labels (an arrow from "before: CPU 7" to "after: CPU 0" says 7 -> 0):
+    # labels would need room beside every device.
+    shown = _devices_to_draw(n, widths, devices_shown, "collective", extra_pt=72.0)
+    for row, texts in rows.items():
         with g.subgraph(name=row) as s:
-            s.attr(rank="same")
-            for i, d in enumerate(devs):
-                s.node(f"{row}{i}", f"{row}: {_device_label(d)}\\n{_values_label(values[i])}",
-                       fillcolor=PLATFORM_COLOURS.get(d.platform, "white") if row == "before" else "#e5f5e0")
-            _keep_in_order(s, [f"{row}{i}" for i in range(n)])
+            s.node(f"{row}_name", row, shape="plaintext", style="", fontsize="11")
+            names = _device_row(s, row, shown, n, lambda i: f"{_device_label(devs[i])}\\n{texts[i]}",
+                                lambda i: (PLATFORM_COLOURS.get(devs[i].platform, "white") if row == "before"
+                                           else "#e5f5e0"))
+            s.edge(f"{row}_name", names[0], style="invis")
+    g.edge("before_name", "after_name", style="invis")
+
+    def node(row, i):
+        return f"{row}{i}" if i in shown else f"{row}_more"
+
     if "perm" in params:
+        drawn = set()
         for src, dst in params["perm"]:
-            g.edge(f"before{src}", f"after{dst}", label=f"{src}->{dst}")
+            pair = (node("before", src), node("after", dst))
+            if pair in drawn:
+                continue
+            drawn.add(pair)
+            hidden = src not in shown or dst not in shown
+            if hidden:
+                g.edge(*pair, style="dotted", color="grey60")
+            else:
+                g.edge(*pair)
     else:
         g.node("op", name, shape="circle", fillcolor="#fff7d6", fontsize="11")
-        for i in range(n):
+        for i in shown:
             g.edge(f"before{i}", "op")
             g.edge("op", f"after{i}")
+        if len(shown) < n:
+            g.edge("before_more", "op", style="dotted", color="grey60")
+            g.edge("op", "after_more", style="dotted", color="grey60")
     g.outputs = np.asarray(outputs)
     return g
 
 
-def train_step(loss_fn, params, batch, *, devices=None, optimizer_name: str = "optimizer") -> Diagram:
+def train_step(loss_fn, params, batch, *, devices=None, optimizer_name: str = "optimizer",
+               devices_shown: int | None = None) -> Diagram:
     """One data-parallel training step: per-device forward and backward, the gradient average, the update.
 
     Shapes come from ``jax.eval_shape`` on one device's shard of ``batch`` (nothing is computed).
@@ -528,9 +673,13 @@ def train_step(loss_fn, params, batch, *, devices=None, optimizer_name: str = "o
       params: the (unreplicated) parameters, or their ``ShapeDtypeStruct``s.
       batch: a sharded batch, each leaf ``(n, B // n, ...)``.
       devices: default: the first ``n`` of ``jax.local_devices()``.
+      optimizer_name: the name shown in the update boxes.
+      devices_shown: how many devices to draw (the first ones and the last, with an ellipsis between);
+        default: as many as fit about 1000 px.
 
     Returns:
-      A ``Diagram`` with, per device ``i``, nodes ``shard<i>``, ``grad<i>``, ``update<i>``, and one node ``mean``.
+      A ``Diagram`` with, per device ``i`` drawn, nodes ``shard<i>``, ``grad<i>``, ``update<i>``, and one node
+      ``mean``.
     """
     if not callable(loss_fn):
         _checks.fail("train_step", "loss_fn", "a function loss_fn(params, shard, key)", loss_fn,
@@ -556,29 +705,31 @@ def train_step(loss_fn, params, batch, *, devices=None, optimizer_name: str = "o
                                                                                          jax.random.key(0)),
                                 params, shard)
     n_params = sum(int(np.prod(g.shape)) for g in jax.tree.leaves(grads))
-    batch_text = ", ".join(f"{jax.tree_util.keystr(p)[2:-2] or 'batch'} {shape_str(x)}"
-                           for p, x in jax.tree_util.tree_flatten_with_path(shard)[0])
+    batch_text = "\\n".join(f"{jax.tree_util.keystr(p)[2:-2] or 'batch'} {shape_str(x)}"
+                            for p, x in jax.tree_util.tree_flatten_with_path(shard)[0])
     g = Diagram("train_step")
     g.attr(label=f"one data-parallel step on {n} devices: {n_params:,} parameters, gradients averaged once",
            labelloc="t", ranksep="0.45")
-    rows = {"shard": [], "grad": [], "update": []}
-    for i, d in enumerate(devs):
-        rows["shard"].append((f"shard{i}", f"{_device_label(d)}: shard {i}\\n{batch_text}", "#fff7d6"))
-        rows["grad"].append((f"grad{i}", f"forward + backward\\nloss {shape_str(out)}, grads of "
-                                         f"{len(jax.tree.leaves(grads))} arrays", "#dbe9f6"))
-        rows["update"].append((f"update{i}", f"{optimizer_name} update\\nparams copy {i}", "#e5f5e0"))
-    for name, nodes in rows.items():
+    labels = {"shard": lambda i: f"{_device_label(devs[i])}: shard {i}\\n{batch_text}",
+              "grad": lambda i: f"forward + backward\\nloss {shape_str(out)}\\ngrads of {len(jax.tree.leaves(grads))} "
+                                "arrays",
+              "update": lambda i: f"{optimizer_name} update\\nparams copy {i}"}
+    colours = {"shard": "#fff7d6", "grad": "#dbe9f6", "update": "#e5f5e0"}
+    widths = [_label_width_pt(label(n - 1)) for label in labels.values()]
+    shown = _devices_to_draw(n, widths, devices_shown, "train_step")
+    for name, label in labels.items():
         with g.subgraph(name=name) as s:
-            s.attr(rank="same")
-            for node, label, colour in nodes:
-                s.node(node, label, fillcolor=colour)
-            _keep_in_order(s, [node for node, _, _ in nodes])
+            _device_row(s, name, shown, n, label, lambda i, c=colours[name]: c)
     g.node("mean", "average over devices\\n(pmean / weighted psum)\\nsame gradients everywhere", shape="box",
            style="rounded,filled,bold", fillcolor="#fde0c5")
-    for i in range(n):
+    for i in shown:
         g.edge(f"shard{i}", f"grad{i}")
         g.edge(f"grad{i}", "mean", label="local grads" if i == 0 else "")
         g.edge("mean", f"update{i}", label="mean grads" if i == 0 else "")
+    if len(shown) < n:
+        g.edge("shard_more", "grad_more", style="invis")
+        g.edge("grad_more", "mean", style="dotted", color="grey60")
+        g.edge("mean", "update_more", style="dotted", color="grey60")
     return g
 
 

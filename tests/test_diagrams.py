@@ -121,10 +121,10 @@ def test_shape_str():
 
 def test_pmap_dataflow_mapped_and_broadcast_inputs(devices):
     x = jnp.zeros((8, 3))
-    g = diagrams.pmap_dataflow(lambda x, s: x * s, x, 2.0, in_axes=(0, None))
+    g = diagrams.pmap_dataflow(lambda x, s: x * s, x, 2.0, in_axes=(0, None), devices_shown=8)
     assert sorted(device_nodes(g.source)) == list(range(8))
     assert edges(g.source, "in0", r"dev\d+") == [f"[{i}] f32[3]" for i in range(8)]
-    assert edges(g.source, "in1", r"dev\d+") == ["copy f32[]"] * 8
+    assert edges(g.source, "in1", r"dev\d+") == ["copy f32[]"] + [""] * 7, "one label: every copy is the same"
     assert g.source.count("style=dashed") == 8, "broadcast edges are dashed"
     assert 'out0 [label="out: f32[8,3]\\n(stacked on axis 0)"' in g.source
     assert edges(g.source, r"dev\d+", "out0") == [f"[{i}] f32[3]" for i in range(8)]
@@ -138,13 +138,13 @@ def test_pmap_dataflow_uses_only_as_many_devices_as_slices(devices):
 
 
 def test_pmap_dataflow_in_axes_1_and_out_axes_1(devices):
-    g = diagrams.pmap_dataflow(lambda x: x * 2, jnp.zeros((5, 8, 2)), in_axes=1, out_axes=1)
+    g = diagrams.pmap_dataflow(lambda x: x * 2, jnp.zeros((5, 8, 2)), in_axes=1, out_axes=1, devices_shown=8)
     assert edges(g.source, "in0", "dev3") == ["[3] f32[5,2]"]
     assert 'out: f32[5,8,2]\\n(stacked on axis 1)' in g.source
 
 
 def test_pmap_dataflow_out_axes_none_draws_the_dropped_values(devices):
-    g = diagrams.pmap_dataflow(lambda x: x * 2, jnp.zeros((8, 3)), out_axes=None)
+    g = diagrams.pmap_dataflow(lambda x: x * 2, jnp.zeros((8, 3)), out_axes=None, devices_shown=8)
     assert edges(g.source, r"dev\d+", "out0").count("dropped") == 7
     assert edges(g.source, "dev0", "out0") == ["f32[3]"]
     assert "first device's value, out_axes=None" in g.source
@@ -154,7 +154,7 @@ def test_pmap_dataflow_pytree_in_axes_and_outputs(devices):
     params = {"w": jnp.zeros((3, 2)), "b": jnp.zeros(2)}
     x = jnp.zeros((8, 4, 3))
     g = diagrams.pmap_dataflow(lambda p, x: {"y": x @ p["w"] + p["b"], "n": x.shape[0]}, params, x,
-                               in_axes=({"w": None, "b": None}, 0))
+                               in_axes=({"w": None, "b": None}, 0), devices_shown=8)
     assert "p['b']: f32[2]\\n(broadcast)" in g.source and "p['w']: f32[3,2]\\n(broadcast)" in g.source
     assert edges(g.source, "in2", "dev5") == ["[5] f32[4,3]"]
     assert "out['y']: f32[8,4,2]" in g.source
@@ -178,7 +178,7 @@ def test_pmap_dataflow_errors(devices):
 
 def test_array_placement_of_a_pmap_output(devices):
     y = jax.pmap(lambda x: x * 2)(jnp.arange(24.0).reshape(8, 3))
-    g = diagrams.array_placement(y, "y")
+    g = diagrams.array_placement(y, "y", devices_shown=8)
     assert sorted(device_nodes(g.source)) == list(range(8))
     assert "y: f32[8,3], split over 8 devices" in g.source
     assert 'dev3 [label="CPU 3\\ny[3:4, :]\\nf32[1,3]\\n[[18. 20. 22.]]"' in g.source, "values read from device 3"
@@ -202,7 +202,7 @@ def test_spmd_and_mpmd_overviews(devices):
     def predict(x):
         return x
 
-    g = diagrams.spmd_overview(batch=jnp.zeros((32, 4)), program=predict)
+    g = diagrams.spmd_overview(batch=jnp.zeros((32, 4)), program=predict, devices_shown=8)
     assert sorted(device_nodes(g.source)) == list(range(8))
     assert g.source.count("f32[4,4]") == 8 and "data f32[32,4]" in g.source
     assert "the same predict on 8 devices" in g.source
@@ -226,11 +226,12 @@ def test_collective_diagram_draws_the_values_the_devices_hold(devices):
     xs = np.arange(8.0)
     g = diagrams.collective(jax.lax.psum, xs)
     np.testing.assert_array_equal(g.outputs, np.full(8, 28.0))
-    assert 'after0 [label="after: CPU 0\\n28."' in g.source and 'before3 [label="before: CPU 3\\n3."' in g.source
+    assert 'after0 [label="CPU 0\\n28."' in g.source and 'before3 [label="CPU 3\\n3."' in g.source
+    assert "before_name [label=before" in g.source and "after_name [label=after" in g.source
     assert g.source.count("-> op") == 8 and g.source.count("op -> after") == 8
     ring = diagrams.collective(jax.lax.ppermute, xs, perm=C.ring_permutation(8))
-    assert 'after0 [label="after: CPU 0\\n7."' in ring.source, "device 0 got device 7's value"
-    assert edges(ring.source, "before7", "after0") == ["7->0"] and "op" not in device_nodes(ring.source)
+    assert 'after0 [label="CPU 0\\n7."' in ring.source, "device 0 got device 7's value"
+    assert "before7 -> after0" in ring.source and "op" not in device_nodes(ring.source)
     tiled = diagrams.collective(jax.lax.all_gather, np.arange(8.0).reshape(4, 2), tiled=True)
     assert tiled.outputs.shape == (4, 8) and "(tiled=True)" in tiled.source
 
@@ -240,7 +241,7 @@ def test_collective_diagram_values_come_from_the_run_not_a_reference(devices):
         return x * 0 + jax.lax.axis_index(axis_name)
 
     g = diagrams.collective(not_a_real_collective, np.zeros(4))
-    assert 'after3 [label="after: CPU 3\\n3."' in g.source
+    assert 'after3 [label="CPU 3\\n3."' in g.source
 
 
 def test_collective_diagram_errors(devices):
@@ -248,3 +249,117 @@ def test_collective_diagram_errors(devices):
         diagrams.collective(jax.lax.psum, np.float32(1))
     with pytest.raises(ValueError, match="9 per-device inputs but only 8 devices"):
         diagrams.collective(jax.lax.psum, np.zeros(9))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Every diagram fits a notebook's width (about 1000 px) at a readable size.
+
+
+def rendered_width_px(g) -> tuple[float, int]:
+    """The drawing's width: the SVG's in CSS px (1 pt = 4/3 px) and the PNG's in pixels."""
+    bundle = g._repr_mimebundle_()
+    svg_pt = float(re.search(r'<svg width="([\d.]+)pt"', bundle["image/svg+xml"]).group(1))
+    png = base64.b64decode(bundle["image/png"])
+    return svg_pt * 4 / 3, int.from_bytes(png[16:20], "big")
+
+
+def natural_width_pt(g) -> float:
+    """How wide graphviz lays the drawing out before the size limit scales it: the layout itself must fit."""
+    svg = diagrams.render(g.source.replace(f'size="{diagrams.MAX_WIDTH_IN:g},40"', "")).decode()
+    return float(re.search(r'<svg width="([\d.]+)pt"', svg).group(1))
+
+
+def wide_diagrams(devices):
+    """The widest kinds of diagram the lessons draw, on all 8 devices."""
+    import optax
+    from course_lib import collectives as C, data, sharding
+
+    xs = jnp.array([3, 1, 4, 1, 5, 9, 2, 6])
+    params = [{"w": jnp.zeros((64, 128)), "b": jnp.zeros(128)}, {"w": jnp.zeros((128, 10)), "b": jnp.zeros(10)}]
+
+    def mlp_loss(p, batch, key):
+        logits = jax.nn.relu(batch["x"] @ p[0]["w"] + p[0]["b"]) @ p[1]["w"] + p[1]["b"]
+        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]))
+
+    x = np.zeros((200, 64), np.float32)
+    y = np.zeros(200, np.int32)
+    batch = next(data.batches(x, y, 128, remainder="pad"))
+
+    def predict(params, x):
+        return x @ params["w"] + params["b"]
+
+    return {
+        "device_topology": diagrams.device_topology(),
+        "spmd_overview": diagrams.spmd_overview(batch=jnp.zeros((64, 3)), program=predict),
+        "array_placement": diagrams.array_placement(jax.pmap(lambda v: v * 2)(jnp.arange(24.0).reshape(8, 3)), "y"),
+        "replicated placement": diagrams.array_placement(sharding.replicate({"b": jnp.zeros(2)})["b"],
+                                                         "replicated['b']"),
+        "pmap_dataflow pytree": diagrams.pmap_dataflow(predict, {"w": jnp.zeros((3, 2)), "b": jnp.zeros(2)},
+                                                       jnp.zeros((8, 4, 3)), in_axes=({"w": None, "b": None}, 0)),
+        "pmap_dataflow two args": diagrams.pmap_dataflow(lambda x, s: x * s, jnp.zeros((8, 3)), 10.0,
+                                                         in_axes=(0, None)),
+        "psum": diagrams.collective(jax.lax.psum, xs),
+        "ring ppermute": diagrams.collective(jax.lax.ppermute, xs, perm=C.ring_permutation(8)),
+        "all_gather of vectors": diagrams.collective(jax.lax.all_gather, np.arange(32.0).reshape(8, 4)),
+        "train_step": diagrams.train_step(mlp_loss, params, batch, optimizer_name="Adam"),
+    }
+
+
+@needs_dot
+def test_every_kind_of_diagram_fits_1000_px_without_being_scaled_down(devices):
+    for name, g in wide_diagrams(devices).items():
+        svg_px, png_px = rendered_width_px(g)
+        assert svg_px <= 1000 and png_px <= 1000, f"{name}: {svg_px:.0f} px (SVG), {png_px} px (PNG)"
+        # The layout itself fits: no diagram of the lessons relies on the size limit, which shrinks the text.
+        assert natural_width_pt(g) <= diagrams.MAX_WIDTH_IN * 72 + 1, name
+
+
+@needs_dot
+def test_a_diagram_too_wide_for_its_layout_is_scaled_to_fit(devices):
+    g = diagrams.collective(jax.lax.psum, np.arange(8.0), devices_shown=8)
+    for i in range(30):                                       # a row far wider than a notebook
+        g.node(f"extra{i}", "a long label that makes the drawing far too wide")
+    assert natural_width_pt(g) > 2000
+    svg_px, png_px = rendered_width_px(g)
+    assert svg_px <= 1000 and png_px <= 1000
+
+
+def test_devices_left_out_are_drawn_as_an_ellipsis(devices):
+    from course_lib import collectives as C
+    g = diagrams.collective(jax.lax.ppermute, np.arange(8.0), perm=C.ring_permutation(8), devices_shown=3)
+    assert re.findall(r"^\s*before(\d+) \[", g.source, flags=re.M) == ["0", "1", "7"]
+    assert 'before_more [label="... 5 more ..."' in g.source and 'after_more [label="... 5 more ..."' in g.source
+    assert "before0 -> after1" in g.source and "before7 -> after0" in g.source
+    assert "before1 -> after_more [color=grey60 style=dotted]" in g.source, "1 -> 2 goes to a device not drawn"
+    assert "before_more -> after7 [color=grey60 style=dotted]" in g.source
+    np.testing.assert_array_equal(g.outputs, np.roll(np.arange(8.0), 1)), "all 8 devices took part"
+    step = diagrams.train_step(lambda p, b, k: jnp.sum(b["x"] * p), jnp.float32(1.0),
+                               {"x": jnp.zeros((8, 2))}, devices_shown=2)
+    assert sorted(set(re.findall(r"^\s*shard(\d+) \[", step.source, flags=re.M))) == ["0", "7"]
+    assert 'shard_more [label="... 6 more ..."' in step.source
+
+
+def test_all_devices_are_drawn_when_they_fit(devices):
+    g = diagrams.collective(jax.lax.psum, np.arange(8.0))
+    assert re.findall(r"^\s*after(\d+) \[", g.source, flags=re.M) == [str(i) for i in range(8)]
+    assert "_more" not in g.source
+
+
+def test_devices_shown_must_be_a_whole_number_of_at_least_two(devices):
+    with pytest.raises(ValueError, match="devices_shown"):
+        diagrams.collective(jax.lax.psum, np.arange(8.0), devices_shown=1)
+    with pytest.raises(TypeError, match="devices_shown"):
+        diagrams.array_placement(jax.pmap(lambda v: v)(jnp.arange(8.0)), devices_shown="4")
+
+
+def test_device_topology_of_two_processes_names_the_global_id_and_the_local_index():
+    import types
+    owners = [types.SimpleNamespace(id=p * 2048 + k, process_index=p, platform="cpu", device_kind="cpu")
+              for p in (0, 1) for k in range(4)]
+    g = diagrams.device_topology(owners, title="a 2-process job")
+    assert 'dev2049 [label="CPU id 2049\\nlocal 1"' in g.source
+    assert 'dev1 [label="CPU id 1\\nlocal 1"' in g.source
+    assert "global id (jax.devices()), chosen by the runtime" in g.source
+    assert "jax.local_devices()[k]" in g.source
+    single = diagrams.device_topology()
+    assert 'dev3 [label="CPU 3"' in single.source and "local" not in single.source

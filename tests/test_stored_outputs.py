@@ -65,3 +65,32 @@ def test_refresh_leaves_other_widgets_alone():
     nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]["box"]["model_name"] = "VBoxModel"
     assert refresh_notebooks.settle_progress_bars(nb) == 0
     assert out["data"]["text/plain"].startswith("training:   0%")
+
+
+def _diagram_widths(data):
+    """A stored diagram's width in CSS px: the SVG's ``width`` and ``viewBox`` (pt, 4/3 px each) and the PNG's."""
+    import base64
+    import re
+    svg = "".join(data["image/svg+xml"])
+    width = re.search(r'<svg[^>]*\swidth="([\d.]+)(pt|px)?"', svg)
+    view_box = re.search(r'viewBox="[\d.\-]+ [\d.\-]+ ([\d.]+) [\d.]+"', svg)
+    scale = 4 / 3 if width and width.group(2) in (None, "pt") else 1.0
+    png = base64.b64decode("".join(data["image/png"])) if "image/png" in data else b""
+    return {"svg width": float(width.group(1)) * scale if width else None,
+            "svg viewBox": float(view_box.group(1)) * 4 / 3 if view_box else None,
+            "png width": int.from_bytes(png[16:20], "big") if png.startswith(b"\x89PNG") else None}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_stored_diagram_fits_a_notebook_width(path):
+    """Readable where a learner opens it: no stored diagram is wider than about 1000 px (issue 28)."""
+    for k, cell in enumerate(json.loads(path.read_text())["cells"]):
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if "image/svg+xml" not in data:
+                continue
+            widths = _diagram_widths(data)
+            assert widths["svg width"] is not None, f"{path.name} cell {k}: a stored SVG without a width"
+            too_wide = {what: round(w) for what, w in widths.items() if w is not None and w > 1000}
+            assert not too_wide, (f"{path.name} cell {k}: a stored diagram {too_wide} px wide; diagrams must fit "
+                                  "about 1000 px (re-run the notebook: course_lib.diagrams lays them out to fit)")
