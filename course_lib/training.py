@@ -21,6 +21,8 @@ from __future__ import annotations
 import collections
 import collections.abc
 import itertools
+import sys
+import time
 from typing import Any, Callable, Iterable, NamedTuple
 
 import jax
@@ -28,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.flatten_util import ravel_pytree
-from tqdm.auto import tqdm
+from tqdm.std import tqdm
 
 from . import _checks, sharding
 
@@ -483,13 +485,17 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
         host-to-device copies can overlap the steps before. 0 (the default) sends a group with its own dispatch:
         on simulated CPU devices the copies run on the same cores as the steps, and placing ahead measured no
         faster (lesson 09).
-      progress: show a tqdm progress bar.
+      progress: show a progress bar: in a notebook a line of text updated in place (it is stored as text, so it
+        reads the same in a trusted or untrusted notebook, on GitHub and in an HTML export), in a terminal tqdm's.
       allow_nonfinite: by default the first NaN or infinite loss or metric read back raises
         ``TrainingDiverged``, naming the step; ``True`` records it in the history and trains on.
 
     Returns:
       ``(state, history)``; ``history["train"]`` is a list of ``{"step", "loss", ...}`` for every step,
       ``history["eval"]`` a list of ``{"step", ...}`` from ``eval_fn``.
+
+    An interrupt (the kernel's stop button, Ctrl-C) ends the bar with the step it stopped at, prints which steps
+    ran and what became of the state passed in, and raises ``KeyboardInterrupt`` as usual.
 
     Raises:
       ValueError: bad ``num_steps``/``steps_per_call``/``max_ahead``/``eval_every``, a batch not sharded for the
@@ -531,7 +537,7 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
         iterator = _placed_ahead(iterator, step.place, fused, prefetch, n)
     history = {"train": [], "eval": []}
     in_flight = collections.deque()  # (first step, number of steps, metrics), oldest first
-    bar = tqdm(total=num_steps, desc=desc, disable=not progress, mininterval=1.0)
+    bar = _ProgressBar(num_steps, desc, progress)
 
     def read_oldest():
         first, k, metrics = in_flight.popleft()
@@ -546,8 +552,7 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
                 for name, value in row.items():
                     if not np.isfinite(value):
                         raise _diverged(name, value, first + j, history)
-        bar.update(k)
-        bar.set_postfix(loss=f"{history['train'][-1]['loss']:.4f}")
+        bar.update(k, loss=history["train"][-1]["loss"])
 
     def dispatch(first, group):
         nonlocal state
@@ -593,6 +598,11 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
         run(i, group)
         while in_flight:
             read_oldest()
+    except KeyboardInterrupt:
+        bar.close(interrupted_at=i)
+        donated = getattr(step, "donate", False) and bool(in_flight or history["train"])  # a step has run
+        print(_interrupted_message(i, num_steps, history, donated), file=sys.stderr)
+        raise
     finally:
         bar.close()
     if i == 0:
@@ -600,6 +610,80 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
     if eval_fn is not None and (not history["eval"] or history["eval"][-1]["step"] != i):
         evaluate(i)
     return state, history
+
+
+def _interrupted_message(taken: int, num_steps: int | None, history: dict, donated: bool) -> str:
+    """What ``fit`` says when it is interrupted: where it stopped, and what became of the state passed in."""
+    read = history["train"][-1]["step"] if history["train"] else 0
+    of = f" of {num_steps}" if num_steps else ""
+    lines = [f"fit was interrupted at step {taken}{of}; "
+             + (f"the losses of steps 1 to {read} had been read back." if read else "no step had finished yet.")]
+    lines.append("fit returns nothing when interrupted, so the variables on the left of `state, history = "
+                 "fit(...)` still hold what they held before.")
+    if donated:
+        lines.append("The state passed in was donated to the first step (make_train_step(..., donate=True)), "
+                     "so its buffers are gone: build a new state (training.init_state) before calling fit again, "
+                     "or restore a checkpoint (lesson 11).")
+    return "\n".join(lines)
+
+
+class _ProgressBar:
+    """``fit``'s progress bar: tqdm's text, shown as plain text in a notebook (updated in place), tqdm elsewhere.
+
+    A notebook's tqdm is a widget: its stored output is a widget view that shows broken-link icons, or nothing, where
+    the widget's code is missing (an HTML export, GitHub), and stays at its last drawn state after an interrupt.
+    Plain text updated through a display handle is stored as its last state and reads the same everywhere.
+    """
+
+    def __init__(self, total: int | None, desc: str, enabled: bool):
+        self.total, self.desc, self.n, self.loss = total, desc, 0, None
+        self.start = time.perf_counter()
+        self.shown_at, self.closed, self.handle, self.terminal = -1.0, False, None, None
+        if not enabled:
+            self.closed = True
+        elif _in_notebook():
+            from IPython.display import Pretty, display
+            self.handle = display(Pretty(self.text()), display_id=True)
+        else:
+            self.terminal = tqdm(total=total, desc=desc, mininterval=1.0)
+
+    def text(self, interrupted_at: int | None = None) -> str:
+        postfix = None if self.loss is None else f"loss={self.loss:.4f}"
+        line = tqdm.format_meter(self.n, self.total, time.perf_counter() - self.start, prefix=self.desc,
+                                 postfix=postfix)
+        return line + ("" if interrupted_at is None else f"  [interrupted at step {interrupted_at}]")
+
+    def update(self, k: int, loss: float) -> None:
+        if self.closed:
+            return
+        self.n, self.loss = self.n + k, loss
+        if self.terminal is not None:
+            self.terminal.update(k)
+            self.terminal.set_postfix(loss=f"{loss:.4f}")
+        elif time.perf_counter() - self.shown_at >= 0.5:       # at most two redraws a second
+            self.show()
+
+    def show(self, interrupted_at: int | None = None) -> None:
+        from IPython.display import Pretty
+        self.handle.update(Pretty(self.text(interrupted_at)))
+        self.shown_at = time.perf_counter()
+
+    def close(self, interrupted_at: int | None = None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.terminal is not None:
+            if interrupted_at is not None:
+                self.terminal.set_description(f"{self.desc} (interrupted at step {interrupted_at})")
+            self.terminal.close()
+        else:
+            self.show(interrupted_at)
+
+
+def _in_notebook() -> bool:
+    """Whether this runs in a Jupyter kernel (where output is a notebook's, not a terminal's)."""
+    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
+    return getattr(shell, "kernel", None) is not None
 
 
 def _blocks(tree, where):

@@ -301,9 +301,9 @@ def test_masked_mean():
 def test_train_step_diagram_shapes(devices):
     x, y, _ = data.regression_data(n=128)
     batch = next(data.batches(x, y, 128))
-    g = diagrams.train_step(mse, ZERO, batch, optimizer_name="SGD")
+    g = diagrams.train_step(mse, ZERO, batch, optimizer_name="SGD", devices_shown=8)
     assert g.source.count("forward + backward") == 8 and g.source.count("SGD update") == 8
-    assert "mask bool[16], x f32[16,3], y f32[16]" in g.source and "4 parameters" in g.source
+    assert "mask bool[16]\\nx f32[16,3]\\ny f32[16]" in g.source and "4 parameters" in g.source
     assert g.source.count("-> mean") == 8 and g.source.count("mean -> update") == 8
 
 
