@@ -94,3 +94,23 @@ def test_every_stored_diagram_fits_a_notebook_width(path):
             too_wide = {what: round(w) for what, w in widths.items() if w is not None and w > 1000}
             assert not too_wide, (f"{path.name} cell {k}: a stored diagram {too_wide} px wide; diagrams must fit "
                                   "about 1000 px (re-run the notebook: course_lib.diagrams lays them out to fit)")
+
+
+def test_refresh_drops_widget_state_that_no_output_uses():
+    nb, out = bar_notebook(500, 500)
+    assert not refresh_notebooks.drop_unused_widget_state(nb), "a widget view still uses it"
+    del out["data"]["application/vnd.jupyter.widget-view+json"]
+    assert refresh_notebooks.drop_unused_widget_state(nb) and "widgets" not in nb.metadata
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.name.startswith("05_")], ids=lambda p: p.name)
+def test_lesson_05s_progress_bar_is_stored_as_text_at_its_end(path):
+    """Readable untrusted, trusted, on GitHub and in an HTML export: plain text, no widget (issue 28)."""
+    nb = json.loads(path.read_text())
+    assert "widgets" not in nb["metadata"]
+    bars = ["".join(out["data"]["text/plain"]) for out in outputs(path)
+            if "training:" in "".join(out.get("data", {}).get("text/plain", ""))]
+    assert bars, "lesson 05 shows fit's progress bar"
+    for text in bars:
+        assert "100%|██████████|" in text and "500/500" in text, text
+    assert not any("application/vnd.jupyter.widget-view+json" in out.get("data", {}) for out in outputs(path))

@@ -53,6 +53,20 @@ def settle_progress_bars(nb) -> int:
     return settled
 
 
+def drop_unused_widget_state(nb) -> bool:
+    """Remove the notebook's stored widget state when no output shows a widget any more; returns whether it did.
+
+    course_lib's progress bar is plain text (``training.fit``), so a re-run stores no widget; a state left from an
+    older run would only make viewers look for widget code that nothing uses.
+    """
+    uses = any("application/vnd.jupyter.widget-view+json" in out.get("data", {})
+               for cell in nb.cells for out in cell.get("outputs", []))
+    if uses or "widgets" not in nb.metadata:
+        return False
+    del nb.metadata["widgets"]
+    return True
+
+
 def refresh(path: pathlib.Path, timeout: int) -> list[str]:
     nb = nbformat.read(path, as_version=4)
     # This environment's Python, whatever "python3" means in the user's Jupyter set-up: as nbval --nbval-current-env.
@@ -62,6 +76,7 @@ def refresh(path: pathlib.Path, timeout: int) -> list[str]:
     )
     client.execute()
     settle_progress_bars(nb)
+    drop_unused_widget_state(nb)
     nbformat.write(nb, path)
     return problems(path)
 
