@@ -4,8 +4,11 @@ import jax
 import jax.numpy as jnp
 
 from course_lib.exercises import check
+import pytest
+
+from course_lib.exercises import exercises
 from course_lib.exercises.lesson04 import (solution_gather_all, solution_global_mean_var, solution_ring_allreduce,
-                                           solution_rotate_right)
+                                           solution_ring_allreduce_chunked, solution_rotate_right)
 
 
 def ring(axis_name, shift=1):
@@ -47,7 +50,8 @@ def test_04_3_rotate_right():
     left = check("04.3", lambda x, a: jax.lax.ppermute(x, a, ring(a, -1)))
     assert "rotates left" in left.message
     open_ring = check("04.3", lambda x, a: jax.lax.ppermute(x, a, [(i, i + 1) for i in range(jax.lax.psum(1, a) - 1)]))
-    assert "device 0 received nothing" in open_ring.message and "(7, 0)" in open_ring.message
+    assert "device 0 received nothing" in open_ring.message and "the ring is not closed" in open_ring.message
+    assert "The last device, 7, must send its x round to device 0" in open_ring.message
     not_a_perm = check("04.3", lambda x, a: jax.lax.ppermute(x, a, [(0, 1), (1, 1)]))
     assert "must be unique" in not_a_perm.message
 
@@ -66,7 +70,7 @@ def test_04_4_gather_all():
 
     assert "starting with its own" in check("04.4", own_first).message
     only_self = check("04.4", lambda x, a: jnp.stack([x] * jax.lax.psum(1, a)))
-    assert "values differ" in only_self.message
+    assert "should be all 8 values in device order" in only_self.message
 
 
 def test_04_raises_or_wrong_structure():
@@ -89,3 +93,107 @@ def test_04_raises_or_wrong_structure():
     assert not fb and "pmap(gather_all)(Array float32[8]) raised" in fb.message
     fb = check("04.4", lambda x, a: (x,) * jax.lax.psum(1, a))
     assert not fb and "should be an array of shape (8, 8), got tuple(" in fb.message
+
+
+def test_04_1_says_what_its_ring_sends_and_points_to_the_bandwidth_optimal_one():
+    fb = check("04.1", solution_ring_allreduce)
+    assert fb and "each device sent 112 bytes for a 16-byte x: (N - 1) x V" in fb.message
+    assert "2 (N - 1) / N x V = 28 bytes" in fb.message and "04.5" in fb.message
+
+
+def test_04_1_added_what_it_sent_not_what_arrived():
+    def added_own(x, a):
+        n, total = jax.lax.axis_size(a), x
+        for _ in range(n - 1):
+            jax.lax.ppermute(x, a, ring(a))
+            total = total + x
+        return total
+
+    assert "it added what it sent, not what arrived" in check("04.1", added_own).message
+
+
+def fixed_eight(x, a):
+    total, passing = x, x
+    for _ in range(7):
+        passing = jax.lax.ppermute(passing, a, [(i, (i + 1) % 8) for i in range(8)])
+        total = total + passing
+    return total
+
+
+def test_answers_written_for_8_devices_fail_on_4_with_the_reason():
+    fb = check("04.1", fixed_eight)
+    assert not fb and "On 4 devices the device indices are 0 to 3, but the permutation names device 7" in fb.message
+    assert "jax.lax.axis_size" in fb.message and "at most once as a source" not in fb.message
+    fb = check("04.3", lambda x, a: jax.lax.ppermute(x, a, [(i, (i + 1) % 8) for i in range(8)]))
+    assert not fb and "written for another device count" in fb.message
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_a_result_in_another_float_type_is_named(dtype):
+    fb = check("04.1", lambda x, a: solution_ring_allreduce(x, a).astype(dtype))
+    name = jnp.dtype(dtype).name
+    assert not fb and f"returned {name} values from float32 inputs" in fb.message
+    fb = check("04.3", lambda x, a: solution_rotate_right(x.astype(dtype), a))
+    assert not fb and f"returned {name} values" in fb.message
+    fb = check("04.4", lambda x, a: solution_gather_all(x, a).astype(dtype))
+    assert not fb and f"returned {name} values" in fb.message
+
+
+def test_04_2_standard_deviation_instead_of_variance():
+    fb = check("04.2", lambda x, a: (solution_global_mean_var(x, a)[0], jnp.sqrt(solution_global_mean_var(x, a)[1])))
+    assert not fb and "the standard deviation of all the data" in fb.message
+
+
+def test_04_4_reversed_direction_is_detected_and_the_input_shown():
+    def reversed_ring(x, a):
+        n, me = jax.lax.axis_size(a), jax.lax.axis_index(a)
+        gathered, passing, owner = jnp.zeros((n,) + x.shape, x.dtype).at[me].set(x), x, me
+        for _ in range(n - 1):
+            passing = jax.lax.ppermute(passing, a, ring(a, -1))     # sends left ...
+            owner = (owner - 1) % n                                 # ... but files it as if it came from the left
+            gathered = gathered.at[owner].set(passing)
+        return gathered
+
+    fb = check("04.4", reversed_ring)
+    assert not fb and "in the wrong rows" in fb.message and "direction" in fb.message
+    assert "device j held x = row j of [" in fb.message and "device 1 returned [" in fb.message
+    assert "values differ" not in fb.message
+
+
+def test_04_4_other_wrong_values_show_the_input_and_a_device_result():
+    fb = check("04.4", lambda x, a: jnp.stack([x] * jax.lax.axis_size(a)))
+    assert not fb and "every device's result should be all 8 values in device order" in fb.message
+    assert "device 1 returned" in fb.message
+
+
+def test_04_5_bandwidth_optimal_ring():
+    fb = check("04.5", solution_ring_allreduce_chunked)
+    assert fb and "each device sent 168 bytes for a 96-byte x: 2 (N - 1) / N x V" in fb.message
+    whole = check("04.5", solution_ring_allreduce)
+    assert not whole and "each device sends 672 bytes in 7 ppermutes" in whole.message
+    assert "That is (N - 1) x V: the ring of 04.1" in whole.message
+    builtin = check("04.5", lambda x, a: jax.lax.all_gather(jax.lax.psum_scatter(x, a, tiled=True), a, tiled=True))
+    assert not builtin and "uses psum" in builtin.message or "uses reduce_scatter" in builtin.message
+    assert "psum" in check("04.5", lambda x, a: jax.lax.psum(x, a)).message
+    assert "returned None" in check("04.5", lambda x, a: None).message or not check("04.5", lambda x, a: None).started
+
+
+def test_no_hint_or_wrong_answer_feedback_of_lesson_04_holds_solution_code():
+    import inspect
+    import re
+    wrong = {"04.1": [fixed_eight, lambda x, a: x + jax.lax.ppermute(x, a, ring(a))],
+             "04.3": [lambda x, a: jax.lax.ppermute(x, a, ring(a, -1)),
+                      lambda x, a: jax.lax.ppermute(x, a, [(i, i + 1) for i in range(jax.lax.axis_size(a) - 1)])],
+             "04.4": [lambda x, a: jnp.stack([x] * jax.lax.axis_size(a))]}
+    for id_ in ("04.1", "04.2", "04.3", "04.4", "04.5"):
+        ex = exercises()[id_]
+        body = inspect.getsource(ex.solution).splitlines()[1:]
+        lines = {re.sub(r"\s+", "", ln.split("#")[0]) for ln in body}
+        lines = {ln for ln in lines if len(ln) >= 12}
+        texts = list(ex.hints) + [check(id_, w).message for w in wrong.get(id_, [])]
+        for text in texts:
+            squashed = re.sub(r"\s+", "", text)
+            assert not [ln for ln in lines if ln in squashed], (id_, text)
+            for snippet in re.findall(r"`([^`]*)`", text):
+                assert "(" not in snippet or re.fullmatch(r"[\w.]+\(\)", snippet), (id_, snippet)
+        assert len(ex.hints) >= 3, f"{id_}: a ladder: nudge, API or section, steps in words"

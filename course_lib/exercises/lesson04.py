@@ -2,8 +2,12 @@
 
 Each exercise asks for a function ``f(x, axis_name)`` that runs *inside* ``jax.pmap`` on one
 device's value ``x``. The checkers run it on several device counts and shapes and compare
-every device's result with the NumPy references of ``course_lib.collectives``.
+every device's result with the NumPy references of ``course_lib.collectives``; they read the
+program (``jax.make_jaxpr``) to see which collectives it uses and how many bytes its
+``ppermute`` calls send.
 """
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -19,10 +23,48 @@ def _run(fn, xs, name):
     """Run the learner's per-device ``fn(x, "i")`` under pmap over ``xs`` (n, ...); per-device results."""
     n = xs.shape[0]
     mapped = jax.pmap(lambda x: fn(x, AXIS), axis_name=AXIS, devices=jax.devices()[:n])
-    return call(mapped, jnp.asarray(xs), name=f"pmap({name})", hints={
-        "unbound axis name": "Use the axis_name argument your function receives for every collective.",
-        "must be unique": "A permutation lists each device at most once as a source and once as a destination.",
-    })
+    try:
+        got = call(mapped, jnp.asarray(xs), name=f"pmap({name})", hints={
+            "unbound axis name": "Use the axis_name argument your function receives for every collective."})
+    except Mismatch as e:
+        message = str(e)
+        if "must be unique" in message or "perm" in message:
+            pairs = [int(v) for v in re.findall(r"\((\d+), (\d+)\)", message) for v in v]
+            if pairs and max(pairs) >= n:
+                raise Mismatch(f"{message} On {n} devices the device indices are 0 to {n - 1}, but the permutation "
+                               f"names device {max(pairs)}: it was written for another device count. Build it from "
+                               "the axis size (jax.lax.axis_size), not a fixed number.") from None
+            if "must be unique" in message:
+                raise Mismatch(f"{message} A permutation lists each device at most once as a source and once as a "
+                               "destination.") from None
+        raise
+    if getattr(got, "dtype", xs.dtype) != xs.dtype and not isinstance(got, (tuple, list, dict)):
+        _same_dtype(np.empty(0, got.dtype), xs, f"pmap({name}) on {n} devices")
+    return got
+
+
+def _same_dtype(got: np.ndarray, xs: np.ndarray, what: str) -> None:
+    """A collective keeps the dtype: a result in another float type lost (or invented) precision on the way."""
+    if got.dtype != xs.dtype and got.dtype != bool:
+        raise Mismatch(f"{what} returned {got.dtype.name} values from {xs.dtype.name} inputs. Collectives and "
+                       f"ppermute keep the dtype; a cast to {got.dtype.name} on the way changes the numbers "
+                       "(bfloat16 keeps 8 bits of mantissa, float16 11). Look for an astype or a dtype= in your "
+                       "function.")
+
+
+def _ppermute_bytes(fn, xs) -> tuple[int, int]:
+    """(number of ppermutes, bytes one device sends in them) in ``fn``'s program under pmap over ``xs``."""
+    mapped = jax.pmap(lambda x: fn(x, AXIS), axis_name=AXIS, devices=jax.devices()[:xs.shape[0]])
+    hops = [e for e in primitives(mapped, jnp.asarray(xs), name="your function") if e.primitive.name == "ppermute"]
+    sent = sum(int(np.prod(v.aval.shape)) * np.dtype(v.aval.dtype).itemsize for e in hops for v in e.invars)
+    return len(hops), sent
+
+
+def _inputs_and_device(xs, got, device: int) -> str:
+    """What each device held, and what one device returned: for feedback on a small case."""
+    held = np.array2string(np.asarray(xs), separator=", ")
+    returned = np.array2string(np.asarray(got)[device], separator=", ")
+    return f"device j held x = row j of {held}; device {device} returned {returned}"
 
 
 def _uses(fn, xs, primitive: str) -> bool:
@@ -56,9 +98,12 @@ def solution_ring_allreduce(x, axis_name):
           returns="on each device, an array shaped like x: the sum of every device's x",
           hints=["Pass a value round the ring: each device sends to its right-hand neighbour and adds what "
                  "arrives from its left. How many hops until every value has visited every device?",
-                 "n = jax.lax.psum(1, axis_name) is the device count; "
-                 "jax.lax.ppermute(v, axis_name, [(i, (i + 1) % n) for i in range(n)]) is one hop. Do n - 1 "
-                 "hops, keep passing the received value on, and add each one to a running total."])
+                 "One hop is one jax.lax.ppermute with the ring shift of section 2 (a list of (source, "
+                 "destination) pairs). jax.lax.axis_size gives the device count as a Python int, so an ordinary "
+                 "Python for loop can repeat the hop.",
+                 "Keep two values: a running total that starts as your own x, and the value in transit, also "
+                 "your own x at first. Repeat n - 1 times: pass the value in transit one hop to the right, then add "
+                 "what arrived to the total."])
 def check_ring_allreduce(ring_allreduce):
     for xs in _cases([(), (3,), (2, 2)], seed=1):
         n = xs.shape[0]
@@ -71,10 +116,20 @@ def check_ring_allreduce(ring_allreduce):
         if not right and np.shape(got) == xs.shape and np.allclose(got, xs + C.ppermute(xs, C.ring_permutation(n))):
             raise Mismatch(f"{what}: each device ends with its own value plus its neighbour's: one hop only. "
                            f"Keep passing the received value on, n - 1 = {n - 1} times in all.")
+        if not right and np.shape(got) == xs.shape and np.allclose(got, xs * n):
+            raise Mismatch(f"{what}: each device ends with n = {n} times its own value: it added what it sent, not "
+                           "what arrived. Add the result of the hop, and pass that result on in the next one.")
         expect_array(got, C.psum(xs), what=what)
+        _same_dtype(got, xs, what)
     if _uses(ring_allreduce, xs, "psum") or not _uses(ring_allreduce, xs, "ppermute"):
         raise Mismatch("right values, but the sum must be built from jax.lax.ppermute, not psum.")
-    return "n - 1 hops round the ring, and every device holds the total: an all-reduce."
+    xs = np.ones((len(jax.devices()), 4), np.float32)     # report the traffic for every device, 16-byte x
+    n = xs.shape[0]
+    hops, sent = _ppermute_bytes(ring_allreduce, xs)
+    v = xs[0].nbytes
+    return (f"every device holds the total: an all-reduce. On {n} devices your ring made {hops} hops and each "
+            f"device sent {sent} bytes for a {v}-byte x: (N - 1) x V. Section 4's ring sends 2 (N - 1) / N x V = "
+            f"{2 * (n - 1) * v // n} bytes, because it passes pieces of x, not all of it: optional exercise 04.5.")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -91,8 +146,11 @@ def solution_global_mean_var(x, axis_name):
           returns="a pair (mean, var), each one number per device, the same on every device",
           hints=["Each device sees only its shard. The statistics of ALL the data need a collective; and the "
                  "variance must measure deviations from the global mean, not the shard's.",
-                 "mean = jax.lax.pmean(jnp.mean(x), axis_name); then var = jax.lax.pmean(jnp.mean((x - mean) ** 2),"
-                 " axis_name). (Every shard has the same size, so the mean of means is the global mean.)"])
+                 "jax.lax.pmean averages a value over the devices (section 2). Every shard has the same size, so "
+                 "the average of the shard means is the mean of all the data.",
+                 "Two steps: first the global mean (each shard's mean, averaged over the devices); then the mean "
+                 "squared deviation from THAT mean, computed on each shard and averaged over the devices the "
+                 "same way."])
 def check_global_mean_var(global_mean_var):
     for xs in _cases([(6,), (3,)], seed=2):
         xs = xs + np.arange(xs.shape[0], dtype=np.float32)[:, None] * 3  # shards with different means
@@ -113,7 +171,11 @@ def check_global_mean_var(global_mean_var):
                            f"{xs.var(axis=1).mean():.4f}; the variance of all the data is {xs.var():.4f}. Measure "
                            "each value's deviation from the global mean, not from its shard's mean.")
         expect_array(mean, np.full(n, xs.mean()), what=f"{what}: the mean", rtol=1e-4, atol=1e-4)
+        if np.allclose(var, np.sqrt(xs.var()), rtol=1e-4):
+            raise Mismatch(f"{what}: the variance is {float(var[0]):.4f}, the standard deviation of all the data; "
+                           f"the variance is its square, {xs.var():.4f}.")
         expect_array(var, np.full(n, xs.var()), what=f"{what}: the variance", rtol=1e-4, atol=1e-4)
+        _same_dtype(mean, xs, f"{what}: the mean")
     return "every device knows the statistics of the whole batch."
 
 
@@ -130,8 +192,10 @@ def solution_rotate_right(x, axis_name):
           returns="on device i, an array shaped like x: device (i - 1) % n's x",
           hints=["One collective, one hop: every device sends its x to its right-hand neighbour, and the last "
                  "device's x wraps round to device 0.",
-                 "jax.lax.ppermute(x, axis_name, perm) with perm = [(i, (i + 1) % n) for i in range(n)], "
-                 "n = jax.lax.psum(1, axis_name): pairs (source, destination)."])
+                 "jax.lax.ppermute takes a list of (source, destination) pairs: section 2's ring shift. "
+                 "jax.lax.axis_size gives the number of devices n, so the list can be built for any n.",
+                 "Write one pair per device: device i sends to the device on its right, and the last one to "
+                 "device 0 (the modulo operator closes the ring)."])
 def check_rotate_right(rotate_right):
     for xs in _cases([(2,), (2, 3)], seed=3):
         n = xs.shape[0]
@@ -140,12 +204,13 @@ def check_rotate_right(rotate_right):
         shifted = np.roll(xs, 1, axis=0)
         right = np.shape(got) == xs.shape and np.allclose(got, shifted)
         if not right and np.shape(got) == xs.shape and np.allclose(got, np.roll(xs, -1, axis=0)):
-            raise Mismatch(f"{what}: device i got device i + 1's value: that rotates left. Send from i to "
-                           "(i + 1) % n.")
+            raise Mismatch(f"{what}: device i got device i + 1's value: that rotates left. In a (source, "
+                           "destination) pair the first device sends: check which way round your pairs are.")
         if not right and np.shape(got) == xs.shape and np.allclose(got[1:], shifted[1:]) and np.allclose(got[0], 0):
-            raise Mismatch(f"{what}: device 0 received nothing (zeros): the last device must send to device 0, so "
-                           f"the ring closes: (n - 1, 0) = ({n - 1}, 0).")
+            raise Mismatch(f"{what}: device 0 received nothing (zeros), so no pair sends to it: the ring is not "
+                           f"closed. The last device, {n - 1}, must send its x round to device 0.")
         expect_array(got, shifted, what=f"{what} (row i is what device i holds)")
+        _same_dtype(got, xs, what)
     if not _uses(rotate_right, xs, "ppermute"):
         raise Mismatch("right values, but the rotation must be one jax.lax.ppermute: each device sends its own x.")
     return "each shard moved one device to the right, and the last one wrapped round to device 0."
@@ -172,9 +237,11 @@ def solution_gather_all(x, axis_name):
           returns="on each device, an array of shape (n,) + x.shape: row j is device j's x",
           hints=["The ring of 04.1 again, but instead of adding what arrives, store it; and keep track of "
                  "which device each arriving value came from.",
-                 "Start from jnp.zeros((n,) + x.shape).at[me].set(x), me = jax.lax.axis_index(axis_name). After "
-                 "each ppermute hop to the right the value came from one device further left: owner = "
-                 "(owner - 1) % n; store it with .at[owner].set(value)."])
+                 "jax.lax.axis_index tells a device where it is (section 1); an array's .at[...].set method "
+                 "writes one row of a new array, and works with a traced index.",
+                 "Start with an (n, *x.shape) array of zeros holding your own x in your own row. At each of the "
+                 "n - 1 hops to the right, the value that arrives comes from one device further to the left than "
+                 "the one before: store it in that device's row, and pass it on."])
 def check_gather_all(gather_all):
     for xs in _cases([(), (2,)], seed=4):
         n = xs.shape[0]
@@ -182,12 +249,89 @@ def check_gather_all(gather_all):
         expected = C.all_gather(xs)
         got = got_arr = as_array(_run(gather_all, xs, "gather_all"), what=what, expected_shape=expected.shape)
         if got_arr.shape == expected.shape and not np.allclose(got_arr, expected):
+            shown = f" ({_inputs_and_device(xs, got_arr, 1)})" if xs.ndim == 1 else ""
             rolled = np.stack([np.roll(xs, -i, axis=0) for i in range(n)])
             if np.allclose(got_arr, rolled):
                 raise Mismatch(f"{what}: each device has every value, but starting with its own: row j of every "
-                               "device's result must be device j's value. Place each received value at the index "
-                               "of the device it came from.")
+                               f"device's result must be device j's value{shown}. Place each received value at the "
+                               "index of the device it came from.")
+            # Values that travelled one way round the ring, filed as if they had come the other way: device i
+            # stores device i + s's value in row i - s.
+            mirrored = np.stack([xs[(2 * i - np.arange(n)) % n] for i in range(n)])
+            if np.allclose(got_arr, mirrored):
+                raise Mismatch(f"{what}: every device has every value, but in the wrong rows{shown}: the values "
+                               "travel round the ring in one direction, and your bookkeeping of where each came "
+                               "from assumes the other. Compare the direction of your (source, destination) pairs "
+                               "with the way you update the index of the device a value came from.")
+            if xs.ndim == 1:
+                raise Mismatch(f"{what}: every device's result should be all {n} values in device order, "
+                               f"{np.array2string(expected[0], separator=', ')}; {shown[2:-1]}.")
         expect_array(got, expected, what=f"{what} (every device should hold all {n} values, in device order)")
+        _same_dtype(got_arr, xs, what)
     if _uses(gather_all, xs, "all_gather") or not _uses(gather_all, xs, "ppermute"):
         raise Mismatch("right values, but it must be built from jax.lax.ppermute, not all_gather.")
     return "every device holds every device's value, in device order: an all-gather."
+
+
+# ----------------------------------------------------------------------------------------------
+# 04.5 (optional) The bandwidth-optimal ring: reduce-scatter, then all-gather
+
+
+def solution_ring_allreduce_chunked(x, axis_name):
+    n = jax.lax.psum(1, axis_name)
+    me = jax.lax.axis_index(axis_name)
+    ring = [(i, (i + 1) % n) for i in range(n)]
+    chunks = x.reshape(n, -1)                     # n pieces of V / n bytes
+    # Reduce-scatter: n - 1 hops. Each device passes on a partial sum of one piece and adds its own part of
+    # the next; afterwards device `me` holds the full sum of piece (me + 1) % n.
+    passing = chunks[me]
+    for step in range(1, n):
+        passing = jax.lax.ppermute(passing, axis_name, ring) + chunks[(me - step) % n]
+    # All-gather: n - 1 more hops pass the finished pieces round, each stored in its place.
+    total = jnp.zeros_like(chunks).at[(me + 1) % n].set(passing)
+    for step in range(1, n):
+        passing = jax.lax.ppermute(passing, axis_name, ring)
+        total = total.at[(me + 1 - step) % n].set(passing)
+    return total.reshape(x.shape)
+
+
+@exercise("04.5", "Optional: the bandwidth-optimal ring all-reduce", solution=solution_ring_allreduce_chunked,
+          returns="on each device, an array shaped like x (a vector whose length divides by n): the sum of every "
+                  "device's x",
+          hints=["Section 4's ring never sends a whole x. Cut x into n pieces: first make each device the owner "
+                 "of one fully summed piece (a reduce-scatter), then pass the finished pieces round (an "
+                 "all-gather). Each phase is n - 1 hops of one piece.",
+                 "Reshaping x to (n, V / n) gives the pieces; jax.lax.axis_index says which device you are, and "
+                 "indexing with it (or an .at[...].set) works with the traced index. jax.lax.psum_scatter and "
+                 "jax.lax.all_gather (section 2) are the two phases you are rebuilding.",
+                 "Reduce-scatter: start by sending your own piece number me; at each hop add to what arrives your "
+                 "own copy of the piece it is a partial sum of (one further to the left each hop) and send that "
+                 "on. After n - 1 hops you hold the full sum of piece me + 1 (mod n). All-gather: pass that piece "
+                 "round n - 1 times, storing each arrival in its row."])
+def check_ring_allreduce_chunked(ring_allreduce):
+    for n in sorted({len(jax.devices()), 4, 2}, reverse=True):
+        rng = np.random.default_rng(n)
+        xs = rng.integers(-9, 10, size=(n, 3 * n)).astype(np.float32)
+        what = f"the ring all-reduce on {n} devices, each x a vector of {3 * n}"
+        got = as_array(_run(ring_allreduce, xs, "ring_allreduce"), what=what, expected_shape=xs.shape)
+        expect_array(got, C.psum(xs), what=what)
+        _same_dtype(got, xs, what)
+        for banned in ("psum", "psum_scatter", "reduce_scatter", "all_gather", "all_to_all"):
+            if _uses(ring_allreduce, xs, banned):
+                raise Mismatch(f"right values, but the program uses {banned}: build both phases from "
+                               "jax.lax.ppermute alone.")
+        hops, sent = _ppermute_bytes(ring_allreduce, xs)
+        v, optimal = xs[0].nbytes, 2 * (n - 1) * xs[0].nbytes // n
+        if hops == 0:
+            raise Mismatch("right values, but the program has no ppermute: build it from jax.lax.ppermute.")
+        if sent > optimal:
+            whole = " That is (N - 1) x V: the ring of 04.1, passing all of x at every hop." if sent == (n - 1) * v \
+                else ""
+            raise Mismatch(f"right values, but on {n} devices each device sends {sent} bytes in {hops} ppermutes "
+                           f"for a {v}-byte x; the bandwidth-optimal ring sends 2 (N - 1) / N x V = {optimal} bytes "
+                           f"in {2 * (n - 1)} hops of one piece (V / N = {v // n} bytes) each.{whole}")
+        if n == len(jax.devices()):
+            report = (f"the sum on every device, and on {n} devices each device sent {sent} bytes for a {v}-byte "
+                      "x: 2 (N - 1) / N x V, the ring all-reduce of section 4 (a reduce-scatter, then an "
+                      "all-gather).")
+    return report
