@@ -1,44 +1,87 @@
 """Lesson 05 checkers: the reference passes; typical mistakes get feedback that names them."""
 
+import inspect
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
+import pytest
 
-from course_lib.exercises import check
+from course_lib.exercises import check, exercises
 from course_lib.exercises.lesson05 import solution_dp_step, solution_masked_mse, solution_max_divergence
 
 
-def sgd(params, grads, lr):
-    return jax.tree.map(lambda p, g: p - lr * g, params, grads)
+def update(optimizer, grads, opt_state, params):
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
 
 
 def test_05_1_dp_step():
-    assert check("05.1", solution_dp_step)
+    fb = check("05.1", solution_dp_step)
+    assert fb and "with SGD and with Adam" in fb.message
 
-    def no_pmean(loss_fn, params, batch, lr):
+    def no_pmean(loss_fn, optimizer, params, opt_state, batch):
         loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-        return sgd(params, grads, lr), loss
+        return *update(optimizer, grads, opt_state, params), loss
 
     drift = check("05.1", no_pmean)
-    assert "the copies of w differ by up to" in drift.message and "jax.lax.pmean" in drift.message
+    assert "the copies of the parameters differ by up to" in drift.message and "jax.lax.pmean" in drift.message
 
-    def with_psum(loss_fn, params, batch, lr):
+    def with_psum(loss_fn, optimizer, params, opt_state, batch):
         loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-        return sgd(params, jax.lax.psum(grads, "devices"), lr), jax.lax.pmean(loss, "devices")
+        return *update(optimizer, jax.lax.psum(grads, "devices"), opt_state, params), jax.lax.pmean(loss, "devices")
 
     assert "the update is 8 times too large" in check("05.1", with_psum).message
 
-    def old_tree_map(loss_fn, params, batch, lr):
+    def old_tree_map(loss_fn, optimizer, params, opt_state, batch):
         loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-        return jax.tree_map(lambda p, g: p - lr * g, params, jax.lax.pmean(grads, "devices")), loss
+        return *update(optimizer, jax.tree_map(lambda g: g, grads), opt_state, params), loss
 
     assert "jax.tree_map was removed from JAX: use jax.tree.map" in check("05.1", old_tree_map).message
 
-    def local_loss(loss_fn, params, batch, lr):
+    def local_loss(loss_fn, optimizer, params, opt_state, batch):
         loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-        return sgd(params, jax.lax.pmean(grads, "devices"), lr), loss
+        return *update(optimizer, jax.lax.pmean(grads, "devices"), opt_state, params), loss
 
-    assert "the loss returned on 8 devices" in check("05.1", local_loss).message
+    assert "the loss returned on 8 devices with SGD" in check("05.1", local_loss).message
+
+
+def test_05_1_averaging_the_parameters_after_the_update_is_rejected_with_the_reason():
+    def params_averaged(loss_fn, optimizer, params, opt_state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)        # each device's own gradients
+        new_params, opt_state = update(optimizer, grads, opt_state, params)
+        return jax.lax.pmean(new_params, "devices"), opt_state, jax.lax.pmean(loss, "devices")
+
+    fb = check("05.1", params_averaged)
+    assert not fb and "with Adam" in fb.message and "averaged AFTER the update" in fb.message
+    assert "the same numbers as averaging the gradients before it" in fb.message, "says why SGD could not tell"
+
+    def everything_averaged(loss_fn, optimizer, params, opt_state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        new_params, opt_state = update(optimizer, grads, opt_state, params)
+        return (jax.lax.pmean(new_params, "devices"), jax.lax.pmean(opt_state, "devices"),
+                jax.lax.pmean(loss, "devices"))
+
+    fb = check("05.1", everything_averaged)
+    assert not fb and "averaged AFTER the update" in fb.message
+
+
+def test_05_1_psum_with_adam_is_caught_from_the_gradients_not_the_update():
+    calls = []
+
+    def psum_adam_only(loss_fn, optimizer, params, opt_state, batch):
+        # pmean while the checker uses SGD, psum once it uses Adam: the bug Adam hides in the loss curve.
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        adam = not isinstance(opt_state[0], optax.EmptyState)
+        calls.append(adam)
+        grads = (jax.lax.psum if adam else jax.lax.pmean)(grads, "devices")
+        return *update(optimizer, grads, opt_state, params), jax.lax.pmean(loss, "devices")
+
+    fb = check("05.1", psum_adam_only)
+    assert any(calls), "the checker runs Adam too"
+    assert not fb and "8 times too large" in fb.message and "only the gradients show this bug" in fb.message
 
 
 def test_05_2_max_divergence():
@@ -49,6 +92,7 @@ def test_05_2_max_divergence():
         return float(np.max(np.abs(np.asarray(w[1].data) - np.asarray(w[0].data))))
 
     assert "not only the first two" in check("05.2", first_two).message
+
     def signed(tree):  # forgets the absolute value: a copy that is smaller than the first one goes unseen
         worst = 0.0
         for leaf in jax.tree.leaves(tree):
@@ -56,9 +100,41 @@ def test_05_2_max_divergence():
             worst = max([worst] + [float(np.max(c - copies[0])) for c in copies[1:]])
         return worst
 
-    assert "device 1's copy of 'b' differs by 2.0" in check("05.2", signed).message
+    fb = check("05.2", signed)
+    assert "device 1's copy of 'b' is 2.0 below the first device's" in fb.message
+    assert "whatever its sign" in fb.message and "not only the first two" not in fb.message
     per_leaf = check("05.2", lambda t: np.array([solution_max_divergence(t["w"]), solution_max_divergence(t["b"])]))
     assert "should be one number" in per_leaf.message
+
+
+def test_05_2_a_global_computation_is_rejected_as_02_3_does():
+    def global_view(tree):
+        return max(float(jnp.max(jnp.abs(leaf - leaf[0]))) for leaf in jax.tree.leaves(tree))
+
+    fb = check("05.2", global_view)
+    assert not fb and "through the global array" in fb.message and "02.3" in fb.message
+
+    def on_devices(tree):
+        worst = 0.0
+        for leaf in jax.tree.leaves(tree):
+            copies = [s.data for s in leaf.addressable_shards]
+            worst = max([worst] + [float(jnp.max(jnp.abs(c - copies[0]))) for c in copies[1:]])
+        return worst
+
+    fb = check("05.2", on_devices)
+    assert not fb and "bring each copy to the host" in fb.message
+
+
+def test_05_2_numbers_as_strings_or_changed_inputs():
+    fb = check("05.2", lambda t: str(solution_max_divergence(t)))
+    assert not fb and "should be one number, got str" in fb.message
+
+    def pops(tree):
+        tree.pop("b")
+        return solution_max_divergence(tree)
+
+    fb = check("05.2", pops)
+    assert not fb and "changed its input" in fb.message
 
 
 def test_05_3_masked_mse():
@@ -70,28 +146,36 @@ def test_05_3_masked_mse():
     assert "returned nan" in nan.message and "max(number of real rows, 1)" in nan.message
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_05_3_a_lower_precision_loss_is_named(dtype):
+    fb = check("05.3", lambda p, y, m: solution_masked_mse(p, y, m).astype(dtype))
+    assert not fb and f"returned a {jnp.dtype(dtype).name} number from float32 inputs" in fb.message
+
+
 def test_05_1_swapped_or_wrong_structure():
-    def swapped(loss_fn, params, batch, lr):
-        new_params, loss = solution_dp_step(loss_fn, params, batch, lr)
-        return loss, new_params
+    def swapped(loss_fn, optimizer, params, opt_state, batch):
+        new_params, new_state, loss = solution_dp_step(loss_fn, optimizer, params, opt_state, batch)
+        return loss, new_state, new_params
 
     fb = check("05.1", swapped)
-    assert not fb and "the loss first and the parameters second" in fb.message
-    fb = check("05.1", lambda loss_fn, params, batch, lr: solution_dp_step(loss_fn, params, batch, lr)[0])
-    assert not fb and "should return a pair (new_params, loss); got dict{" in fb.message
+    assert not fb and "the loss first and the parameters last" in fb.message
+    fb = check("05.1", lambda *a: solution_dp_step(*a)[0])
+    assert not fb and "should return a triple (new_params, new_opt_state, loss)" in fb.message
+    fb = check("05.1", lambda *a: (solution_dp_step(*a)[0], solution_dp_step(*a)[2]))
+    assert not fb and "should return a triple" in fb.message
 
-    def renamed(loss_fn, params, batch, lr):
-        new_params, loss = solution_dp_step(loss_fn, params, batch, lr)
-        return {"weights": new_params["w"], "bias": new_params["b"]}, loss
+    def renamed(*a):
+        new_params, new_state, loss = solution_dp_step(*a)
+        return {"weights": new_params["w"], "bias": new_params["b"]}, new_state, loss
 
     fb = check("05.1", renamed)
     assert not fb and "new_params, the first thing dp_step returns should have the structure dict{'w'" in fb.message
 
-    def wrong_key(loss_fn, params, batch, lr):
-        return params["weights"], 0.0
+    def wrong_key(loss_fn, optimizer, params, opt_state, batch):
+        return params["weights"], opt_state, 0.0
 
     fb = check("05.1", wrong_key)
-    assert not fb and "pmap(dp_step)(dict, dict, float) raised KeyError: 'weights'" in fb.message
+    assert not fb and "raised KeyError: 'weights'" in fb.message
 
 
 def test_05_2_raises_or_wrong_structure():
@@ -108,3 +192,17 @@ def test_05_3_forgot_to_reduce_or_raises():
     assert not fb and "masked_mse(Array float32[8], Array float32[8], Array bool[8]) raised" in fb.message
     fb = check("05.3", lambda p, y, m: (jnp.mean((p - y) ** 2), m.sum()))
     assert not fb and "should be one number, got tuple(" in fb.message
+
+
+def test_no_hint_or_wrong_answer_feedback_of_lesson_05_holds_solution_code():
+    for id_ in ("05.1", "05.2", "05.3"):
+        ex = exercises()[id_]
+        body = inspect.getsource(ex.solution).splitlines()[1:]
+        lines = {re.sub(r"\s+", "", ln.split("#")[0]) for ln in body}
+        lines = {ln for ln in lines if len(ln) >= 12}
+        for text in ex.hints:
+            squashed = re.sub(r"\s+", "", text)
+            assert not [ln for ln in lines if ln in squashed], (id_, text)
+            for snippet in re.findall(r"`([^`]*)`", text):
+                assert "(" not in snippet, (id_, snippet)
+        assert len(ex.hints) >= 3, f"{id_}: a ladder: nudge, API or section, steps in words"

@@ -5,6 +5,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from .. import data, sharding
 from . import Mismatch, as_array, call, describe_tree, exercise, expect_array, expect_scalar, expect_structure
@@ -19,71 +20,130 @@ def regression_loss(params, batch):
 
 
 # ----------------------------------------------------------------------------------------------
-# 05.1 The data-parallel SGD step
+# 05.1 The data-parallel step
 
 
-def solution_dp_step(loss_fn, params, batch, lr):
+def solution_dp_step(loss_fn, optimizer, params, opt_state, batch):
     loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-    grads = jax.lax.pmean(grads, axis_name="devices")
+    grads = jax.lax.pmean(grads, axis_name="devices")      # the same gradients on every device
     loss = jax.lax.pmean(loss, axis_name="devices")
-    new_params = jax.tree.map(lambda p, g: p - lr * g, params, grads)
-    return new_params, loss
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss
+
+
+def _copies(tree) -> list[list[np.ndarray]]:
+    """Each leaf's per-device copies (pmap layout: copy i is row i, on device i), read where they live."""
+    return [[np.asarray(s.data[0]) for s in sorted(leaf.addressable_shards, key=lambda s: s.device.id)]
+            for leaf in jax.tree.leaves(tree)]
+
+
+def _spread(tree) -> float:
+    return max(((float(np.max(np.abs(c.astype(np.float64) - cs[0]))) if c.size else 0.0)
+                for cs in _copies(tree) for c in cs), default=0.0)
+
+
+def _close(a, b, rtol=1e-4, atol=1e-6) -> bool:
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    return len(la) == len(lb) and all(np.shape(x) == np.shape(y) and np.allclose(x, y, rtol=rtol, atol=atol)
+                                      for x, y in zip(la, lb))
+
+
+def _first_copy(tree):
+    return jax.tree.map(lambda leaf: np.asarray(leaf.addressable_shards[0].data[0])
+                        if isinstance(leaf, jax.Array) and leaf.ndim else np.asarray(leaf), tree)
 
 
 @exercise("05.1", "Write the data-parallel step from the single-device one", solution=solution_dp_step,
-          returns="a pair (new_params, loss): new_params a dict like params ({'w': (d,), 'b': ()} on each device), "
-                  "loss one float32 number on each device",
+          returns="a triple (new_params, new_opt_state, loss): new_params a dict like params ({'w': (d,), 'b': ()} on "
+                  "each device), new_opt_state like opt_state, loss one float32 number on each device",
           hints=["Start from single_step: the only thing missing is that every device must apply the SAME "
                  "update, the one for the whole global batch.",
-                 "Average the gradients (and the loss) over the devices with jax.lax.pmean(tree, "
-                 "axis_name='devices') before the update; psum would add n gradients, n times too large."])
+                 "jax.lax.pmean over the 'devices' axis (lesson 04, section 3) averages a pytree over the devices. "
+                 "psum would add n gradients, n times too large.",
+                 "Average the gradients, and the loss, over the devices right after computing them, BEFORE the "
+                 "optimizer sees them; everything after that line is single_step unchanged. Averaging the "
+                 "parameters after the update is not the same thing: with Adam it gives a different update and "
+                 "leaves each device's optimizer state following its own gradients."])
 def check_dp_step(dp_step):
-    for n, d, lr in [(len(jax.devices()), 3, 0.1), (4, 2, 0.05)]:
+    n_all = len(jax.devices())
+    for n, d, name, optimizer in [(n_all, 3, "SGD", optax.sgd(0.1)), (4, 2, "SGD", optax.sgd(0.05)),
+                                  (n_all, 3, "Adam", optax.adam(0.1))]:
         devs = jax.devices()[:n]
         x, y, _ = data.regression_data(n=16 * n, d=d, seed=n)
         params = {"w": jnp.asarray(np.linspace(-1, 1, d), jnp.float32), "b": jnp.float32(0.3)}
+        opt_state = optimizer.init(params)
         batch = sharding.shard({"x": x, "y": y}, n)
-        step = jax.pmap(functools.partial(dp_step, regression_loss), axis_name=AXIS, in_axes=(0, 0, None),
-                        devices=devs)
-        out = call(step, sharding.replicate(params, devs), batch, lr, name="pmap(dp_step)", hints={
-            "has no attribute 'tree_map'": "jax.tree_map was removed from JAX: use jax.tree.map.",
-            "unbound axis name": f"The axis is named {AXIS!r}: use that name in the collective.",
-        })
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise Mismatch(f"dp_step should return a pair (new_params, loss); got {describe_tree(out)}.")
-        new_params, loss = out
+        on = f"on {n} devices with {name}"
+        step = jax.pmap(functools.partial(dp_step, regression_loss, optimizer), axis_name=AXIS, devices=devs)
+        out = call(step, sharding.replicate(params, devs), sharding.replicate(opt_state, devs), batch,
+                   name="pmap(dp_step)", hints={
+                       "has no attribute 'tree_map'": "jax.tree_map was removed from JAX: use jax.tree.map.",
+                       "unbound axis name": f"The axis is named {AXIS!r}: use that name in the collective.",
+                   })
+        if not isinstance(out, (tuple, list)) or len(out) != 3:
+            raise Mismatch(f"dp_step should return a triple (new_params, new_opt_state, loss), as single_step "
+                           f"does; got {describe_tree(out)}.")
+        new_params, new_state, loss = out
         if isinstance(loss, dict) and not isinstance(new_params, dict):
-            raise Mismatch(f"dp_step returned ({describe_tree(new_params)}, {describe_tree(loss)}): the loss "
-                           "first and the parameters second. Return them in the order (new_params, loss).")
+            raise Mismatch(f"dp_step returned ({describe_tree(new_params)}, ..., {describe_tree(loss)}): the loss "
+                           "first and the parameters last. Return them in the order (new_params, new_opt_state, "
+                           "loss).")
         expect_structure(new_params, params, what="new_params, the first thing dp_step returns",
                          hint="Return the updated parameters with the same keys as params.")
         for key, leaf in new_params.items():
             if not isinstance(leaf, jax.Array) or np.shape(leaf) != (n,) + np.shape(params[key]):
                 raise Mismatch(f"new_params[{key!r}] should be, under pmap, one copy per device, shape "
                                f"{(n,) + np.shape(params[key])}; got {describe_tree(leaf)}.")
+        expect_structure(new_state, opt_state, what="new_opt_state, the second thing dp_step returns",
+                         hint="Return the optimizer state that optimizer.update gives back.")
         if np.shape(loss) != (n,) or as_array(loss, what="the loss").dtype == bool:
             raise Mismatch(f"the loss dp_step returns should be one number per device (shape ({n},) under pmap); "
                            f"got {describe_tree(loss)}.")
+        # What each variant gives, computed here from private copies of the inputs.
+        shards = [{"x": x[i * 16:(i + 1) * 16], "y": y[i * 16:(i + 1) * 16]} for i in range(n)]
         grads = jax.grad(regression_loss)(params, {"x": x, "y": y})
-        expected = jax.tree.map(lambda p, g: p - lr * g, params, grads)
-        blocks = [np.asarray(s.data[0]) for s in sorted(new_params["w"].addressable_shards, key=lambda s: s.device.id)]
-        spread = max(float(np.max(np.abs(b - blocks[0]))) for b in blocks)
+        updates, want_state = optimizer.update(grads, opt_state, params)
+        want = optax.apply_updates(params, updates)
+        per_device = [optax.apply_updates(params, optimizer.update(jax.grad(regression_loss)(params, s), opt_state,
+                                                                   params)[0]) for s in shards]
+        params_averaged = jax.tree.map(lambda *ps: np.mean(np.stack(ps), axis=0), *per_device)
+        got, got_state = _first_copy(new_params), _first_copy(new_state)
+        if name == "Adam" and _close(got, params_averaged) and not _close(got, want):
+            raise Mismatch(f"{on}: the parameters are the average of {n} per-device updates, each made with that "
+                           "device's own gradients: the parameters were averaged AFTER the update. With plain SGD "
+                           "that gives the same numbers as averaging the gradients before it (the update is linear "
+                           "in the gradient), but not with Adam, whose update divides each gradient by its own "
+                           "running scale; and each device's optimizer state (Adam's moments) still follows its "
+                           "own gradients. Average the gradients before the optimizer sees them.")
+        spread = _spread(new_params)
         if spread > 0:
-            raise Mismatch(f"on {n} devices the copies of w differ by up to {spread:.2e} after one step: each device "
-                           "applied its own gradient. Average the gradients over the devices (jax.lax.pmean) "
-                           "before the update.")
-        got_w = blocks[0]
-        step_size = np.asarray(params["w"]) - got_w
-        want = np.asarray(params["w"]) - np.asarray(expected["w"])
-        if np.allclose(step_size, n * want, rtol=1e-4, atol=1e-6) and n > 1:
-            raise Mismatch(f"on {n} devices the update is {n} times too large: psum adds the {n} gradients; the "
+            raise Mismatch(f"{on} the copies of the parameters differ by up to {spread:.2e} after one step: each "
+                           "device applied its own gradient. Average the gradients over the devices "
+                           "(jax.lax.pmean) before the update.")
+        state_spread = _spread(new_state)
+        if state_spread > 0:
+            raise Mismatch(f"{on} the parameters agree, but the copies of the optimizer state differ by up to "
+                           f"{state_spread:.2e}: each device's optimizer saw its own gradients. Average the "
+                           "gradients before the optimizer's update, not after it.")
+        step_size = np.asarray(params["w"]) - got["w"]
+        want_size = np.asarray(params["w"]) - np.asarray(want["w"])
+        if name == "SGD" and n > 1 and np.allclose(step_size, n * want_size, rtol=1e-4, atol=1e-6):
+            raise Mismatch(f"{on} the update is {n} times too large: psum adds the {n} gradients; the "
                            "mean of per-device mean losses needs pmean.")
-        expect_array(got_w, expected["w"], what=f"w after one step on {n} devices", rtol=1e-4, atol=1e-6)
-        expect_array(sharding.unreplicate(new_params)["b"], expected["b"], what=f"b after one step on {n} devices",
-                     rtol=1e-4, atol=1e-6)
+        if name == "Adam" and n > 1:
+            mu_got = jax.tree.leaves(got_state[0].mu)
+            mu_want = jax.tree.leaves(want_state[0].mu)
+            if all(np.allclose(a, n * np.asarray(b), rtol=1e-4, atol=1e-7) for a, b in zip(mu_got, mu_want)):
+                raise Mismatch(f"{on} the gradients Adam received were {n} times too large (its first moment is "
+                               f"{n} times the right one): psum adds the {n} gradients. Adam divides by the "
+                               "gradient's own scale, so its update, and the loss curve, hardly change: only the "
+                               "gradients show this bug. Average them with pmean.")
+        expect_array(got["w"], want["w"], what=f"w after one step {on}", rtol=1e-4, atol=1e-6)
+        expect_array(got["b"], want["b"], what=f"b after one step {on}", rtol=1e-4, atol=1e-6)
         expect_array(np.asarray(loss)[0], regression_loss(params, {"x": x, "y": y}),
-                     what=f"the loss returned on {n} devices (the mean over the whole global batch)", rtol=1e-4)
-    return "gradients averaged with pmean, the same update everywhere: the copies stay identical."
+                     what=f"the loss returned {on} (the mean over the whole global batch)", rtol=1e-4)
+    return ("gradients averaged with pmean before the update, with SGD and with Adam: the same update and the same "
+            "optimizer state everywhere, so the copies stay identical.")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -112,30 +172,57 @@ def _stack_on_devices(copies, devs):
                   "and the first device's copy",
           hints=["Each leaf is one array with a copy on every device; compare each copy with the first, leaf by "
                  "leaf, and keep the worst difference over all of them.",
-                 "jax.tree.leaves(tree) gives the leaves; leaf.addressable_shards[k].data is device k's copy. "
-                 "Take np.max(np.abs(copy - first)) and the max over everything, as a float."])
+                 "jax.tree.leaves gives the leaves; a leaf's addressable_shards (lesson 02, exercise 02.3) hold "
+                 "each device's copy where it lives; np.asarray brings one copy to the host.",
+                 "For every leaf: bring each device's copy to the host, measure how far it is from the first "
+                 "device's copy (the largest absolute difference, whichever its sign), and keep the largest "
+                 "number seen over all leaves and devices, as a Python float."])
 def check_max_divergence(max_divergence):
     devs = jax.devices()
     base = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.float32(1.0)}
     same = sharding.replicate(base)
     one_number = "return one number for the whole tree, the worst difference over every leaf and device"
-    got = expect_scalar(call(max_divergence, same, name="max_divergence"), what="max_divergence(replicated)",
-                        per=one_number)
+
+    def run(tree):
+        # Reading each copy where it lives moves data from each device to the host, never between devices: a
+        # device-to-device transfer means the copies were compared through the global array.
+        try:
+            with jax.transfer_guard_device_to_device("disallow"):
+                return call(max_divergence, tree, name="max_divergence", hints={
+                    "incompatible devices": "Each copy lives on its own device, and JAX computes only with arrays "
+                                            "on the same devices: bring each copy to the host (NumPy) and compare "
+                                            "them there."})
+        except Mismatch as e:
+            if "Disallowed device-to-device transfer" in str(e):
+                raise Mismatch("max_divergence compared the copies through the global array (jax.numpy on the "
+                               "whole leaf, e.g. subtracting one row from it): to do that JAX moves the first "
+                               "device's copy to every other device, and the answer is about the global view, not "
+                               "about what each device holds. The exercise asks you to read the copies where "
+                               "they live, as exercise 02.3 did: each device's copy from the leaf's "
+                               "addressable_shards, brought to the host and compared there.") from None
+            raise
+
+    got = expect_scalar(run(same), what="max_divergence(replicated)", per=one_number)
     if got != 0.0:
         raise Mismatch(f"for identical copies max_divergence returned {float(got)}; expected 0.0.")
-    for device, leaf, delta in [(len(devs) - 1, "w", 0.25), (1, "b", -2.0)]:
+    last = len(devs) - 1
+    for device, leaf, delta in [(last, "w", 0.25), (1, "b", -2.0), (last, "w", -0.5)]:
         copies = [{k: base[k] + (delta if (i == device and k == leaf) else 0.0) for k in base}
                   for i in range(len(devs))]
         drifted = jax.tree.map(lambda *xs: _stack_on_devices(xs, devs), *copies)
-        got = expect_scalar(call(max_divergence, drifted, name="max_divergence"),
-                            what="max_divergence(replicated)", per=one_number)
+        got = expect_scalar(run(drifted), what="max_divergence(replicated)", per=one_number)
+        how = f"{abs(delta)} {'below' if delta < 0 else 'above'} the first device's"
+        if delta < 0 and (np.isclose(got, 0.0) or np.isclose(got, delta)):
+            raise Mismatch(f"device {device}'s copy of {leaf!r} is {how}, but max_divergence returned {got}: a "
+                           "copy that is smaller than the first counts as much as one that is larger. Measure "
+                           "the size of each difference, whatever its sign.")
         if np.isclose(got, 0.0):
-            raise Mismatch(f"device {device}'s copy of {leaf!r} differs by {abs(delta)}, but max_divergence "
-                           "returned 0.0: compare every device's copy (and every leaf), not only the first two.")
+            raise Mismatch(f"device {device}'s copy of {leaf!r} is {how}, but max_divergence returned 0.0: compare "
+                           "every device's copy (and every leaf), not only the first two.")
         if not np.isclose(got, abs(delta)):
-            raise Mismatch(f"device {device}'s copy of {leaf!r} differs by {abs(delta)}; max_divergence returned "
-                           f"{got}. Return the largest absolute difference from the first device's copy.")
-    return "it finds the largest difference between any device's copy and the first one."
+            raise Mismatch(f"device {device}'s copy of {leaf!r} is {how}; max_divergence returned {got}. Return "
+                           f"the largest absolute difference from the first device's copy, here {abs(delta)}.")
+    return "it finds the largest difference between any device's copy and the first one, read where each lives."
 
 
 # ----------------------------------------------------------------------------------------------
@@ -152,8 +239,11 @@ def solution_masked_mse(pred, y, mask):
                   "0.0 when there are none",
           hints=["Padding rows must count for nothing in the sum AND in the count you divide by; and a device "
                  "may get only padding.",
-                 "mask = mask.astype(pred.dtype); return jnp.sum(mask * (pred - y) ** 2) / "
-                 "jnp.maximum(jnp.sum(mask), 1.0)."])
+                 "A boolean mask becomes 0.0 and 1.0 once cast to a float dtype (astype); multiplying by it drops "
+                 "the padding rows from a sum. jnp.maximum keeps a count from being 0.",
+                 "Sum the squared errors weighted by the mask; count the real rows (the sum of the mask); divide "
+                 "the first by the second, but by at least 1, so that a device with only padding gives 0, "
+                 "not 0 / 0 = NaN."])
 def check_masked_mse(masked_mse):
     rng = np.random.default_rng(5)
     for b, real in [(8, 5), (16, 16), (4, 1)]:
@@ -161,7 +251,13 @@ def check_masked_mse(masked_mse):
         y = jnp.asarray(rng.normal(size=b), jnp.float32).at[real:].set(0.0)
         mask = jnp.arange(b) < real
         what = f"masked_mse with {real} real rows of {b}"
-        got = expect_scalar(call(masked_mse, pred, y, mask, name="masked_mse"), what=what,
+        result = call(masked_mse, pred, y, mask, name="masked_mse")
+        dtype = getattr(result, "dtype", None)
+        if dtype is not None and np.dtype(dtype) != np.float32 and np.ndim(result) == 0:
+            raise Mismatch(f"{what} returned a {np.dtype(dtype).name} number from float32 inputs: the loss should "
+                           "stay float32 (a cast of the mask or the result to a lower precision, or to an integer "
+                           "type, changes it). Check the dtype you cast the mask to.")
+        got = expect_scalar(result, what=what,
                             per="one squared error per row is not yet a loss: reduce it to their mean over the "
                                 "real rows")
         expected = float(np.mean((np.asarray(pred)[:real] - np.asarray(y)[:real]) ** 2))
