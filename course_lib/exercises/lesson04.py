@@ -313,7 +313,7 @@ def check_ring_allreduce_chunked(ring_allreduce):
         rng = np.random.default_rng(n)
         xs = rng.integers(-9, 10, size=(n, 3 * n)).astype(np.float32)
         what = f"the ring all-reduce on {n} devices, each x a vector of {3 * n}"
-        got = as_array(_run(ring_allreduce, xs, "ring_allreduce"), what=what, expected_shape=xs.shape)
+        got = as_array(_run(ring_allreduce, xs, "ring_allreduce_chunked"), what=what, expected_shape=xs.shape)
         expect_array(got, C.psum(xs), what=what)
         _same_dtype(got, xs, what)
         for banned in ("psum", "psum_scatter", "reduce_scatter", "all_gather", "all_to_all"):
