@@ -206,3 +206,24 @@ def test_no_hint_or_wrong_answer_feedback_of_lesson_05_holds_solution_code():
             for snippet in re.findall(r"`([^`]*)`", text):
                 assert "(" not in snippet, (id_, snippet)
         assert len(ex.hints) >= 3, f"{id_}: a ladder: nudge, API or section, steps in words"
+
+
+def test_05_1_an_average_fixed_to_8_devices_fails_on_4_with_the_reason():
+    def divide_by_8(loss_fn, optimizer, params, opt_state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        grads = jax.tree.map(lambda g: jax.lax.psum(g, "devices") / 8, grads)
+        return *update(optimizer, grads, opt_state, params), jax.lax.pmean(loss, "devices")
+
+    fb = check("05.1", divide_by_8)
+    assert not fb and "on 4 devices with SGD the update is 0.5 times the right one" in fb.message
+    assert "divides by a fixed 8" in fb.message
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_05_1_parameters_in_another_dtype_are_named(dtype):
+    def cast(loss_fn, optimizer, params, opt_state, batch):
+        new_params, new_state, loss = solution_dp_step(loss_fn, optimizer, params, opt_state, batch)
+        return jax.tree.map(lambda p: p.astype(dtype), new_params), new_state, loss
+
+    fb = check("05.1", cast)
+    assert not fb and f"is {jnp.dtype(dtype).name}; params are float32" in fb.message

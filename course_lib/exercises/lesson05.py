@@ -130,6 +130,17 @@ def check_dp_step(dp_step):
         if name == "SGD" and n > 1 and np.allclose(step_size, n * want_size, rtol=1e-4, atol=1e-6):
             raise Mismatch(f"{on} the update is {n} times too large: psum adds the {n} gradients; the "
                            "mean of per-device mean losses needs pmean.")
+        for key in params:
+            dtype = np.asarray(got[key]).dtype
+            if dtype != np.float32:
+                raise Mismatch(f"{on} new_params[{key!r}] is {dtype.name}; params are float32. The step should keep "
+                               "the parameters' dtype: look for a cast (astype, dtype=) of the gradients or the "
+                               "update.")
+        ratio = step_size / np.where(want_size == 0, np.nan, want_size)
+        if n != n_all and np.all(np.isfinite(ratio)) and np.allclose(ratio, n / n_all, rtol=1e-3):
+            raise Mismatch(f"{on} the update is {n / n_all:g} times the right one, and right on {n_all} devices: the "
+                           f"average divides by a fixed {n_all}, not by the number of devices the step runs on. "
+                           "pmean divides by the size of the axis, whatever it is.")
         if name == "Adam" and n > 1:
             mu_got = jax.tree.leaves(got_state[0].mu)
             mu_want = jax.tree.leaves(want_state[0].mu)
