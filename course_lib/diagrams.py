@@ -514,7 +514,7 @@ def _index_str(index, shape) -> str:
 def array_placement(x, name: str = "x", max_values: int = 8, *, devices_shown: int | None = None) -> Diagram:
     """Which part of a ``jax.Array`` lives on which device, read from its sharding.
 
-    Each device node shows the index of the block it holds (``x[2:3, :]``), the block's
+    Each device node shows the index of the block it holds in ``x`` (``[2:3, :]``), the block's
     shape, and, when the block has at most ``max_values`` elements, its values as read
     from that device. ``devices_shown`` is how many devices to draw (the first ones and the last, with
     an ellipsis between); by default as many as fit about 1000 px.
@@ -544,7 +544,7 @@ def array_placement(x, name: str = "x", max_values: int = 8, *, devices_shown: i
     placed = sorted(index_map, key=lambda d: d.id)
 
     def device_text(d):
-        label = [_device_label(d), f"{name}{_index_str(index_map[d], x.shape)}"]
+        label = [_device_label(d), _index_str(index_map[d], x.shape)]    # the block's index in the array above
         if d in shards:
             block = shards[d].data
             label.append(shape_str(block))
