@@ -27,9 +27,10 @@ from notebook_checks import problems  # noqa: E402
 
 
 def settle_progress_bars(nb) -> int:
-    """Store each tqdm progress bar's final state as its text fallback; returns how many were settled.
+    """Store each tqdm widget bar's final state as its text fallback; returns how many were settled.
 
-    A tqdm bar in a notebook is a widget. Its stored ``text/plain`` is the bar as it was first displayed
+    ``training.fit``'s own bar is plain text updated in place and stored as its final line: it needs nothing here.
+    This is for a ``tqdm.auto`` bar a notebook shows itself. A tqdm bar in a notebook is a widget. Its stored ``text/plain`` is the bar as it was first displayed
     (0%), and that is what a viewer without the widget state shows (GitHub, an untrusted notebook). The
     final state is in the notebook's widget metadata, which nbclient saves: write it out as tqdm's text bar.
     """
