@@ -279,29 +279,29 @@ def spmd_overview(devices=None, batch=None, program=None, *, devices_shown: int 
     name = _fn_name(program) if program is not None else "program"
     g = Diagram("spmd")
     g.attr(label=f"SPMD: the same {name} on {n} devices, each on its own shard of the data", labelloc="t")
-    with g.subgraph(name="top") as top:
-        top.attr(rank="same")
-        top.node("program", f"{name}\\n(one copy of the code)", shape="note", fillcolor="#f5f5f5")
-        if batch is not None:
-            top.node("data", f"data {shape_str(batch)}", shape="folder", fillcolor="#fff7d6")
+    program_label = f"{name}\\n(one copy of the code)"
     if batch is not None:
         b = np.shape(batch)[0]
         if b % n:
             raise ValueError(f"spmd_overview: batch has B={b} rows on axis 0, which does not divide across {n} "
                              f"devices; pass a batch of {b - b % n or n} or {b - b % n + n} rows.")
-    shard_label = None
-    if batch is not None:
+        g.node("data", f"data {shape_str(batch)}", shape="folder", fillcolor="#fff7d6")
         shard_shape = jax.ShapeDtypeStruct((b // n,) + tuple(np.shape(batch)[1:]), batch.dtype)
-        shard_label = lambda i: f"shard {i}\\n{shape_str(shard_shape)}"  # noqa: E731
     widths = [_label_width_pt(_device_label(d)) for d in devices]
-    if shard_label is not None:
-        widths += [_label_width_pt(shard_label(n - 1))]
-    # Each dashed edge from the program to a device crosses the shards' row: room for it beside each shard.
+    if batch is not None:
+        widths.append(_label_width_pt(f"shard {n - 1}\\n{shape_str(shard_shape)}"))
+    # With a batch, the program sits at the left of the shards' row, so that its edges to the devices do not
+    # cross that row (each crossing edge would need room beside every shard).
     shown = _devices_to_draw(n, widths, devices_shown, "spmd_overview",
-                             per_device_pt=36.0 if batch is not None else 0.0)
+                             extra_pt=_label_width_pt(program_label) + 18.0 if batch is not None else 0.0)
     if batch is not None:
         with g.subgraph(name="shards") as row:
-            _device_row(row, "shard", shown, n, shard_label, lambda i: "#fff7d6")
+            row.node("program", program_label, shape="note", fillcolor="#f5f5f5")
+            names = _device_row(row, "shard", shown, n, lambda i: f"shard {i}\\n{shape_str(shard_shape)}",
+                                lambda i: "#fff7d6")
+            row.edge("program", names[0], style="invis")
+    else:
+        g.node("program", program_label, shape="note", fillcolor="#f5f5f5")
     with g.subgraph(name="devices") as row:
         _device_row(row, "dev", [devices[i].id for i in shown], n, lambda i: _device_label(by_id[i]),
                     lambda i: PLATFORM_COLOURS.get(by_id[i].platform, "white"))
