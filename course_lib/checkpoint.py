@@ -28,7 +28,8 @@ Errors name the argument, the value and the fix, before anything is read or writ
 directory or step, a damaged checkpoint, a state whose structure, shapes or dtypes differ from the
 saved one (no silent cast), a directory that cannot be written, a step older than one already saved
 (Orbax itself skips such a save silently), a second ``Checkpoints`` saving into a directory another
-one is saving into, and a state holding NaN or infinity (saving it could push the last good step out).
+one is saving into, and, with ``keep=``, a state holding NaN or infinity (it would push the last finite
+steps out of the directory).
 
 States whose leaves have the same shape on any number of devices (those of the ``"shard_map"`` and
 ``"jit"`` backends, or your own sharded pytrees) restore onto any device count whose sizes divide
@@ -229,20 +230,35 @@ def _repaddable(saved: dict | None, targets, layout) -> set:
     return out
 
 
+def _all_finite(leaves):
+    import jax.numpy as jnp
+    return [jnp.isfinite(x).all() for x in leaves]
+
+
+_all_finite_jit = jax.jit(_all_finite)   # one small program per state structure, compiled once
+
+
 def _nonfinite(state) -> str | None:
-    """The path of the first float leaf of ``state`` that holds NaN or infinity, or ``None``."""
+    """The path of the first float leaf of ``state`` that holds NaN or infinity, or ``None``.
+
+    One compiled program reduces every float leaf on its devices to a flag; only the flags come to the host."""
     import jax.numpy as jnp
     leaves = [(path, x) for path, x in jax.tree_util.tree_flatten_with_path(state)[0]
               if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)]
-    flags = jax.device_get([jnp.isfinite(x).all() if isinstance(x, jax.Array) else np.isfinite(x).all()
-                            for _, x in leaves])
-    bad = [jax.tree_util.keystr(path) for (path, _), ok in zip(leaves, flags) if not ok]
+    if not leaves:
+        return None
+    arrays = [x for _, x in leaves]
+    try:
+        flags = _all_finite_jit(arrays)
+    except ValueError:  # leaves on different sets of devices: one at a time
+        flags = [_all_finite_jit([x])[0] for x in arrays]
+    bad = [jax.tree_util.keystr(path) for (path, _), ok in zip(leaves, jax.device_get(flags)) if not ok]
     return bad[0] if bad else None
 
 
 def _rewrap_keys(restored, like):
-    def back(r, x):
-        return jax.random.wrap_key_data(r, impl=jax.random.key_impl(x)) if _is_key(x) else r
+    def back(r, x):   # a key saved by Orbax itself (not through save) comes back typed already
+        return jax.random.wrap_key_data(r, impl=jax.random.key_impl(x)) if _is_key(x) and not _is_key(r) else r
     return jax.tree.map(back, restored, like)
 
 
@@ -290,7 +306,7 @@ class Checkpoints:
         done = self.steps()
         return done[-1] if done else None
 
-    def save(self, step: int, state, extra: dict | None = None, *, allow_nonfinite: bool = False) -> None:
+    def save(self, step: int, state, extra: dict | None = None) -> None:
         """Save ``state`` (any pytree of arrays, e.g. a ``TrainState``) and ``extra`` (JSON) as ``step``.
 
         The first save takes the directory for this ``Checkpoints`` until ``close`` and removes the half-written
@@ -298,9 +314,9 @@ class Checkpoints:
 
         Raises:
           ValueError: ``step`` is not newer than the latest saved step (Orbax would skip it silently), ``extra``
-            is not JSON, or a float leaf of ``state`` holds NaN or infinity (refused: it cannot resume a run, and
-            under ``keep=`` it would push out the last good step; ``allow_nonfinite=True`` saves it, only with
-            ``keep=None``).
+            is not JSON, or, with ``keep=`` set, a float leaf of ``state`` holds NaN or infinity (saving it would
+            push the last finite steps out of the directory; with ``keep=None`` nothing is deleted, and it is
+            saved).
           CheckpointError: another ``Checkpoints`` is saving into the same directory.
         """
         step = _step(step, "save")
@@ -319,19 +335,15 @@ class Checkpoints:
         except TypeError as e:
             raise ValueError(f"save: extra must hold only JSON values (numbers, strings, lists, dicts): {e}. "
                              "Convert arrays with .tolist() or int().") from None
-        if not isinstance(allow_nonfinite, (bool, np.bool_)):
-            _fail("save", "allow_nonfinite", "True or False", allow_nonfinite,
-                  "Leave it False: a state holding NaN is refused.", TypeError)
-        bad = _nonfinite(state)
-        if bad and not (allow_nonfinite and self._keep is None):
+        bad = _nonfinite(state) if self._keep is not None else None
+        if bad:
             kept = (f"the newest saved step, {latest}, is still in {self.directory.name}/" if latest is not None
-                    else "nothing is in the directory")
-            why = ("with keep= set it could push the last finite step out of the directory"
-                   if allow_nonfinite else "it cannot resume a run")
-            raise ValueError(f"save: state leaf {bad} holds NaN or infinity at step {step}: not saved ({why}; "
-                             f"{kept}). Restore the last finite step and find where the run diverged (e.g. a lower "
-                             "learning rate). To keep this state for debugging, save it with allow_nonfinite=True "
-                             "into a Checkpoints with keep=None.")
+                    else f"{self.directory.name}/ holds no step yet")
+            raise ValueError(f"save: state leaf {bad} holds NaN or infinity at step {step}: not saved, since with "
+                             f"keep={self._keep} it would push the last finite steps out of the directory ({kept}). "
+                             "Restore the last finite step and find where the run diverged (e.g. a lower learning "
+                             "rate). To keep this state for debugging, save it into another directory with "
+                             "keep=None.")
         self._take_directory()
         ocp = _ocp()
         args = ocp.args.Composite(state=ocp.args.StandardSave(_keys_to_data(state)),
