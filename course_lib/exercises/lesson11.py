@@ -15,7 +15,7 @@ from . import Mismatch, call, describe, exercise
 # Graded hints, weakest first (the exercise framework shows them one at a time).
 HINTS = {
     "11.1": ["Orbax reads each array straight onto the devices you ask for: you do not need to move it afterwards.",
-             "Section 1, 'Restoring onto 4 devices, then onto 1', and the devices= argument of checkpoint.restore.",
+             "Section 1, 'Restoring: where it was, or where you say', and the devices= argument of checkpoint.restore.",
              "Restore with the devices you were given; of the two things that come back, return only the state."],
     "11.2": ["Add up, over every device, the time inside collectives and the time inside dispatches.",
              "profile.summarise gives, per device, 'collective_us' and 'busy_us'.",
