@@ -399,8 +399,15 @@ class Checkpoints:
         Returns:
           ``(state, extra)``: ``state`` shaped like ``like``, ``extra`` the dict given to ``save``.
 
+        Orbax alone would put each array back on the sharding stored in the checkpoint; the target built here
+        (``like``'s shapes and dtypes, placed as asked) overrides it. A ``sharded_state.ShardedState`` saved on
+        another device count is re-padded for ``like``'s mesh.
+
         Raises:
-          CheckpointError: no such directory or step, a damaged step, or ``like`` does not match what was saved.
+          CheckpointError: no such directory or step, a damaged step, or ``like`` does not match what was saved
+            (structure, shape, or dtype: nothing is cast).
+          ValueError: a sharding that does not divide a leaf, or ``devices=``/``sharding=`` with a ``ShardedState``
+            ``like`` (its layout fixes its mesh: build ``like`` on the devices you want).
         """
         step = _step(step, "restore", optional=True)
         _check_tree(like, "like", "restore")
