@@ -1,39 +1,51 @@
 """Checkpoints of a training run with Orbax: save on one set of devices, restore onto another, resume.
 
 Lesson 11. A checkpoint is one directory per step, ``<directory>/<step>/``, written by
-``orbax-checkpoint``: the ``TrainState`` (every array, with its shape and dtype, not its devices)
-and a small JSON record of everything else a run needs to go on exactly where it stopped (the
-position of the data iterator, a seed, your notes).
+``orbax-checkpoint``: the ``TrainState`` (every array with its shape, dtype and sharding: Orbax stores
+the mesh's device ids, its axis names and each array's ``PartitionSpec`` in ``state/_sharding``) and a
+small JSON record of everything else a run needs to go on exactly where it stopped (the position of the
+data iterator, a seed, your notes).
 
 * ``Checkpoints(directory, keep=3, asynchronous=True)`` is the directory: ``save``, ``restore``,
   ``steps``, ``latest_step``, ``wait``. ``save``, ``restore`` and ``latest_step`` are the same as
   one-line functions.
-* ``restore`` reads the arrays straight onto the devices you name (``devices=``, replicated with
-  ``P()``) or the shardings you give (``sharding=``): a state saved from 8 devices restores onto 4,
-  or onto 1, and Orbax reads each device's part from disk.
+* Orbax alone restores each array onto the sharding it was saved with. ``restore`` here always gives
+  Orbax a target instead (``jax.ShapeDtypeStruct``s with a sharding), which overrides the saved one: the
+  devices you name (``devices=``, replicated with ``P()``), the shardings you give (``sharding=``), or
+  by default where ``like``'s leaves live. So a state saved from 8 devices restores onto 4 or onto 1,
+  and Orbax reads each device's part from disk straight onto that device.
 * ``resume(make_batches, position)`` restarts a seeded data iterator at a given batch, so that a
   resumed run sees the batches the uninterrupted run would have seen.
 
 What makes it safe (Orbax does the work; lesson 11 shows each): a save writes into a temporary
 directory and renames it into place only when every file is written, so a crash mid-save leaves
-no step that looks valid; ``keep=N`` deletes all but the newest N steps; ``asynchronous=True``
-writes in a background thread while training goes on; with several processes every process
-writes its own arrays and process 0 alone writes the metadata.
+no step that looks valid (the next save of a ``Checkpoints`` removes such a half-written step);
+``keep=N`` deletes all but the newest N steps; ``asynchronous=True`` writes in a background thread
+while training goes on; with several processes every process calls ``save``, each writes its own
+arrays and process 0 alone writes the metadata.
 
-Errors name the argument, the value and the fix: a missing directory or step, a damaged
-checkpoint, a state whose structure differs from the saved one, a directory that cannot be
-written, and a step older than one already saved (Orbax itself skips such a save silently).
+Errors name the argument, the value and the fix, before anything is read or written: a missing
+directory or step, a damaged checkpoint, a state whose structure, shapes or dtypes differ from the
+saved one (no silent cast), a directory that cannot be written, a step older than one already saved
+(Orbax itself skips such a save silently), a second ``Checkpoints`` saving into a directory another
+one is saving into, and, with ``keep=``, a state holding NaN or infinity (it would push the last finite
+steps out of the directory).
 
-Save states whose leaves have the same shape on any number of devices: those of the
-``"shard_map"`` and ``"jit"`` backends (replicated with ``P()``) or sharded states (lesson 10). A
-``"pmap"`` state is stacked, ``(n_devices, ...)``, and only restores onto as many devices.
+States whose leaves have the same shape on any number of devices (those of the ``"shard_map"`` and
+``"jit"`` backends, or your own sharded pytrees) restore onto any device count whose sizes divide
+their sharded axes. A ``sharded_state.ShardedState`` pads its flat vectors to a multiple of the device
+count: build ``like`` with ``sharded_state.init_state`` on the new mesh and ``restore`` re-pads.
+A ``"pmap"`` state is stacked, ``(n_devices, ...)``, and only restores onto as many devices.
 """
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import os
 import pathlib
+import shutil
+import weakref
 from typing import Any, Callable, Iterable, Iterator
 
 import jax
@@ -169,27 +181,84 @@ def _flat_keys(tree, is_leaf=None) -> dict:
             for path, leaf in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_leaf)[0]}
 
 
-def _shape_mismatch(step_dir: pathlib.Path, targets) -> str | None:
-    """The first leaf whose saved shape differs from the target's, read from the step's metadata (before Orbax
-    starts reading arrays: a failure inside its reader leaves background threads complaining)."""
+def _saved_leaves(step_dir: pathlib.Path) -> dict | None:
+    """``{"params/0/w": metadata}`` for every array of a step (shape, dtype, sharding), or ``None`` if unreadable.
+
+    Read before Orbax starts reading arrays: a failure inside its reader leaves background threads complaining."""
     try:
         metadata = _ocp().StandardCheckpointHandler().metadata(step_dir / "state")
-        saved = _flat_keys(getattr(metadata, "tree", metadata), is_leaf=lambda x: hasattr(x, "shape"))
-        wanted = _flat_keys(targets)
+        return _flat_keys(getattr(metadata, "tree", metadata), is_leaf=lambda x: hasattr(x, "shape"))
     except Exception:  # no readable metadata: Orbax's own restore reports it
         return None
-    if set(saved) != set(wanted):
+
+
+def _mismatch(saved: dict | None, targets, padded: set) -> str | None:
+    """The first leaf whose saved shape or dtype differs from the target's (``padded``: keys allowed to differ in
+    their first axis, re-padded after the read)."""
+    wanted = _flat_keys(targets)
+    if saved is None or set(saved) != set(wanted):
         return None        # another structure: Orbax names every difference
     for key, t in wanted.items():
         shape = tuple(getattr(saved[key], "shape", ()) or ())
-        if shape != tuple(t.shape):
+        if shape != tuple(t.shape) and key not in padded:
             return f"leaf {key} was saved with shape {shape}, like= asks for {tuple(t.shape)}."
+        dtype = getattr(saved[key], "dtype", None)
+        if dtype is not None and np.dtype(dtype) != np.dtype(t.dtype):
+            return (f"leaf {key} was saved as {np.dtype(dtype).name}, like= asks for {np.dtype(t.dtype).name} "
+                    "(restore does not cast: that would change the numbers silently; cast after restoring if you "
+                    "mean it).")
     return None
 
 
+def _sharded_layout(like):
+    """``like.layout`` if ``like`` is a ``sharded_state.ShardedState`` (its flat vectors are padded per device
+    count), else ``None``."""
+    from . import sharded_state
+    return like.layout if isinstance(like, sharded_state.ShardedState) else None
+
+
+def _repaddable(saved: dict | None, targets, layout) -> set:
+    """Keys of a ShardedState's flat ``(P_pad,)`` vectors saved with another padding (another device count)."""
+    if saved is None or layout is None:
+        return set()
+    out = set()
+    for key, t in _flat_keys(targets).items():
+        shape = tuple(getattr(saved.get(key), "shape", ()) or ())
+        if (len(shape) == 1 and tuple(t.shape) == (layout.padded,) and shape != tuple(t.shape)
+                and shape[0] >= layout.n_params):
+            out.add(key)
+    return out
+
+
+def _all_finite(leaves):
+    import jax.numpy as jnp
+    return [jnp.isfinite(x).all() for x in leaves]
+
+
+_all_finite_jit = jax.jit(_all_finite)   # one small program per state structure, compiled once
+
+
+def _nonfinite(state) -> str | None:
+    """The path of the first float leaf of ``state`` that holds NaN or infinity, or ``None``.
+
+    One compiled program reduces every float leaf on its devices to a flag; only the flags come to the host."""
+    import jax.numpy as jnp
+    leaves = [(path, x) for path, x in jax.tree_util.tree_flatten_with_path(state)[0]
+              if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)]
+    if not leaves:
+        return None
+    arrays = [x for _, x in leaves]
+    try:
+        flags = _all_finite_jit(arrays)
+    except ValueError:  # leaves on different sets of devices: one at a time
+        flags = [_all_finite_jit([x])[0] for x in arrays]
+    bad = [jax.tree_util.keystr(path) for (path, _), ok in zip(leaves, jax.device_get(flags)) if not ok]
+    return bad[0] if bad else None
+
+
 def _rewrap_keys(restored, like):
-    def back(r, x):
-        return jax.random.wrap_key_data(r, impl=jax.random.key_impl(x)) if _is_key(x) else r
+    def back(r, x):   # a key saved by Orbax itself (not through save) comes back typed already
+        return jax.random.wrap_key_data(r, impl=jax.random.key_impl(x)) if _is_key(x) and not _is_key(r) else r
     return jax.tree.map(back, restored, like)
 
 
@@ -218,6 +287,7 @@ class Checkpoints:
         ocp = _ocp()
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=asynchronous,
                                                cleanup_tmp_directories=False)
+        self._keep, self._lock_fd, self._last_saved = keep, None, None
         try:
             self._manager = ocp.CheckpointManager(self.directory, options=options)
         except OSError as e:
@@ -239,16 +309,22 @@ class Checkpoints:
     def save(self, step: int, state, extra: dict | None = None) -> None:
         """Save ``state`` (any pytree of arrays, e.g. a ``TrainState``) and ``extra`` (JSON) as ``step``.
 
+        The first save takes the directory for this ``Checkpoints`` until ``close`` and removes the half-written
+        steps a crash left there (``<step>.orbax-checkpoint-tmp``).
+
         Raises:
-          ValueError: ``step`` is not newer than the latest saved step (Orbax would skip it silently), or
-            ``extra`` is not JSON.
+          ValueError: ``step`` is not newer than the latest saved step (Orbax would skip it silently), ``extra``
+            is not JSON, or, with ``keep=`` set, a float leaf of ``state`` holds NaN or infinity (saving it would
+            push the last finite steps out of the directory; with ``keep=None`` nothing is deleted, and it is
+            saved).
+          CheckpointError: another ``Checkpoints`` is saving into the same directory.
         """
         step = _step(step, "save")
         if extra is not None and not isinstance(extra, dict):
             _fail("save", "extra", "a dict of JSON values (or None)", extra,
                          "Pass e.g. extra={'position': 100}.", TypeError)
         _check_tree(state, "state", "save")
-        latest = self.latest_step()
+        latest = max([s for s in (self.latest_step(), self._last_saved) if s is not None], default=None)
         if latest is not None and step <= latest:
             raise ValueError(f"save: step={step}, but {self.directory.name}/ already holds step {latest}: Orbax would skip "
                              f"this save without a word. Resume from step {latest} (restore it), or save to an "
@@ -259,11 +335,52 @@ class Checkpoints:
         except TypeError as e:
             raise ValueError(f"save: extra must hold only JSON values (numbers, strings, lists, dicts): {e}. "
                              "Convert arrays with .tolist() or int().") from None
+        bad = _nonfinite(state) if self._keep is not None else None
+        if bad:
+            kept = (f"the newest saved step, {latest}, is still in {self.directory.name}/" if latest is not None
+                    else f"{self.directory.name}/ holds no step yet")
+            raise ValueError(f"save: state leaf {bad} holds NaN or infinity at step {step}: not saved, since with "
+                             f"keep={self._keep} it would push the last finite steps out of the directory ({kept}). "
+                             "Restore the last finite step and find where the run diverged (e.g. a lower learning "
+                             "rate). To keep this state for debugging, save it into another directory with "
+                             "keep=None.")
+        self._take_directory()
         ocp = _ocp()
         args = ocp.args.Composite(state=ocp.args.StandardSave(_keys_to_data(state)),
                                   extra=ocp.args.JsonSave(extra or {}))
         if not self._manager.save(int(step), args=args, force=True):
             raise CheckpointError(f"save: Orbax did not save step {step} in {self.directory.name}/.")
+        self._last_saved = int(step)
+
+    def _take_directory(self) -> None:
+        """Before the first save: hold the directory (one writer at a time) and remove half-written steps.
+
+        Two ``Checkpoints`` saving into one directory race: under ``keep=`` each deletes only its own old steps
+        (4 steps with ``keep=2``), and two saves of one step collide inside Orbax. The lock is ``flock`` on the
+        directory, held by process 0 (with several processes every process saves into one directory) until
+        ``close``; the operating system releases it if the process dies. A step left as
+        ``<step>.orbax-checkpoint-tmp`` by a crash is then nobody's save in progress, and is deleted.
+        """
+        if self._lock_fd is not None or jax.process_index() != 0:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise CheckpointError(f"save: another Checkpoints (in this process or another) is saving into "
+                                  f"{self.directory.name}/ now. Two writers in one directory delete each other's "
+                                  "steps under keep= and collide on a step they both save. Close the other one "
+                                  "first (ckpt.close(), or leave its with block), or give this run its own "
+                                  "directory.") from None
+        self._lock_fd = fd
+        self._unlock = weakref.finalize(self, os.close, fd)
+        self._manager.reload()  # the steps another writer saved before we took the directory count for keep=
+        if jax.process_count() == 1:
+            for p in self.directory.iterdir():
+                if TMP_MARKER in p.name and p.is_dir():
+                    shutil.rmtree(p, ignore_errors=True)
 
     def wait(self) -> None:
         """Block until an asynchronous save has been written and renamed into place."""
@@ -282,8 +399,15 @@ class Checkpoints:
         Returns:
           ``(state, extra)``: ``state`` shaped like ``like``, ``extra`` the dict given to ``save``.
 
+        Orbax alone would put each array back on the sharding stored in the checkpoint; the target built here
+        (``like``'s shapes and dtypes, placed as asked) overrides it. A ``sharded_state.ShardedState`` saved on
+        another device count is re-padded for ``like``'s mesh.
+
         Raises:
-          CheckpointError: no such directory or step, a damaged step, or ``like`` does not match what was saved.
+          CheckpointError: no such directory or step, a damaged step, or ``like`` does not match what was saved
+            (structure, shape, or dtype: nothing is cast).
+          ValueError: a sharding that does not divide a leaf, or ``devices=``/``sharding=`` with a ``ShardedState``
+            ``like`` (its layout fixes its mesh: build ``like`` on the devices you want).
         """
         step = _step(step, "restore", optional=True)
         _check_tree(like, "like", "restore")
@@ -296,6 +420,14 @@ class Checkpoints:
         elif step not in available:
             raise CheckpointError(f"restore: step={step} is not in {self.directory.name}/; the steps there are {available}. "
                                   "Pass one of them, or step=None for the newest.")
+        layout = _sharded_layout(like)
+        if layout is not None and (devices is not None or sharding is not None):
+            asked = f"devices= ({len(devices)} device(s))" if devices is not None else "sharding="
+            raise ValueError(f"restore: like= is a sharded_state.ShardedState laid out on {layout.n_devices} devices "
+                             f"(its layout holds the mesh, and its step runs there); {asked} would put its arrays "
+                             "elsewhere, and the next step would refuse them. Build like= on the devices you want, "
+                             "sharded_state.init_state(params, optimizer, sharded_state.data_mesh(devices), "
+                             "stage=...), and restore without devices= or sharding=.")
         targets = _targets(like, devices, sharding)
         for path, t in jax.tree_util.tree_flatten_with_path(targets)[0]:
             try:  # checked here: a failure inside Orbax's reader leaves its background threads complaining
@@ -304,13 +436,24 @@ class Checkpoints:
                 raise ValueError(f"restore: sharding= does not fit leaf {jax.tree_util.keystr(path)} of shape {t.shape}: "
                                  f"{e}. Use a device count that divides that axis, or replicate the leaf "
                                  "with P().") from None
-        mismatch = _shape_mismatch(self.directory / str(step), targets)
+        saved = _saved_leaves(self.directory / str(step))
+        repad = _repaddable(saved, targets, layout)
+        mismatch = _mismatch(saved, targets, repad)
         if mismatch:
             raise CheckpointError(f"restore: the state given as like= does not match step {step} in "
                                   f"{self.directory.name}/: {mismatch} Build like= the way the saved state was "
                                   "built (same model, optimizer and backend).")
+        if repad:  # a ShardedState saved on another device count: read its flat vectors whole, then re-pad
+            whole = NamedSharding(layout.mesh, P())
+            keys = list(_flat_keys(targets))
+            leaves, treedef = jax.tree.flatten(targets)
+            leaves = [jax.ShapeDtypeStruct(tuple(saved[k].shape), t.dtype, sharding=whole) if k in repad else t
+                      for k, t in zip(keys, leaves)]
+            read_targets = jax.tree.unflatten(treedef, leaves)
+        else:
+            read_targets = targets
         ocp = _ocp()
-        args = ocp.args.Composite(state=ocp.args.StandardRestore(targets), extra=ocp.args.JsonRestore())
+        args = ocp.args.Composite(state=ocp.args.StandardRestore(read_targets), extra=ocp.args.JsonRestore())
         try:
             restored = self._manager.restore(step, args=args)
         except (ValueError, TypeError) as e:
@@ -324,6 +467,14 @@ class Checkpoints:
             raise self._damaged(step, e, available) from None
         except Exception as e:  # tensorstore and file errors for damaged files
             raise self._damaged(step, e, available) from None
+        if repad:
+            import jax.numpy as jnp
+            keys = list(_flat_keys(targets))
+            got, treedef = jax.tree.flatten(restored["state"])
+            want = jax.tree.leaves(targets)
+            got = [jax.device_put(jnp.pad(x[:layout.n_params], (0, layout.padded - layout.n_params)), t.sharding)
+                   if k in repad else x for k, x, t in zip(keys, got, want)]
+            return _rewrap_keys(jax.tree.unflatten(treedef, got), like), dict(restored["extra"] or {})
         return _rewrap_keys(restored["state"], like), dict(restored["extra"] or {})
 
     def _damaged(self, step, error, available) -> CheckpointError:
@@ -334,9 +485,14 @@ class Checkpoints:
                                f"({others or 'none left'}), or delete this one.")
 
     def close(self) -> None:
-        """Wait for a save in progress, then release Orbax's background threads."""
-        self._manager.wait_until_finished()
-        self._manager.close()
+        """Wait for a save in progress, then release Orbax's background threads and the directory."""
+        try:
+            self._manager.wait_until_finished()
+            self._manager.close()
+        finally:
+            if self._lock_fd is not None:
+                self._unlock()
+                self._lock_fd = None
 
     def __enter__(self):
         return self

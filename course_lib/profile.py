@@ -7,16 +7,20 @@ Lesson 11. ``capture(directory, run_step, steps)`` runs ``run_step(i)`` for ``i`
 
 ``load(path)`` reads that file into a ``Trace``:
 
-* ``ops``: every operation a device ran, ``Op(device, run_id, name, start_us, dur_us, collective)``. The XLA
-  CPU runtime tags each with ``device_ordinal``, the program's ``run_id`` (one per dispatch) and ``hlo_op``;
-  an op is a collective when its name is one (``all-reduce``, ``psum``, ``all-gather``, ...);
+* ``ops``: every operation a device ran, ``Op(device, run_id, name, start_us, dur_us, collective)``. This parser
+  reads the XLA **CPU runtime**'s tags: on the CPU all simulated devices share one process in the trace, and the
+  runtime tags each op with ``device_ordinal``, the program's ``run_id`` (one per dispatch) and ``hlo_op``. A GPU or
+  TPU trace is laid out differently (one process, ``/device:GPU:0``, per device, its ops on an "XLA Ops" line):
+  lesson 11 shows how to read that with ``jax.profiler.ProfileData``. An op is a collective when its name is one
+  (``all-reduce``, ``psum``, ``all-gather``, ...);
 * ``dispatches``: per device, one ``Dispatch`` per run of a compiled program (its span, its collectives);
 * ``markers``: the host's step annotations, ``Marker(step, start_us, dur_us)``: the step boundaries;
 * ``host_reads``: the spans where Python waited for a value (``float(loss)``, ``np.asarray``).
 
-``summarise(trace)`` gives, per device: dispatches, steps (one all-reduce per step of the course's training
-step, so a fused dispatch of K steps holds K), time per step, time in compute and in collectives, and the gaps
-between dispatches. ``plot_timeline`` draws it with matplotlib. The same file opens in https://ui.perfetto.dev,
+``summarise(trace, steps_per_dispatch=1)`` gives, per device: dispatches, steps (``steps_per_dispatch`` per
+dispatch: a fused dispatch of K steps holds K; collectives are not counted as steps, since a step holds as many
+as its program has: 1 for the ``shard_map`` backend's one buffer, 2 for the ``jit`` backend, 3 for FSDP), time
+per step, time in compute and in collectives, and the gaps between dispatches. ``plot_timeline`` draws it with matplotlib. The same file opens in https://ui.perfetto.dev,
 and the directory in TensorBoard's profile plugin or XProf; nothing here needs them.
 """
 
@@ -128,6 +132,7 @@ def capture(directory, run_step: Callable[[int], object], steps: int, *, name: s
     steps = _checks.whole(steps, "steps", "capture", fix="It is how many steps to trace, e.g. steps=5.")
     if not isinstance(name, str):
         _fail("capture", "name", "a string", name, "Pass e.g. name='train'.", TypeError)
+    _writable_directory(directory)      # before any step runs: the profiler only fails when it writes, at the end
     results = []
     with jax.profiler.trace(str(directory), create_perfetto_trace=True):
         for i in range(steps):
@@ -135,6 +140,20 @@ def capture(directory, run_step: Callable[[int], object], steps: int, *, name: s
                 results.append(run_step(i))
         jax.block_until_ready((results, jax.live_arrays()))   # one wait: the trace shows one read at the end
     return find_trace(directory)
+
+
+def _writable_directory(directory: pathlib.Path) -> None:
+    import os
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise NotADirectoryError(f"capture: directory={directory.name!r} cannot hold a trace: {existing.name!r} is a "
+                                 "file. Pass a directory, e.g. pathlib.Path(tempfile.mkdtemp()) / 'trace'.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(f"capture: directory={directory.name!r} cannot be written ({existing.name!r} is not "
+                              "writable by this user). Pass a directory you can write to, e.g. under "
+                              "tempfile.mkdtemp().")
 
 
 def find_trace(directory) -> pathlib.Path:
@@ -229,10 +248,13 @@ def _dispatches(ops) -> dict[int, list[Dispatch]]:
     return {d: sorted(v, key=lambda x: x.start_us) for d, v in sorted(out.items())}
 
 
-def summarise(trace: Trace) -> dict[int, dict]:
-    """Per device: ``{"dispatches", "steps", "busy_us", "compute_us", "collective_us", "step_us", "gap_us"}``.
+def summarise(trace: Trace, steps_per_dispatch: int = 1) -> dict[int, dict]:
+    """Per device: ``{"dispatches", "steps", "collectives", "busy_us", "compute_us", "collective_us", "step_us",
+    "gap_us"}``.
 
-    ``steps`` counts all-reduces (one per step of the course's training step); ``busy_us`` is the time inside
+    ``steps = dispatches * steps_per_dispatch`` (pass ``steps_per_dispatch=K`` for a fused ``step.steps`` of K
+    steps); ``collectives`` counts the collective ops that ran (how many a step holds depends on its program:
+    1 for the course's ``shard_map`` step, 2 for its ``jit`` step, 3 for FSDP); ``busy_us`` is the time inside
     dispatches, ``collective_us`` the part of it inside collectives (on simulated devices mostly waiting for the
     other devices to arrive), ``compute_us`` the rest; ``step_us = busy_us / steps``; ``gap_us`` the median idle
     time between the end of one dispatch and the start of the next.
@@ -240,30 +262,42 @@ def summarise(trace: Trace) -> dict[int, dict]:
     import numpy as np
 
     _check_trace(trace, "summarise")
+    steps_per_dispatch = _checks.whole(steps_per_dispatch, "steps_per_dispatch", "summarise",
+                                       fix="It is how many training steps one dispatch runs, e.g. 10 for "
+                                           "step.steps over 10 batches.")
     out = {}
     for device, runs in trace.dispatches.items():
         busy = sum(r.dur_us for r in runs)
         coll = sum(r.collective_us for r in runs)
-        steps = sum(r.collectives for r in runs) or len(runs)
+        steps = len(runs) * steps_per_dispatch
         gaps = [b.start_us - a.end_us for a, b in zip(runs, runs[1:])]
-        out[device] = {"dispatches": len(runs), "steps": steps, "busy_us": busy, "collective_us": coll,
-                       "compute_us": busy - coll, "step_us": busy / steps,
+        out[device] = {"dispatches": len(runs), "steps": steps, "collectives": sum(r.collectives for r in runs),
+                       "busy_us": busy, "collective_us": coll, "compute_us": busy - coll, "step_us": busy / steps,
                        "gap_us": float(np.median(gaps)) if gaps else 0.0}
     return out
 
 
 def collective_fraction(trace: Trace) -> float:
-    """The share of the devices' busy time spent in collectives, over all devices: in ``[0, 1]``."""
+    """The share of the devices' busy time spent in collectives, over all devices: in ``[0, 1]``.
+
+    Raises ``ValueError`` for a trace with no device ops (no data: nothing ran inside the trace, or it is not a
+    CPU-runtime trace that ``load`` can read), rather than answering 0.
+    """
     _check_trace(trace, "collective_fraction")
     s = summarise(trace)
     busy = sum(v["busy_us"] for v in s.values())
-    return sum(v["collective_us"] for v in s.values()) / busy if busy else 0.0
+    if not busy:
+        raise ValueError("collective_fraction: the trace holds no device ops, so there is no fraction to give (not "
+                         "0: no data). Was anything run inside the trace? Capture a few steps with profile.capture "
+                         "after a first call that compiles them; a GPU/TPU trace needs another reader (lesson 11).")
+    return sum(v["collective_us"] for v in s.values()) / busy
 
 
 def plot_timeline(trace: Trace, ax=None, *, title: str = "what each device did"):
     """One row per device: compute (blue) and collectives (orange) of each dispatch; host reads and step marks.
 
-    Times are in milliseconds from the first op. Returns the matplotlib ``Axes``.
+    Times are in milliseconds from the trace's first event (host or device); the legend sits above the axes, clear
+    of the bars. Returns the matplotlib ``Axes``.
     """
     import matplotlib.pyplot as plt
 
@@ -272,8 +306,8 @@ def plot_timeline(trace: Trace, ax=None, *, title: str = "what each device did")
         raise ValueError("plot_timeline: the trace holds no device ops: was anything run inside the trace? Capture "
                          "a few steps with profile.capture after a first call that compiles them.")
     if ax is None:
-        _, ax = plt.subplots(figsize=(11, 0.45 * (len(trace.devices) + 2) + 1))
-    t0 = min(o.start_us for o in trace.ops)
+        _, ax = plt.subplots(figsize=(10, 0.45 * (len(trace.devices) + 2) + 1.4))
+    t0 = min([o.start_us for o in trace.ops] + [m.start_us for m in trace.markers] + [s for s, _ in trace.host_reads])
     for row, device in enumerate(trace.devices):
         runs = trace.dispatches[device]
         ax.broken_barh([((r.start_us - t0) / 1e3, r.dur_us / 1e3) for r in runs], (row - 0.35, 0.7),
@@ -287,7 +321,8 @@ def plot_timeline(trace: Trace, ax=None, *, title: str = "what each device did")
         ax.axvline((m.start_us - t0) / 1e3, color="grey", lw=0.6, ls=":")
     ax.set_yticks(range(host + 1), [f"device {d}" for d in trace.devices] + ["host (Python)"])
     ax.invert_yaxis()
-    ax.set_xlabel("ms since the first device op (dotted: a step begins on the host)")
+    ax.set_xlim(left=0)
+    ax.set_xlabel("ms since the trace's first event (dotted: a step begins on the host)")
     ax.set_title(title)
-    ax.legend(loc="upper right", fontsize=8, ncol=3)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.08), fontsize=8, ncol=3, frameon=False)
     return ax

@@ -152,3 +152,113 @@ def test_unwritable_directory_gets_a_clear_error(tmp_path):
             checkpoint.save(locked / "run", 1, {"w": jnp.zeros(3)})
     finally:
         locked.chmod(0o700)
+
+
+def test_a_dtype_mismatch_is_an_error_not_a_silent_cast(tmp_path):
+    checkpoint.save(tmp_path / "run", 1, {"w": jnp.full(3, 0.1)})
+    for dtype in (jnp.int32, jnp.float16, jnp.bfloat16):
+        with pytest.raises(checkpoint.CheckpointError, match=f"leaf w was saved as float32, like= asks for "
+                                                             f"{jnp.dtype(dtype).name}.*does not cast"):
+            checkpoint.restore(tmp_path / "run", {"w": jnp.zeros(3, dtype)})
+    state, _ = checkpoint.restore(tmp_path / "run", {"w": jnp.zeros(3)})
+    assert state["w"].dtype == jnp.float32 and state["w"].tolist() == np.full(3, 0.1, np.float32).tolist()
+
+
+def test_two_managers_cannot_save_into_one_directory(tmp_path):
+    first = checkpoint.Checkpoints(tmp_path / "run", keep=2, asynchronous=True)
+    second = checkpoint.Checkpoints(tmp_path / "run", keep=2, asynchronous=True)
+    try:
+        first.save(10, {"w": jnp.ones(3)})
+        with pytest.raises(checkpoint.CheckpointError, match="another Checkpoints .* is saving into run/"):
+            second.save(10, {"w": jnp.ones(3)})                 # the same step at once: refused, nothing written
+        with pytest.raises(checkpoint.CheckpointError, match="another Checkpoints"):
+            second.save(20, {"w": jnp.ones(3)})
+        for step in (20, 30):
+            first.save(step, {"w": jnp.full(3, float(step))})
+    finally:
+        first.close()
+    assert checkpoint.steps(tmp_path / "run") == [20, 30]      # keep=2 holds: nothing lost, nothing extra
+    second.save(40, {"w": jnp.ones(3)})                          # the directory is free once the first closed
+    second.close()
+    assert checkpoint.steps(tmp_path / "run") == [30, 40]
+
+
+def test_a_nan_state_is_refused_and_the_last_finite_step_kept(tmp_path):
+    with checkpoint.Checkpoints(tmp_path / "run", keep=1) as ckpt:
+        ckpt.save(1, {"w": jnp.ones(3), "k": jax.random.key(0), "n": jnp.int32(3)})
+        for bad in (jnp.nan, jnp.inf, -jnp.inf):
+            with pytest.raises(ValueError, match=r"state leaf \['w'\] holds NaN or infinity at step 2: not saved.*"
+                                                 r"keep=1.*the newest saved step, 1, is still in run/"):
+                ckpt.save(2, {"w": jnp.array([1.0, bad, 2.0]), "k": jax.random.key(0), "n": jnp.int32(3)})
+        ckpt.save(2, {"w": jnp.full(3, 2.0), "k": jax.random.key(0), "n": jnp.int32(3)})   # a finite one: saved
+    assert checkpoint.steps(tmp_path / "run") == [2]
+    checkpoint.save(tmp_path / "debug", 1, {"w": jnp.full(3, jnp.nan)})   # keep=None: nothing deleted, saved
+    assert np.isnan(checkpoint.restore(tmp_path / "debug", {"w": jnp.zeros(3)})[0]["w"]).all()
+
+
+def test_a_resumed_run_removes_the_half_written_step_of_a_crash(tmp_path):
+    directory = tmp_path / "run"
+    checkpoint.save(directory, 100, {"w": jnp.arange(3.0)}, {"position": 100})
+    report = checkpoint_worker.crash_mid_save(directory, 200, megabytes=32)
+    assert "200" + checkpoint.TMP_MARKER in report["left_behind"]
+    checkpoint.restore(directory, {"w": jnp.zeros(3)})               # reading leaves it alone
+    assert "200" + checkpoint.TMP_MARKER in os.listdir(directory)
+    with checkpoint.Checkpoints(directory) as ckpt:                  # the resumed run saves again
+        ckpt.save(200, {"w": jnp.arange(3.0) + 1}, {"position": 200})
+    assert sorted(os.listdir(directory)) == ["100", "200"]
+    assert checkpoint.restore(directory, {"w": jnp.zeros(3)})[0]["w"].tolist() == [1.0, 2.0, 3.0]
+
+
+def test_a_sharded_state_moves_to_another_device_count(tmp_path, devices):
+    from course_lib import sharded_state as ss
+    params = {"w": jnp.arange(3.0), "b": jnp.float32(1.0)}               # 4 numbers: padded to 8 on 8 devices
+    adam = optax.adam(0.1)
+    saved = ss.init_state(params, adam, ss.data_mesh(devices), stage="fsdp")
+    step = ss.make_train_step(lambda p, b: jnp.mean((b["x"] @ p["w"] + p["b"] - b["y"]) ** 2), adam, stage="fsdp")
+    batch = {"x": np.ones((24, 3), np.float32), "y": np.zeros(24, np.float32)}
+    saved, _ = step(saved, batch)
+    checkpoint.save(tmp_path / "run", 1, saved)
+    for count in (4, 3):
+        like = ss.init_state(jax.tree.map(jnp.zeros_like, params), adam, ss.data_mesh(devices[:count]), stage="fsdp")
+        state, _ = checkpoint.restore(tmp_path / "run", like)
+        assert state.params.shape == like.params.shape and state.params.sharding == like.params.sharding
+        for got, want in zip(jax.tree.leaves(ss.params_of(state)), jax.tree.leaves(ss.params_of(saved))):
+            np.testing.assert_array_equal(got, want)
+        mu = [x for x in jax.tree.leaves(state.opt_state) if np.ndim(x) == 1][0]
+        np.testing.assert_array_equal(np.asarray(mu)[:4], np.asarray(
+            [x for x in jax.tree.leaves(saved.opt_state) if np.ndim(x) == 1][0])[:4])
+        state, _ = step(state, batch)                                    # and it trains on the new mesh
+        assert np.isfinite(np.asarray(state.params)).all()
+    with pytest.raises(ValueError, match="like= is a sharded_state.ShardedState laid out on 8 devices.*"
+                                         "devices= \\(3 device\\(s\\)\\)"):
+        checkpoint.restore(tmp_path / "run", saved, devices=devices[:3])
+
+
+def test_orbax_stores_the_sharding_and_a_target_overrides_it(tmp_path, devices):
+    import orbax.checkpoint as ocp
+    mesh8 = jax.make_mesh((8,), ("data",), devices=devices)
+    x = jax.device_put(jnp.arange(32.0).reshape(16, 2), jax.NamedSharding(mesh8, jax.P("data")))
+    with ocp.CheckpointManager(tmp_path / "o") as m:
+        m.save(1, args=ocp.args.StandardSave({"x": x, "key": jax.random.key(5)}))
+        m.wait_until_finished()
+        back = m.restore(1, args=ocp.args.StandardRestore())             # no target: where it was saved
+        assert back["x"].sharding.is_equivalent_to(x.sharding, 2)
+        assert jax.dtypes.issubdtype(back["key"].dtype, jax.dtypes.prng_key)   # a typed key round-trips
+        mesh4 = jax.make_mesh((4,), ("data",), devices=devices[4:])
+        target = {"x": jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.NamedSharding(mesh4, jax.P("data"))),
+                  "key": jax.ShapeDtypeStruct((), jax.random.key(0).dtype,
+                                              sharding=jax.NamedSharding(mesh4, jax.P()))}
+        moved = m.restore(1, args=ocp.args.StandardRestore(target))
+        assert set(moved["x"].devices()) == set(devices[4:]) and moved["x"].sharding.shard_shape((16, 2)) == (4, 2)
+        np.testing.assert_array_equal(moved["x"], x)
+
+
+def test_restore_reads_a_typed_key_that_orbax_saved_itself(tmp_path, devices):
+    import orbax.checkpoint as ocp
+    state = fresh(devices)
+    with ocp.CheckpointManager(tmp_path / "run") as m:
+        m.save(100, args=ocp.args.Composite(state=ocp.args.StandardSave(state), extra=ocp.args.JsonSave({"p": 1})))
+        m.wait_until_finished()
+    restored, extra = checkpoint.restore(tmp_path / "run", fresh(devices), devices=devices[:2])
+    assert extra == {"p": 1} and bits(restored) == bits(state)
+    assert jax.dtypes.issubdtype(restored.key.dtype, jax.dtypes.prng_key)

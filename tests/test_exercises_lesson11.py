@@ -3,9 +3,40 @@
 import jax
 
 from course_lib import checkpoint, profile
-from course_lib.exercises import check, lesson11
+import inspect
+import re
+
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from course_lib.exercises import check, exercises, lesson11
 from course_lib.exercises.lesson11 import (solution_collective_fraction, solution_restore_onto,
                                            solution_stalled_step)
+
+
+def solution_lines(id_):
+    source = inspect.getsource(exercises()[id_].solution)
+    body = source.split(":\n", 1)[1]
+    return [n for n in (re.sub(r"\s+", "", line.split("#", 1)[0]) for line in body.splitlines()) if len(n) >= 12]
+
+
+def code_from_solution(id_, text):
+    flat = re.sub(r"\s+", "", text)
+    return [line for line in solution_lines(id_) if line in flat]
+
+
+def backticked_calls(text):
+    return [s for s in re.findall(r"`([^`]*)`", text) if re.search(r"\w\([^)]+\)", s)]
+
+
+def wrong(id_, answer):
+    """The feedback to a wrong answer: not passed, and no line of the solution's code in it."""
+    feedback = check(id_, answer)
+    assert not feedback, feedback.message
+    assert not code_from_solution(id_, feedback.message), feedback.message
+    return feedback.message
 
 
 def test_11_1_restore_onto():
@@ -47,9 +78,14 @@ def test_11_3_stalled_step():
     assert "the longest step is step" in first.message
 
 
-def test_every_exercise_has_at_least_two_hints():
-    assert set(lesson11.HINTS) == {"11.1", "11.2", "11.3"}
-    assert all(len(h) >= 2 and all(isinstance(s, str) and s for s in h) for h in lesson11.HINTS.values())
+def test_every_exercise_has_a_ladder_of_hints_without_the_solution_code():
+    assert set(lesson11.HINTS) == {"11.1", "11.2", "11.3", "11.4"}
+    for id_ in lesson11.HINTS:
+        hints = exercises()[id_].hints
+        assert len(hints) >= 3 and all(isinstance(h, str) and h for h in hints)
+        for h in hints:
+            assert not code_from_solution(id_, h), (id_, h)
+            assert not backticked_calls(h), (id_, h)
 
 
 def test_11_1_restore_then_move_is_not_the_mechanism():
@@ -71,3 +107,70 @@ def test_11_2_shortcuts_percentages_and_unweighted_means_are_named():
     unweighted = check("11.2", lambda t: sum(v["collective_us"] / v["busy_us"] for v in profile.summarise(t).values())
                        / len(profile.summarise(t)))
     assert not unweighted and "averages the devices' own fractions" in unweighted.message
+
+
+def test_11_1_names_a_dtype_change():
+    message = wrong("11.1", lambda d, like, devs: checkpoint.restore(
+        d, jax.tree.map(lambda x: x.astype(jnp.float16) if x.dtype == jnp.float32 else x, like), devices=devs)[0])
+    assert "float16" in message
+
+
+def test_11_2_feedback_does_not_give_the_formula_and_names_types():
+    assert "share of compute" in wrong("11.2", lambda t: 1 - solution_collective_fraction(t))
+    unweighted = wrong("11.2", lambda t: sum(v["collective_us"] / v["busy_us"] for v in profile.summarise(t).values())
+                       / len(profile.summarise(t)))
+    assert "averages the devices' own fractions" in unweighted and "busy_us" not in unweighted
+    assert "string" in wrong("11.2", lambda t: f"{solution_collective_fraction(t):.4f}")
+    assert "float16" in wrong("11.2", lambda t: np.float16(solution_collective_fraction(t)))
+    assert "bfloat16" in wrong("11.2", lambda t: jnp.bfloat16(solution_collective_fraction(t)))
+    off = wrong("11.2", lambda t: solution_collective_fraction(t) * 0.9)
+    assert "not the collectives' share" in off and "sum over devices" not in off
+
+
+def _restore(directory, target):
+    with ocp.CheckpointManager(directory) as manager:
+        return manager.restore(manager.latest_step(), args=ocp.args.StandardRestore(target))
+
+
+def _on(mesh, like, spec=None, dtype=None):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, dtype if dtype and x.dtype == jnp.float32 else x.dtype,
+                                                       sharding=NamedSharding(mesh, x.sharding.spec if spec is None
+                                                                              else spec)), like)
+
+
+def test_11_4_restore_resharded_right_answers():
+    assert check("11.4", lesson11.solution_restore_resharded)
+    # the lower-level checkpointer works too: the mechanism is the target, not the class
+    def with_checkpointer(directory, like, mesh):
+        return ocp.StandardCheckpointer().restore(directory / "7" / "default", _on(mesh, like))
+    feedback = check("11.4", with_checkpointer)
+    assert feedback, feedback.message
+
+
+def test_11_4_wrong_answers_are_named():
+    assert "lives on devices [0, 1, 2, 3, 4, 5, 6, 7]" in wrong("11.4", lambda d, like, mesh: _restore(d, like))
+    assert "Keep each leaf's PartitionSpec" in wrong("11.4", lambda d, like, mesh: _restore(d, _on(mesh, like, P())))
+    first = lambda d, like, mesh: _restore(d, _on(jax.make_mesh(mesh.devices.shape, ("data",),
+                                                                devices=jax.devices()[:mesh.size]), like))
+    assert "the mesh you were given holds [4, 5, 6, 7]" in wrong("11.4", first)   # fine on 8, wrong on 4
+    assert "bfloat16" in wrong("11.4", lambda d, like, mesh: _restore(d, _on(mesh, like, dtype=jnp.bfloat16)))
+    assert "return only the restored state" in wrong("11.4", lambda d, like, mesh: (_restore(d, _on(mesh, like)), 7))
+    fresh = lambda d, like, mesh: {k: jax.device_put(jnp.zeros(x.shape, x.dtype), NamedSharding(mesh, x.sharding.spec))
+                                   for k, x in like.items()}
+    assert "Orbax read no array" in wrong("11.4", fresh) or "other values" in wrong("11.4", fresh)
+    assert "raised ZeroDivisionError" in wrong("11.4", lambda d, like, mesh: 1 / 0)
+
+
+def test_11_4_skipping_the_target_is_caught():
+    def then_move(d, like, mesh):                 # restore where it was saved, then move
+        state = _restore(d, None)
+        return {k: jax.device_put(v, NamedSharding(mesh, like[k].sharding.spec)) for k, v in state.items()}
+    assert "read the arrays onto the sharding stored in the checkpoint" in wrong("11.4", then_move)
+
+    def via_host(d, like, mesh):                  # read as NumPy on the host, then place
+        state = _restore(d, jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), like))
+        return {k: jax.device_put(v, NamedSharding(mesh, like[k].sharding.spec)) for k, v in state.items()}
+    assert "onto the host (NumPy)" in wrong("11.4", via_host)
+    assert lesson11._orbax_reads                  # the checker put Orbax's handlers back
+    from orbax.checkpoint._src.serialization import jax_array_handlers
+    assert jax_array_handlers.ArrayHandler.deserialize.__qualname__.startswith("ArrayHandler")

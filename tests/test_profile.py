@@ -57,8 +57,9 @@ def test_finds_the_all_reduce_and_the_step_boundaries(traces, devices):
 
 def test_fused_steps_and_host_reads(traces):
     naive, fused = traces
-    for s in profile.summarise(fused).values():
-        assert s["dispatches"] == 2 and s["steps"] == 10           # five all-reduces inside each dispatch
+    for s in profile.summarise(fused, steps_per_dispatch=5).values():
+        assert s["dispatches"] == 2 and s["steps"] == 10           # five steps fused into each dispatch
+        assert s["collectives"] == 10                              # the shard_map step: one all-reduce each
     assert len(naive.host_reads) >= 4                              # a read after every step
     assert len(fused.host_reads) <= 1                              # none inside the loop
 
@@ -88,3 +89,57 @@ def test_bad_input_gets_a_clear_error(tmp_path):
         {"ph": "X", "ts": 5, "dur": 15, "name": "fusion", "args": {"device_ordinal": "0", "hlo_op": "y",
                                                                      "run_id": "1"}}]}))
     assert profile.collective_fraction(profile.load(good)) == pytest.approx(0.25)
+
+
+def test_steps_are_not_counted_from_collectives():
+    """A step with 3 collectives (FSDP) is one step, not three: steps come from the dispatches."""
+    ops = []
+    for run in range(4):
+        t = 1000.0 * run
+        ops += [profile.Op(0, f"r{run}", "all-gather.1", t, 10.0, True), profile.Op(0, f"r{run}", "fusion", t + 10, 50.0, False),
+                profile.Op(0, f"r{run}", "all-gather.2", t + 60, 10.0, True),
+                profile.Op(0, f"r{run}", "reduce-scatter.1", t + 70, 10.0, True)]
+    s = profile.summarise(profile.from_ops(ops))[0]
+    assert s["steps"] == 4 and s["collectives"] == 12 and s["step_us"] == pytest.approx(80.0)
+    assert profile.summarise(profile.from_ops(ops), steps_per_dispatch=2)[0]["steps"] == 8
+    with pytest.raises(ValueError, match="summarise: steps_per_dispatch must be a whole number >= 1, got 0"):
+        profile.summarise(profile.from_ops(ops), steps_per_dispatch=0)
+
+
+def test_collective_fraction_without_device_ops_is_no_data_not_zero():
+    with pytest.raises(ValueError, match="collective_fraction: the trace holds no device ops.*no data"):
+        profile.collective_fraction(profile.from_ops([], [profile.Marker(0, 0.0, 5.0)]))
+
+
+def test_capture_refuses_a_bad_directory_before_any_step_runs(tmp_path):
+    ran = []
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    with pytest.raises(NotADirectoryError, match="capture: directory='a_file' cannot hold a trace"):
+        profile.capture(a_file, ran.append, 3)
+    with pytest.raises(NotADirectoryError, match="capture: directory='t' cannot hold a trace: 'a_file' is a file"):
+        profile.capture(a_file / "t", ran.append, 3)
+    import os
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir()
+        locked.chmod(0o500)
+        try:
+            with pytest.raises(PermissionError, match="capture: directory='t' cannot be written"):
+                profile.capture(locked / "t", ran.append, 3)
+        finally:
+            locked.chmod(0o700)
+    assert ran == []                                               # no step ran
+
+
+def test_timeline_starts_at_zero_and_its_legend_is_above_the_bars(traces):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ax = profile.plot_timeline(traces[1])
+    assert ax.get_xlim()[0] == 0
+    legend = ax.get_legend()
+    ax.figure.canvas.draw()
+    box, axes_box = legend.get_window_extent(), ax.get_window_extent()
+    assert box.y0 >= axes_box.y1                                   # the legend does not cover any bar
+    plt.close(ax.figure)

@@ -1,4 +1,5 @@
-"""Lesson 11 exercises: restore a checkpoint onto given devices; read a trace: collectives, the stalled step."""
+"""Lesson 11 exercises: restore a checkpoint onto given devices; read a trace (collectives, the stalled step);
+restore a sharded state with Orbax straight onto a mesh of another size."""
 
 import contextlib
 import pathlib
@@ -14,11 +15,21 @@ from . import Mismatch, call, describe, exercise
 # Graded hints, weakest first (the exercise framework shows them one at a time).
 HINTS = {
     "11.1": ["Orbax reads each array straight onto the devices you ask for: you do not need to move it afterwards.",
-             "checkpoint.restore(directory, like, devices=devices) returns (state, extra); return the state."],
+             "Section 1, 'Restoring: where it was, or where you say', and the devices= argument of checkpoint.restore.",
+             "Restore with the devices you were given; of the two things that come back, return only the state."],
     "11.2": ["Add up, over every device, the time inside collectives and the time inside dispatches.",
-             "profile.summarise(trace) gives per device 'collective_us' and 'busy_us'; divide the sums."],
+             "profile.summarise gives, per device, 'collective_us' and 'busy_us'.",
+             "Sum each of the two over all devices first, then divide one sum by the other (not an average of the "
+             "devices' own ratios)."],
     "11.3": ["The host marks where each step began and how long it took: trace.markers.",
-             "max(trace.markers, key=lambda m: m.dur_us).step: the step's own number, not its position."],
+             "Each profile.Marker has .step and .dur_us; Python's max takes a key function.",
+             "Take the marker with the longest duration and return its own step number, not its place in the list."],
+    "11.4": ["Without a target Orbax puts each array back where it was saved (the checkpoint stores the "
+             "sharding); a target with another sharding overrides that.",
+             "Section 2, 'A sharded state onto another mesh': jax.ShapeDtypeStruct with a sharding, "
+             "ocp.args.StandardRestore, CheckpointManager.latest_step.",
+             "For every leaf of like, build an abstract array with its shape and dtype and a NamedSharding on the "
+             "new mesh with the leaf's own PartitionSpec; restore the newest step with that tree as the target."],
 }
 
 
@@ -82,6 +93,9 @@ def check_restore_onto(restore_onto):
                 if not leaf.sharding.is_fully_replicated:
                     raise Mismatch(f"{what}: leaf {name} is split over the devices; the saved state is replicated.")
             for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(saved)):
+                if a.dtype != b.dtype:
+                    raise Mismatch(f"{what} returned a {a.dtype} leaf where the checkpoint holds {b.dtype}: restore "
+                                   "into the saved dtypes, and cast only if you mean to change the numbers.")
                 try:
                     a = np.asarray(a)
                 except Exception as e:  # e.g. an array that was deleted or donated
@@ -134,8 +148,14 @@ def check_collective_fraction(collective_fraction):
             got = call(collective_fraction, trace, name="collective_fraction")
         if shortcut:
             raise Mismatch("collective_fraction(trace) calls profile.collective_fraction, the function this exercise "
-                           "asks you to write. Compute it from profile.summarise(trace): per device, collective_us "
-                           "and busy_us.")
+                           "asks you to write. Compute it yourself from what profile.summarise reports per device.")
+        if isinstance(got, (str, bytes)):
+            raise Mismatch(f"collective_fraction(trace) returned the string {got!r}; return a number (a float), and "
+                           "format it only when you print it.")
+        dtype = getattr(got, "dtype", None)
+        if dtype is not None and np.dtype(dtype) in (np.dtype(np.float16), np.dtype(jnp.bfloat16)):
+            raise Mismatch(f"collective_fraction(trace) returned a {np.dtype(dtype).name} number: that type keeps "
+                           "about 3 significant digits. Compute in float32 or Python floats.")
         try:
             value = float(got)
         except Exception:
@@ -151,18 +171,19 @@ def check_collective_fraction(collective_fraction):
         coll = sum(v["collective_us"] for v in s.values())
         if abs(value - coll / (span * len(s))) < 1e-6:
             raise Mismatch(f"collective_fraction(trace) = {value:.3f} divides by the whole trace, idle gaps "
-                           f"included; divide by the time inside dispatches (busy_us): {expected:.3f}.")
+                           "included; the exercise asks for a share of the time the devices were busy inside "
+                           "dispatches.")
         if abs(value - 100 * expected) < 1e-4:
-            raise Mismatch(f"collective_fraction(trace) = {value:.2f} is a percentage; return the fraction, "
-                           f"{expected:.4f} (format it with :.0% when you print it).")
+            raise Mismatch(f"collective_fraction(trace) = {value:.2f} is a percentage; return the fraction, a number "
+                           "between 0 and 1 (format it as a percentage only when you print it).")
         per_device = float(np.mean([v["collective_us"] / v["busy_us"] for v in s.values()]))
         if abs(value - per_device) < 1e-6 and abs(per_device - expected) > 1e-6:
             raise Mismatch(f"collective_fraction(trace) = {value:.4f} averages the devices' own fractions; a device "
-                           f"that was busy longer must weigh more. Add up collective_us over all devices, then "
-                           f"busy_us, then divide: {expected:.4f}.")
+                           "that was busy longer must weigh more. Look at the order of the sums and the division.")
         if not abs(value - expected) <= 1e-6:
-            raise Mismatch(f"collective_fraction(trace) = {value:.4f}; course_lib's parse gives {expected:.4f} "
-                           "(the sum over devices of collective_us over the sum of busy_us).")
+            raise Mismatch(f"collective_fraction(trace) = {value:.4f} is not the collectives' share of the devices' "
+                           "busy time in this trace (a number between 0 and 1). Check which two times you add up, "
+                           "over which devices.")
     return "you read the collectives' share of the devices' busy time from the trace, as profile.summarise does."
 
 
@@ -192,8 +213,130 @@ def check_stalled_step(stalled_step):
             raise Mismatch(f"stalled_step(trace) should return a step number (an int, like {want}); "
                            f"got {describe(got)}.")
         if int(got) == stalled:
-            raise Mismatch(f"stalled_step(trace) returned {int(got)}, the marker's position in the list; return its "
-                           f"step number, marker.step ({want}).")
+            raise Mismatch(f"stalled_step(trace) returned {int(got)}, the marker's position in the list; the runs "
+                           "here do not start at step 0: return the step number the marker carries.")
         if int(got) != want:
             raise Mismatch(f"stalled_step(trace) returned {int(got)}; the longest step is step {want}.")
     return "the longest host step, named by its own step number."
+
+
+# ----------------------------------------------------------------------------------------------
+# 11.4 Restore a sharded state with Orbax straight onto a mesh of another size
+
+
+def solution_restore_resharded(directory, like, mesh):
+    import orbax.checkpoint as ocp
+    from jax.sharding import NamedSharding
+
+    target = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, x.sharding.spec)), like)
+    with ocp.CheckpointManager(directory) as manager:
+        return manager.restore(manager.latest_step(), args=ocp.args.StandardRestore(target))
+
+
+@contextlib.contextmanager
+def _orbax_reads(reads):
+    """Record, for every array Orbax reads, where it was asked to put it: the ``Sharding`` (a jax.Array) or
+    ``"host"`` (a NumPy array). Nothing is recorded if this Orbax names its handlers otherwise."""
+    patched = []
+    try:
+        from orbax.checkpoint._src.serialization import jax_array_handlers, type_handlers
+        targets = [(jax_array_handlers.ArrayHandler, "array"), (type_handlers.NumpyHandler, "host")]
+    except Exception:
+        targets = []
+    for cls, kind in targets:
+        original = cls.__dict__.get("deserialize")
+        if original is None:
+            continue
+
+        def make(original, kind):
+            async def deserialize(self, infos, args=None):
+                for arg in (args or [None] * len(infos)):
+                    sharding = getattr(arg, "sharding", None)
+                    restore_type = getattr(arg, "restore_type", None)
+                    host = kind == "host" or (restore_type is not None and restore_type is not jax.Array)
+                    reads.append("host" if host else sharding)
+                return await original(self, infos, args)
+            return deserialize
+
+        setattr(cls, "deserialize", make(original, kind))
+        patched.append((cls, original))
+    try:
+        yield bool(patched)
+    finally:
+        for cls, original in patched:
+            setattr(cls, "deserialize", original)
+
+
+@exercise("11.4", "Restore a state saved sharded on 8 devices straight onto a mesh of another size",
+          solution=solution_restore_resharded)
+def check_restore_resharded(restore_resharded):
+    import orbax.checkpoint as ocp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    devs = jax.devices()
+    n = len(devs)
+    saved_mesh = jax.make_mesh((n,), ("data",), devices=devs)
+    values = {"w": np.arange(16 * 8, dtype=np.float32).reshape(16, 8) / 7, "b": np.linspace(-1, 1, 16, dtype=np.float32),
+              "count": np.int32(12)}
+    specs = {"w": P("data", None), "b": P("data"), "count": P()}
+    saved = {k: jax.device_put(v, NamedSharding(saved_mesh, specs[k])) for k, v in values.items()}
+    like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), saved)
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = pathlib.Path(tmp) / "run"
+        with ocp.CheckpointManager(directory) as manager:
+            manager.save(7, args=ocp.args.StandardSave(saved))
+            manager.wait_until_finished()
+        for count in [c for c in (4, 2) if c < n] or [n]:
+            mesh = jax.make_mesh((count,), ("data",), devices=devs[n - count:])   # the last devices: "first n" fails
+            what = f"restore_resharded(directory, like, mesh of {count} devices)"
+            reads = []
+            with _orbax_reads(reads) as watching:
+                got = call(restore_resharded, directory, like, mesh, name="restore_resharded")
+            if isinstance(got, tuple) and len(got) == 2:
+                raise Mismatch(f"{what} returned a pair; return only the restored state (a dict like like=).")
+            if not isinstance(got, dict) or set(got) != set(values):
+                raise Mismatch(f"{what} should return the saved state, a dict with keys {sorted(values)}; got "
+                               f"{describe(got)}.")
+            for name, want in values.items():
+                leaf = got[name]
+                if not isinstance(leaf, jax.Array):
+                    raise Mismatch(f"{what}: leaf {name!r} is {describe(leaf)}, not a jax.Array on the mesh's "
+                                   "devices.")
+                if leaf.dtype != want.dtype:
+                    raise Mismatch(f"{what}: leaf {name!r} came back as {leaf.dtype}; the checkpoint holds "
+                                   f"{want.dtype}. Keep each leaf's dtype in the target.")
+                if np.shape(leaf) != want.shape:
+                    raise Mismatch(f"{what}: leaf {name!r} has shape {np.shape(leaf)}; the saved one is "
+                                   f"{want.shape} (a sharding changes where the parts live, not the shape).")
+                ids = sorted(d.id for d in leaf.devices())
+                if ids != sorted(d.id for d in mesh.devices.flat):
+                    hint = (" Those are the devices it was saved from: the checkpoint's stored sharding, and like='s, "
+                            "name the old mesh; the target must name the new one." if len(ids) == n else "")
+                    raise Mismatch(f"{what}: leaf {name!r} lives on devices {ids}; the mesh you were given holds "
+                                   f"{sorted(d.id for d in mesh.devices.flat)}.{hint}")
+                expected = NamedSharding(mesh, specs[name])
+                if not leaf.sharding.is_equivalent_to(expected, leaf.ndim):
+                    shown = getattr(leaf.sharding, "spec", leaf.sharding)
+                    raise Mismatch(f"{what}: leaf {name!r} is placed as {shown}; it was saved split as "
+                                   f"{specs[name]}. Keep each leaf's PartitionSpec and change only the mesh.")
+                if np.asarray(leaf).tobytes() != want.tobytes():
+                    raise Mismatch(f"{what}: leaf {name!r} holds other values than the checkpoint: restore the "
+                                   "saved step, not a fresh state.")
+            if watching:
+                mesh_devices = set(mesh.devices.flat)
+                if not reads:
+                    raise Mismatch(f"{what}: the values and shardings are right, but Orbax read no array in your "
+                                   "function. Restore from the checkpoint in directory.")
+                if any(r == "host" for r in reads):
+                    raise Mismatch(f"{what}: the values and shardings are right, but Orbax read the arrays onto the "
+                                   "host (NumPy) and you placed them afterwards: on a large model that is the whole "
+                                   "state through one host's memory. Give Orbax a target of jax.ShapeDtypeStructs "
+                                   "with shardings on the new mesh, so that each device reads only its own part.")
+                if any(r is None or set(r.device_set) != mesh_devices for r in reads):
+                    raise Mismatch(f"{what}: the values and shardings are right, but Orbax read the arrays onto the "
+                                   "sharding stored in the checkpoint (all the devices they were saved from) and "
+                                   "you moved them afterwards. On a machine with fewer devices that restore fails. "
+                                   "Give Orbax a target with shardings on the new mesh.")
+    return ("each device read its own part of the saved state straight onto the new mesh, with the same "
+            "PartitionSpecs.")
