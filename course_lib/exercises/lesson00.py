@@ -89,8 +89,8 @@ def solution_device_ids(a):
           returns="a sorted list of ints: the ids of the devices that hold (a part of) the array",
           hints=["Ask the array, not JAX: an array knows where it lives, and each Device has a number. The same "
                  "code must work for an array on one device and on several.",
-                 "`jax.Array.devices` gives the set of Devices holding an array (for one device or many; "
-                 "`.device` only works for one). A Device's number is its `id` attribute.",
+                 "Section 4 of the lesson: `jax.Array.devices` gives the set of Devices holding an array (for "
+                 "one device or many; `.device` only works for one). A Device's number is its `id` attribute.",
                  "In words: for each Device holding the array take its id (an int), and return those ids as a "
                  "sorted list."])
 def check_device_ids(device_ids):
