@@ -78,7 +78,48 @@ def simulate_devices(n: int = 8) -> list[jax.Device]:
             raise DeviceSetupError(_restart_message(n, have))
         return jax.devices("cpu")
     jax.config.update("jax_num_cpu_devices", n)
+    setting = _platforms_setting()
+    if setting and "cpu" not in [p.strip() for p in setting.split(",")]:
+        raise DeviceSetupError(
+            f"simulate_devices({n}) gives CPU devices, but JAX_PLATFORMS/jax_platforms={setting!r} leaves the CPU "
+            f"out. Fix: unset JAX_PLATFORMS (or set JAX_PLATFORMS=cpu) and restart the kernel.")
     return jax.devices("cpu")
+
+
+def _platforms_setting() -> str | None:
+    """The platforms JAX was told to use (``JAX_PLATFORMS`` or ``jax.config.update("jax_platforms", ...)``)."""
+    value = getattr(jax.config, "jax_platforms", None) or os.environ.get("JAX_PLATFORMS")
+    return value or None
+
+
+def _devices_or_explain(n: int) -> list[jax.Device]:
+    """``jax.devices()``, or a ``DeviceSetupError`` naming the setting that stopped JAX from starting.
+
+    With ``JAX_PLATFORMS=cuda`` (or ``tpu``, or a typo) on a machine without that platform, JAX itself
+    fails with a bare ``AssertionError`` or a ``RuntimeError`` about a backend it could not initialise.
+    """
+    try:
+        return jax.devices()
+    except Exception as e:  # JAX's own error here is an AssertionError with no message, or a long RuntimeError
+        setting = _platforms_setting()
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        detail = f"{type(e).__name__}: {first}" if first else f"JAX raised a bare {type(e).__name__}"
+        if setting:
+            where = ("the environment variable JAX_PLATFORMS" if os.environ.get("JAX_PLATFORMS") == setting
+                     else "the config option jax_platforms")
+            raise DeviceSetupError(
+                f"JAX could not start the platform(s) {setting!r} named by {where}={setting!r} "
+                f"({detail}). This machine has no such device, or JAX lacks its plugin. "
+                f"Fix: unset JAX_PLATFORMS (or set JAX_PLATFORMS=cpu) and restart the kernel, then call "
+                f"lesson_devices({n}) again: without an accelerator it runs on {n} simulated CPU devices. "
+                f"To use a GPU or TPU instead, install JAX for it (pip install -U \"jax[cuda12]\" for an NVIDIA GPU, "
+                "\"jax[tpu]\" for a TPU) and restart."
+            ) from None
+        raise DeviceSetupError(
+            f"JAX could not start any device ({detail}). Restart the kernel and call "
+            f"lesson_devices({n}) before any other JAX code; `python -c 'import jax; print(jax.devices())'` "
+            "shows JAX's own error."
+        ) from None
 
 
 def _fall_back_to_cpu(n: int) -> None:
@@ -105,7 +146,7 @@ def lesson_devices(n: int = 8, *, verbose: bool = True) -> list[jax.Device]:
     started_before = backends_started()
     if not started_before:
         jax.config.update("jax_num_cpu_devices", n)
-    found = jax.devices()
+    found = _devices_or_explain(n)
     platform_name = found[0].platform
     if platform_name != "cpu" and len(found) >= n:
         message = f"Using {n} of this machine's {len(found)} {platform_name.upper()} devices."

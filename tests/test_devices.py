@@ -187,3 +187,52 @@ def test_report_counts_devices_and_processes(devices):
     assert f"global devices    {N_DEVICES} ({N_DEVICES} x CPU (cpu))" in text
     assert "process           0 of 1" in text
     assert "simulated         yes" in text
+
+
+def _has_cuda_plugin() -> bool:
+    import importlib.util
+    return any(importlib.util.find_spec(name) is not None for name in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
+
+
+@pytest.mark.parametrize("platforms", [
+    pytest.param("cuda", marks=pytest.mark.skipif(_has_cuda_plugin(), reason="this machine's JAX can start CUDA")),
+    "nosuchplatform",
+])
+def test_lesson_devices_with_jax_platforms_naming_a_missing_platform_says_which_setting_and_the_fix(platforms):
+    # JAX's own failure is a bare AssertionError (cuda without its plugin) or a RuntimeError about the backend.
+    r = run_python(accelerators=True, env={"JAX_PLATFORMS": platforms}, code="""
+        from course_lib.devices import lesson_devices, DeviceSetupError
+        try:
+            lesson_devices(8)
+        except DeviceSetupError as e:
+            print("DeviceSetupError:", e)
+    """)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert out.startswith("DeviceSetupError: JAX could not start the platform(s)"), out
+    assert f"environment variable JAX_PLATFORMS={platforms!r}" in out
+    assert "unset JAX_PLATFORMS (or set JAX_PLATFORMS=cpu) and restart the kernel" in out
+    assert "AssertionError\n" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_lesson_devices_after_the_fix_runs_on_simulated_devices():
+    # The fix the message gives works: with JAX_PLATFORMS=cpu the same call gets 8 simulated devices.
+    r = run_python(accelerators=True, env={"JAX_PLATFORMS": "cpu"}, code="""
+        from course_lib.devices import lesson_devices
+        print(len(lesson_devices(8, verbose=False)))
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["8"]
+
+
+def test_simulate_devices_with_jax_platforms_leaving_out_the_cpu_says_so():
+    r = run_python(accelerators=True, env={"JAX_PLATFORMS": "cuda"}, code="""
+        from course_lib.devices import simulate_devices, DeviceSetupError
+        try:
+            simulate_devices(4)
+        except DeviceSetupError as e:
+            print("DeviceSetupError:", e)
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "JAX_PLATFORMS/jax_platforms='cuda' leaves the CPU out" in r.stdout
+    assert "unset JAX_PLATFORMS (or set JAX_PLATFORMS=cpu)" in r.stdout

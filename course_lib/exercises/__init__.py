@@ -270,16 +270,42 @@ class Progress:
         printer.text(str(self))
 
 
-def progress(lesson: str | None = None) -> Progress:
-    """Which exercises this kernel has attempted and passed, per lesson (``lesson="02"`` for one)."""
+class NoSuchLesson(ValueError, KeyError):
+    """``progress(lesson)`` named a lesson that has no exercises (a ValueError; a KeyError too, as it was before)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+def _lesson_key(lesson) -> str:
+    """``9``, ``"9"``, ``"09"`` and ``"09.1"`` all name lesson ``"09"``; anything else is a clear error."""
+    if isinstance(lesson, bool) or not isinstance(lesson, (int, str)):
+        raise NoSuchLesson(f"progress(lesson={lesson!r}): lesson should be a lesson number like 9 or \"09\", got "
+                           f"{type(lesson).__name__}. Pass e.g. progress(\"09\"), or progress() for every lesson.")
+    text = str(lesson).strip()
+    head = text.split(".")[0] if text.count(".") == 1 and text.split(".")[1].isdigit() else text
+    if not head.isdigit():
+        raise NoSuchLesson(f"progress(lesson={lesson!r}): lesson should be a lesson number like 9 or \"09\". "
+                           "Pass e.g. progress(\"09\"), or progress() for every lesson.")
+    return f"{int(head):02d}"
+
+
+def progress(lesson: str | int | None = None) -> Progress:
+    """Which exercises this kernel has attempted and passed, per lesson.
+
+    ``lesson`` picks one lesson: ``"02"``, ``"2"`` or ``2`` (or an exercise id, ``"02.1"``, for its lesson).
+    """
+    key = None if lesson is None else _lesson_key(lesson)
     rows = []
     for id_, ex in exercises().items():
-        if lesson is not None and id_.split(".")[0] != lesson:
+        if key is not None and id_.split(".")[0] != key:
             continue
         state = "passed" if id_ in _passed else "attempted" if _attempts[id_] else "not tried"
         rows.append((id_, ex.title, state, _attempts[id_], _hints_shown[id_]))
     if not rows:
-        raise KeyError(f"there are no exercises for lesson {lesson!r}")
+        lessons = sorted({id_.split(".")[0] for id_ in exercises()})
+        raise NoSuchLesson(f"there are no exercises for lesson {key!r} (progress(lesson={lesson!r})); the lessons "
+                           f"with exercises are {', '.join(lessons)}. Pass one of them, or progress() for all.")
     return Progress(tuple(rows))
 
 

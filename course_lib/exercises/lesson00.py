@@ -11,6 +11,26 @@ def _data(shape, seed):
     return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
 
 
+def expect_dtype(got, expected, *, what: str = "the result") -> None:
+    """``got`` has dtype ``expected``; a cast (float16, bfloat16, float64, an int) is named, not called "values differ".
+
+    Shared by the checkers of lessons 00-03.
+    """
+    dtype = getattr(got, "dtype", None)
+    if dtype is None:
+        return
+    expected = np.dtype(expected)
+    try:
+        same = np.dtype(dtype) == expected
+    except TypeError:
+        same = False
+    if not same:
+        name = getattr(dtype, "name", None) or str(dtype)
+        raise Mismatch(f"{what} has dtype {name}; expected {expected.name}, the input's dtype. Something in the "
+                       f"answer casts the values (astype, a dtype= argument, half precision or integer "
+                       f"arithmetic): leave the dtype as it comes in.")
+
+
 # ----------------------------------------------------------------------------------------------
 # 00.1 Put an array on device 3
 
@@ -21,29 +41,39 @@ def solution_on_device_3(x):
 
 @exercise("00.1", "Put an array on device 3", solution=solution_on_device_3,
           returns="a jax.Array with x's shape and values, living on jax.devices()[3] only",
-          hints=["jax.devices() lists the devices; the one you want is at index 3. An array goes where you "
-                 "put it; jnp.asarray(x) puts it on the default device, device 0.",
-                 "jax.device_put(x, jax.devices()[3]) copies x to device 3 and returns the new array. Pass the "
-                 "Device object, not the number 3."])
+          hints=["An array lives where it was put: converting x with jnp.asarray puts it on the default device, "
+                 "device 0. Moving it is one call, which returns a new array.",
+                 "The API is `jax.device_put` (section 4 of the lesson). Its target is a Device object, not a "
+                 "number: `jax.devices()` lists the Device objects in id order.",
+                 "In words: take the entry with index 3 of the device list, put x there, and return the array "
+                 "that comes back."])
 def check_on_device_3(on_device_3):
     device = jax.devices()[3]
     for x in [_data((4,), seed=0), jnp.asarray(_data((2, 3), seed=1)),
               jax.device_put(_data((5,), seed=2), jax.devices()[-1])]:
         private = np.array(x, copy=True)
         what = f"on_device_3({describe(x)} on {'the host' if isinstance(x, np.ndarray) else x.devices()})"
-        got = call(on_device_3, x.copy() if isinstance(x, np.ndarray) else x, name="on_device_3")
+        got = call(on_device_3, x.copy() if isinstance(x, np.ndarray) else x, name="on_device_3", hints={
+            "Received invalid value": "jax.device_put wants a Device object as its target (an entry of "
+                                      "jax.devices()), not the device's number."})
         if isinstance(got, jax.Device):
-            raise Mismatch(f"{what} returned the device itself ({got}); return the array, placed on it: "
-                           "jax.device_put(x, device).")
+            raise Mismatch(f"{what} returned the device itself ({got}); return the array, placed on that device.")
+        expect_dtype(got, private.dtype, what=what)
         as_array(got, what=what, expected_shape=private.shape)
         if not isinstance(got, jax.Array):
-            raise Mismatch(f"{what} is a {describe(got)}, still on the host: place it with jax.device_put.")
+            raise Mismatch(f"{what} is a {describe(got)}, still in host memory: a jax.Array on a device is what "
+                           "jax.device_put returns.")
         expect_array(got, private, what=what)
         ids = sorted(d.id for d in got.devices())
         if ids != [device.id]:
-            where = "the default device" if ids == [jax.devices()[0].id] else f"device(s) {ids}"
-            raise Mismatch(f"{what} lives on {where}; expected device {device.id} only: "
-                           "jax.device_put(x, jax.devices()[3]).")
+            if ids == [jax.devices()[0].id]:
+                where = ("the default device, device 0. Creating or converting an array (jnp.asarray, jnp.array) "
+                         "puts it there; moving it takes jax.device_put with the target Device")
+            elif len(ids) > 1:
+                where = f"{len(ids)} devices, ids {ids}: it should be on one device only"
+            else:
+                where = f"device {ids[0]} (which entry of jax.devices() did it use?)"
+            raise Mismatch(f"{what} lives on {where}. Expected device {device.id} only.")
     return "the array lives on device 3, and x.devices() proves it."
 
 
@@ -57,10 +87,12 @@ def solution_device_ids(a):
 
 @exercise("00.2", "Which devices hold an array?", solution=solution_device_ids,
           returns="a sorted list of ints: the ids of the devices that hold (a part of) the array",
-          hints=["An array can tell you where it lives; a Device has an id. One device or several: the same "
-                 "code should work for both.",
-                 "a.devices() is the set of Devices holding a; sorted(d.id for d in a.devices()) is the answer. "
-                 "(a.device works only for an array on a single device.)"])
+          hints=["Ask the array, not JAX: an array knows where it lives, and each Device has a number. The same "
+                 "code must work for an array on one device and on several.",
+                 "Section 4 of the lesson: `jax.Array.devices` gives the set of Devices holding an array (for "
+                 "one device or many; `.device` only works for one). A Device's number is its `id` attribute.",
+                 "In words: for each Device holding the array take its id (an int), and return those ids as a "
+                 "sorted list."])
 def check_device_ids(device_ids):
     devs = jax.devices()
     n = len(devs)
@@ -72,30 +104,41 @@ def check_device_ids(device_ids):
         ("an array replicated on devices 0 and 1",
          jax.device_put(jnp.zeros(4), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())),
          sorted(d.id for d in devs[:2])),
+        ("an array on devices 2 and 5",
+         jax.device_put(jnp.zeros(4), jax.sharding.NamedSharding(
+             jax.sharding.Mesh(np.array([devs[2], devs[5]]), ("d",)), jax.sharding.PartitionSpec("d"))),
+         sorted([devs[2].id, devs[5].id])),
     ]
     for label, a, expected in cases:
         got = call(device_ids, a, name="device_ids", hints={
             "has no attribute 'id'": "For an array on several devices a.device is its sharding, not a Device; "
-                                     "a.devices() is the set of devices for any array."})
+                                     "a.devices() is the set of devices for any array.",
+            "single device": "a.device works only for an array on one device; a.devices() works for any array."})
         what = f"device_ids({label})"
         if isinstance(got, (set, frozenset)) or (isinstance(got, (list, tuple)) and got
                                                  and all(isinstance(d, jax.Device) for d in got)):
             raise Mismatch(f"{what} returned the Devices themselves ({type(got).__name__} of {len(got)}); expected "
-                           f"the sorted list of their ids, {expected}: d.id for each d.")
-        if isinstance(got, int) and not isinstance(got, bool):
+                           f"the sorted list of their ids (ints), {expected}: a Device has an id attribute.")
+        if isinstance(got, jax.Device):
+            raise Mismatch(f"{what} returned one Device ({got}); expected the sorted list of the ids (ints) of "
+                           f"every device holding the array, {expected}.")
+        if isinstance(got, (int, np.integer)) and not isinstance(got, bool):
             raise Mismatch(f"{what} returned one int, {got}; expected a list of ids, {expected}, even for one "
                            "device.")
         if not isinstance(got, (list, tuple)):
             raise Mismatch(f"{what} should be a list of device ids like {expected}; got {describe_tree(got)}.")
-        try:
-            ids = [int(i) for i in got]
-        except (TypeError, ValueError):
-            raise Mismatch(f"{what} should be a list of ints (device ids) like {expected}; got "
-                           f"{describe_tree(got)}.") from None
+        kinds = sorted({type(i).__name__ for i in got
+                        if isinstance(i, bool) or not isinstance(i, (int, np.integer))})
+        if kinds:
+            shown = ", ".join(repr(i) for i in got[:8]) + (", ..." if len(got) > 8 else "")
+            raise Mismatch(f"{what} returned [{shown}], which holds {' and '.join(kinds)} values; expected ints "
+                           f"like {expected}. A Device's id is already an int: return it as it is, not as text "
+                           "or a float.")
+        ids = [int(i) for i in got]
         if sorted(ids) == expected and ids != expected:
-            raise Mismatch(f"{what} returned {ids}: the right ids, but not sorted. Return sorted(...), so that "
-                           "the answer does not depend on the order of a set.")
+            raise Mismatch(f"{what} returned {ids}: the right ids, but not sorted. Sort them, so that the answer "
+                           "does not depend on the order of a set.")
         if ids != expected:
-            raise Mismatch(f"{what} returned {ids}; expected {expected}. Ask the array itself, a.devices(), "
-                           "rather than jax.devices() or a count.")
+            raise Mismatch(f"{what} returned {ids}; expected {expected}. Ask the array itself where it lives, "
+                           "rather than jax.devices(), a count or a range.")
     return "a.devices() says where an array lives, one device or many."

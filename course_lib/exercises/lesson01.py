@@ -6,6 +6,7 @@ import numpy as np
 
 from . import (Mismatch, as_array, call, describe_tree, exercise, expect_array, expect_placed_on, pmap_specs,
                vmap_calls)
+from .lesson00 import expect_dtype
 
 
 def _batch(b, d, seed):
@@ -24,35 +25,44 @@ def solution_split_across(x, devices):
 
 @exercise("01.1", "Split a batch across devices by hand", solution=solution_split_across,
           returns="a list of len(devices) jax.Arrays, piece i of shape (B // n, d) on devices[i]",
-          hints=["Each device gets B // n consecutive rows: work out where piece i starts and ends.",
-                 "Slice x[i * size:(i + 1) * size] and place it with jax.device_put(piece, devices[i]), "
-                 "in a list comprehension over enumerate(devices)."])
+          hints=["Each of the n devices gets B // n consecutive rows. Work out, for piece i, the first row and "
+                 "the row after the last.",
+                 "Section 2 of the lesson does it in two steps, Split (slicing rows) and Place "
+                 "(`jax.device_put`). Use the devices you are given, in their order: they need not start at 0.",
+                 "In words: for each position i in the device list, slice the i-th run of B // n rows and put it "
+                 "on the i-th device; return the pieces as a list."])
 def check_split_across(split_across):
     devices = jax.devices()
-    for n, b, d in [(len(devices), 2 * len(devices), 3), (4, 12, 2), (2, 2, 5)]:
-        devs = devices[:n]
-        x = _batch(b, d, seed=n)
+    n_all = len(devices)
+    for devs, b, d in [(devices, 2 * n_all, 3), (devices[:4], 12, 2), (devices[:2], 2, 5),
+                       (devices[n_all // 2:], 2 * (n_all - n_all // 2), 2)]:
+        n = len(devs)
+        x = _batch(b, d, seed=n + b)
+        ids = [dev.id for dev in devs]
+        label = f"split_across(x {x.shape}, devices with ids {ids})"
         pieces = call(split_across, x.copy(), list(devs), name="split_across")
         if not isinstance(pieces, (list, tuple)):
-            raise Mismatch(f"split_across(x {x.shape}, {n} devices) should return a list of {n} arrays, "
-                           f"got {describe_tree(pieces)}.")
+            raise Mismatch(f"{label} should return a list of {n} arrays, got {describe_tree(pieces)}.")
         if len(pieces) != n:
-            raise Mismatch(f"split_across(x {x.shape}, {n} devices) returned {len(pieces)} pieces; expected {n}, "
-                           "one per device.")
+            raise Mismatch(f"{label} returned {len(pieces)} pieces; expected {n}, one per device given: count "
+                           "the devices argument, not every device JAX has.")
         size = b // n
         for i, (piece, dev) in enumerate(zip(pieces, devs)):
-            what = f"piece {i} of a {x.shape} batch on {n} devices"
+            what = f"piece {i} of {label}"
+            expect_dtype(piece, x.dtype, what=what)
             as_array(piece, what=what, expected_shape=(size, d))
             if size > 1 and np.shape(piece) == (size, d) and np.allclose(np.asarray(piece), x[i::n]):
-                raise Mismatch(f"{what} holds rows {i}, {i + n}, {i + 2 * n}, ... (x[i::n]): every n-th row. "
-                               f"Give each device consecutive rows: piece i is x[i * {size}:(i + 1) * {size}].")
+                raise Mismatch(f"{what} holds rows {i}, {i + n}, {i + 2 * n}, ...: every n-th row. Give each "
+                               f"device a run of {size} consecutive rows, piece i starting at row i * {size}.")
             expect_array(piece, x[i * size:(i + 1) * size], what=what)
             if not isinstance(piece, jax.Array):
-                raise Mismatch(f"{what} is a {type(piece).__name__}, still on the host: place it with "
-                               "jax.device_put(piece, device).")
+                raise Mismatch(f"{what} is a {type(piece).__name__}, still in host memory: place it on its device "
+                               "(section 2, Place).")
             if piece.devices() != {dev}:
-                raise Mismatch(f"{what} lives on device(s) {sorted(d.id for d in piece.devices())}; expected "
-                               f"device {dev.id}. Put piece i on devices[i].")
+                got_ids = sorted(g.id for g in piece.devices())
+                raise Mismatch(f"{what} lives on device(s) {got_ids}; expected device {dev.id}, the device at "
+                               f"position {i} of the list given. Piece i goes to the i-th device of the devices "
+                               "argument, whatever its id.")
     return "each device holds its own consecutive slice of the batch."
 
 
@@ -71,15 +81,18 @@ def solution_batched_norms(x):
           returns="an array of shape (B,), one norm per row of x (B, d)",
           hints=["Write the norm of ONE row first, a function of a vector of shape (d,); do not think about "
                  "the batch yet.",
-                 "jax.vmap(norm)(x) maps that function over axis 0 of x: one call per row, one result per row.",
-                 "The exercise is about the mechanism: jnp.linalg.norm(x, axis=1) gets the numbers but not the "
-                 "point; write norm(v) = jnp.sqrt(jnp.sum(v ** 2)) and vmap it."])
+                 "`jax.vmap` (section 3) turns that one-row function into a function of a batch, mapped over "
+                 "axis 0.",
+                 "In words: define the one-row norm (square, sum, square root), wrap it with jax.vmap, and call "
+                 "the wrapped function on x. A norm over axis 1 of the whole batch gets the numbers without the "
+                 "point of the exercise."])
 def check_batched_norms(batched_norms):
     probe = jnp.asarray(_batch(7, 13, seed=713))  # first, and a shape no earlier call is likely to have cached
     vmaps = vmap_calls(batched_norms, probe)
     for b, d in [(8, 3), (5, 7), (1, 2), (7, 13)]:
         x = _batch(b, d, seed=b * 10 + d)
         got = call(batched_norms, jnp.asarray(x), name="batched_norms")
+        expect_dtype(got, x.dtype, what=f"batched_norms(x {x.shape})")
         as_array(got, what=f"batched_norms(x {x.shape})", expected_shape=(b,))
         if hasattr(got, "shape") and tuple(got.shape) == ():
             raise Mismatch(f"batched_norms(x {x.shape}) returned a single number: the norm of the whole batch? "
@@ -90,8 +103,9 @@ def check_batched_norms(batched_norms):
         expect_array(got, np.sqrt((x**2).sum(axis=1)), what=f"batched_norms(x {x.shape})", rtol=1e-4)
     if vmaps == 0:
         raise Mismatch("batched_norms has the right values, but no jax.vmap ran while it computed them: it works "
-                       "on the whole batch at once (jnp.linalg.norm(x, axis=1), or a sum over axis 1). The "
-                       "exercise is vmap: write the norm of one row, norm(v), and return jax.vmap(norm)(x).")
+                       "on the whole batch at once (a norm or a sum over axis 1) or loops over the rows in Python. "
+                       "The exercise is vmap: write the norm of ONE row, and let jax.vmap map it over the batch "
+                       "(section 3).")
     return "vmap turned a function of one example into a function of a batch."
 
 
@@ -109,21 +123,25 @@ def solution_norms_on_devices(x):
 @exercise("01.3", "The same function on every device, with pmap", solution=solution_norms_on_devices,
           returns="a jax.Array of shape (n,), one norm per row, spread over the n devices (row i on device i)",
           hints=["The same per-row function as in 01.2; only the transformation changes.",
-                 "jax.pmap(norm)(x) runs norm on each device, row i on device i; x's leading axis must equal "
-                 "the number of devices used."])
+                 "`jax.pmap` (section 4) has vmap's meaning but runs row i on device i; x's leading axis must be "
+                 "at most the number of devices.",
+                 "In words: define the one-row norm, wrap it with jax.pmap instead of jax.vmap, call it on x, and "
+                 "return the result as it comes back."])
 def check_norms_on_devices(norms_on_devices):
     devices = jax.devices()
     for n, d in [(len(devices), 3), (4, 6)]:
         x = _batch(n, d, seed=n + d)
         got = call(norms_on_devices, jnp.asarray(x), name="norms_on_devices")
         what = f"norms_on_devices(x {x.shape})"
+        expect_dtype(got, x.dtype, what=what)
+        as_array(got, what=what, expected_shape=(n,))
         expect_array(got, np.sqrt((x**2).sum(axis=1)), what=what, rtol=1e-4)
         if isinstance(got, jax.Array) and len(got.devices()) == 1:
             raise Mismatch(f"{what} has the right values but lives on one device: that is vmap's (or plain "
-                           f"NumPy's) answer. Use jax.pmap so that each of the {n} rows is computed on its own "
-                           "device.")
+                           f"NumPy's) answer. The exercise is jax.pmap, so that each of the {n} rows is computed on "
+                           "its own device.")
         expect_placed_on(got, devices[:n], what=what)
         if not pmap_specs(norms_on_devices, jnp.asarray(x), name="norms_on_devices"):
-            raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap: use "
-                           "jax.pmap(norm)(x), one row per device.")
+            raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap (the rows were "
+                           "placed some other way): compute the norms with jax.pmap, one row per device.")
     return "one program, one row per device, the results spread over the devices."

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import Mismatch, as_array, call, describe, exercise, expect_array, expect_placed_on, pmap_specs
+from .lesson00 import expect_dtype
 
 
 def _data(shape, seed):
@@ -23,8 +24,10 @@ def solution_split_batch(x, n):
           returns="an array of shape (n, B // n, ...) with x's values, device i's block the rows "
                   "i * B // n to (i + 1) * B // n",
           hints=["Only the shape changes, not the order of the values: no transpose, no copy by hand.",
-                 "x.reshape((n, x.shape[0] // n) + x.shape[1:]): the device axis first, then the rows of each "
-                 "block, then every other axis unchanged."])
+                 "One `reshape` does it (section 5, \"By hand\"). The new shape is built from n, B // n and "
+                 "x.shape[1:], whatever the number of trailing axes.",
+                 "In words: the new shape is the device axis first, then the rows of each block, then every other "
+                 "axis of x unchanged; reshape x to it and return it."])
 def check_split_batch(split_batch):
     for shape, n in [((16, 3), 8), ((12, 2, 2), 4), ((6,), 3), ((8, 5), 1)]:
         original = _data(shape, seed=sum(shape) + n)          # private: the learner gets a copy
@@ -33,6 +36,7 @@ def check_split_batch(split_batch):
         expected = original.reshape((n, b // n) + shape[1:]).copy()
         got = call(split_batch, x, n, name="split_batch")
         what = f"split_batch(x {shape}, n={n})"
+        expect_dtype(got, original.dtype, what=what)
         got_shape = as_array(got, what=what, expected_shape=expected.shape).shape
         if got_shape == (b // n, n) + shape[1:] and b // n != n:
             raise Mismatch(f"{what} has shape {got_shape}; expected {expected.shape}. The device axis (size {n}) "
@@ -41,7 +45,7 @@ def check_split_batch(split_batch):
                                                        .swapaxes(0, 1)) and n > 1 and b // n > 1:
             raise Mismatch(f"{what} has the right shape but device 0 got rows 0, {n}, ... (every "
                            f"{n}-th row): the rows were interleaved. Reshape directly to (n, B // n, ...), with no "
-                           "transpose, so each device gets consecutive rows.")
+                           "transpose or swap of axes, so each device gets consecutive rows.")
         expect_array(got, expected, what=what)
     return "each device's block is B // n consecutive rows, and the device axis comes first."
 
@@ -57,13 +61,17 @@ def solution_sum_of_squares(xs):
 @exercise("02.2", "Per-device sums of squares with pmap", solution=solution_sum_of_squares,
           returns="a jax.Array of shape (n,), device i's sum of squares of xs[i], spread over the n devices",
           hints=["Write what ONE device does with its block (b, d): one number. pmap does the rest.",
-                 "jax.pmap(lambda block: jnp.sum(block ** 2))(xs): jnp.sum with no axis sums the whole block."])
+                 "`jnp.sum` with no axis argument sums a whole array; `jax.pmap` (section 1) runs the per-block "
+                 "function on every device.",
+                 "In words: a function of one block that squares and sums everything in it, mapped with jax.pmap "
+                 "over xs."])
 def check_sum_of_squares(sum_of_squares):
     devices = jax.devices()
     for n, b, d in [(len(devices), 2, 3), (4, 5, 2), (2, 1, 1)]:
         xs = _data((n, b, d), seed=n * 100 + b * 10 + d)
         got = call(sum_of_squares, jnp.asarray(xs), name="sum_of_squares")
         what = f"sum_of_squares(xs {xs.shape})"
+        expect_dtype(got, xs.dtype, what=what)
         got_shape = as_array(got, what=what, expected_shape=(n,)).shape
         if got_shape == (n, b) and b > 1:
             raise Mismatch(f"{what} has shape {got_shape}; expected ({n},). Each device should sum over its whole "
@@ -72,36 +80,55 @@ def check_sum_of_squares(sum_of_squares):
             raise Mismatch(f"{what} is a single number; expected one sum per device, shape ({n},).")
         expect_array(got, (xs**2).sum(axis=(1, 2)), what=what, rtol=1e-4)
         if isinstance(got, jax.Array) and len(got.devices()) == 1 and n > 1:
-            raise Mismatch(f"{what} has the right values but lives on one device: compute it with jax.pmap, "
-                           "one block per device.")
+            raise Mismatch(f"{what} has the right values but lives on one device (jnp or vmap on the whole "
+                           "stack): the exercise is jax.pmap, each device summing its own block.")
         expect_placed_on(got, devices[:n], what=what)
         if not pmap_specs(sum_of_squares, jnp.asarray(xs), name="sum_of_squares"):
-            raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap: compute it with "
-                           "jax.pmap, one block per device.")
+            raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap (it was placed "
+                           "there some other way): compute it with jax.pmap, one block per device.")
     return "one sum per device, computed where its block lives."
 
 
 # ----------------------------------------------------------------------------------------------
-# 02.3 One device's block, without a gather
+# 02.3 One device's block, where it lives
+
+
+def _moves_data(fn, *args) -> str | None:
+    """Whether ``fn(*args)`` copies data between devices or through the host: JAX's transfer guard says."""
+    jax.block_until_ready(args)  # the inputs' own transfers are done before the guard starts
+    try:
+        with jax.transfer_guard("disallow_explicit"):  # explicit device_puts too: JAX 0.11 lets those through
+            fn(*args)
+    except Exception as e:  # only the guard's own refusal counts; the checker has already run fn once
+        text = str(e)
+        if "Disallowed" in text:
+            return text.split("Disallowed ", 1)[1].split(":", 1)[0]
+    return None
 
 
 def solution_block_on(y, i):
     return y.addressable_shards[i].data[0]
 
 
-@exercise("02.3", "Read one device's block without a global gather", solution=solution_block_on,
+@exercise("02.3", "Read one device's block where it lives", solution=solution_block_on,
           returns="a jax.Array of shape y.shape[1:], living on device i only",
-          hints=["y[i] asks for a value that every device can see: a gather. Ask y for the piece device i "
-                 "already holds instead.",
-                 "y.addressable_shards[i].data is device i's block, still on device i, with pmap's device axis "
-                 "of size 1 in front: index it with [0]."])
+          hints=["Indexing y[i] is a computation on the global array, and its result is copied to every "
+                 "device. Ask y for the piece device i already holds instead.",
+                 "Section 3, \"Reading one device's block\": `jax.Array.addressable_shards` lists each device's "
+                 "block, and a shard's `data` is that block, still on its device.",
+                 "In words: take the shard of device i, take its data, and drop the leading axis of size 1 that "
+                 "the block keeps from pmap's device axis."])
 def check_block_on(block_on):
     devices = jax.devices()
     for shape in [(len(devices), 3), (len(devices), 2, 2)]:
-        y = jax.pmap(lambda x: x * 2)(jnp.asarray(_data(shape, seed=shape[-1])))
+        def make_y():  # a fresh array each time: NumPy keeps a host copy of an array it has read once
+            return jax.pmap(lambda x: x * 2)(jnp.asarray(_data(shape, seed=shape[-1])))
+
+        y = make_y()
         for i in [0, 3, len(devices) - 1]:
             got = call(block_on, y, i, name="block_on")
             what = f"block_on(y {y.shape}, {i})"
+            expect_dtype(got, y.dtype, what=what)
             if tuple(as_array(got, what=what, expected_shape=shape[1:]).shape) == (1,) + shape[1:]:
                 raise Mismatch(f"{what} has shape {(1,) + shape[1:]}; expected {shape[1:]}. A shard's data keeps "
                                "pmap's device axis, of size 1: index it with [0].")
@@ -111,7 +138,14 @@ def check_block_on(block_on):
                                f"device {i} holds.")
             if got.devices() != {devices[i]}:
                 ids = sorted(d.id for d in got.devices())
-                hint = (" y[i] builds the value on every device (a gather); read the shard instead: "
-                        "y.addressable_shards[i].data." if len(ids) == len(devices) else "")
+                hint = (" Indexing the global array (y[i]) computes the value on every device and copies it to "
+                        "all of them; read the block device i already holds instead (section 3)."
+                        if len(ids) == len(devices) else "")
                 raise Mismatch(f"{what} lives on devices {ids}; expected device {i} only.{hint}")
-    return "you read device i's block where it lives, with nothing gathered."
+            moved = _moves_data(block_on, make_y(), i)
+            if moved:
+                raise Mismatch(f"{what} has the right values on device {i}, but building it moved data ({moved}): "
+                               "it was computed elsewhere and copied to device "
+                               f"{i} (an index into the global array, then a device_put, or a trip through NumPy). "
+                               f"Read the block device {i} already holds instead (section 3).")
+    return "you read device i's block where it lives, with nothing copied to the other devices."

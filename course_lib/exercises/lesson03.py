@@ -4,7 +4,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import contextlib
+import io
+
 from . import Mismatch, as_array, call, exercise, expect_array, expect_placed_on, pmap_specs
+from .lesson00 import expect_dtype
 
 
 def _data(shape, seed):
@@ -13,11 +17,46 @@ def _data(shape, seed):
 
 # Fragments of JAX's messages for the typical mistakes, and what they mean.
 SCALAR_MAPPED = ("rank at least 1", "A scalar was mapped: pmap maps every argument over axis 0 unless told "
-                 "otherwise. Broadcast it with in_axes=None for that argument.")
+                 "otherwise. Broadcast it: in_axes has an entry for each positional argument, and None sends "
+                 "that argument whole to every device.")
 TOO_MANY_SLICES = ("squeeze out", "That is pmap's message for more slices than devices: reshape the leading "
                    "axis to the number of devices first.")
 PARAMS_MAPPED = ("is partitioned", "An argument was split over the devices along axis 0 but its axis 0 is not "
-                 "the device axis: were the parameters mapped? Broadcast them with in_axes=None.")
+                 "the device axis: were the parameters mapped? Broadcast them: None in in_axes for the "
+                 "parameters sends them whole to every device.")
+
+
+def _quiet_call(fn, *args, name: str, hints: dict[str, str], summaries: dict[str, str]):
+    """``call``, with what JAX prints on a failed call kept out of the feedback, and JAX's long messages for the
+    typical mistakes (``summaries``: a fragment of the message -> one sentence) replaced by that sentence.
+
+    JAX 0.12 prints the source line of a pmap call that fails (a path in the kernel's temp folder): that line
+    is dropped when the call fails; what the learner's own code prints is shown when it succeeds.
+    """
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            result = call(fn, *args, name=name, hints=hints)
+    except Mismatch as e:
+        message = str(e)
+        original = e.__context__  # the learner's exception, whose whole text ``call`` shortened
+        full = str(original) if original is not None else message
+        for fragment, summary in summaries.items():
+            if fragment in full and " raised " in message:
+                head = message.split(" raised ", 1)[0]
+                kind = type(original).__name__ if original is not None else "an error"
+                extra = [text for frag, text in hints.items() if frag in full]
+                message = " ".join([f"{head} raised {kind}: {summary}", *extra])
+                break
+        raise Mismatch(message) from None
+    print(out.getvalue(), end="")
+    return result
+
+
+def _leading_sizes(tree) -> str:
+    """``w has axis 0 of size 3, b of size 2``: the leading sizes of a dict of arrays, for feedback."""
+    parts = [f"{k} {tuple(np.shape(v))}" for k, v in tree.items()]
+    return ", ".join(parts)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -38,29 +77,36 @@ def _unmapped(specs) -> int:
 
 @exercise("03.1", "Scale a batch by a shared scalar on 2 devices", solution=solution_scale_on_two,
           returns="an array of x's shape (B, d), x * s, computed with pmap on the first 2 devices",
-          hints=["Three steps: reshape x to (2, B // 2, d), pmap on 2 devices, reshape the result back to x's "
-                 "shape. The scalar must not be split.",
-                 "jax.pmap(lambda block, factor: block * factor, in_axes=(0, None), devices=jax.devices()[:2])"
-                 "(blocks, s): in_axes=None sends s whole to both devices."])
+          hints=["pmap gives each device one slice of the leading axis, so the leading axis must be 2 here; and "
+                 "the scalar is the same for both devices: it must not be split.",
+                 "Section 5 of the lesson, \"The classic example, done right\". pmap's `in_axes` (section 1) "
+                 "marks an argument that goes whole to every device; its `devices` argument picks the devices.",
+                 "In words: reshape x to two blocks of B // 2 rows, pmap the multiplication over those blocks on "
+                 "the first two devices with the scalar broadcast, and reshape the result back to x's shape."])
 def check_scale_on_two(scale_on_two):
     two = jax.devices()[:2]
     for shape, s in [((4, 3), 2.0), ((8, 2), -0.5), ((6, 5), 3.0)]:
         x = jnp.asarray(_data(shape, seed=shape[0] * shape[1]))
-        got = call(scale_on_two, x, s, name="scale_on_two", hints=dict([SCALAR_MAPPED, TOO_MANY_SLICES]))
+        got = _quiet_call(scale_on_two, x, s, name="scale_on_two", hints=dict([SCALAR_MAPPED, TOO_MANY_SLICES]),
+                          summaries={"rank at least 1": "pmap was asked to split a scalar (rank 0) over the "
+                                                        "devices.",
+                                     "is partitioned": "pmap could not cut an argument's mapped axis into equal "
+                                                       "blocks, one per device."})
         what = f"scale_on_two(x {shape}, {s})"
+        expect_dtype(got, x.dtype, what=what)
         as_array(got, what=what, expected_shape=shape)
         if tuple(np.shape(got)) == (2, shape[0] // 2) + shape[1:]:
             raise Mismatch(f"{what} has shape {np.shape(got)}: the per-device blocks. Reshape the result back to "
                            f"{shape}.")
         expect_array(got, np.asarray(x) * s, what=what)
-        expect_placed_on(got, two, what=what + " (computed with pmap on 2 devices, devices=jax.devices()[:2])")
+        expect_placed_on(got, two, what=what + " (computed with pmap on the first 2 devices)")
     specs = pmap_specs(scale_on_two, x, s, name="scale_on_two")
     if not specs:
         raise Mismatch("scale_on_two has the right values on 2 devices, but its program has no jax.pmap: the "
-                       "exercise is pmap with in_axes=(0, None).")
+                       "exercise is pmap with the scalar broadcast.")
     if not _unmapped(specs):
         raise Mismatch("scale_on_two has the right values, but the scalar was mapped too (made into an array with "
-                       "one copy per device): broadcast it instead, with in_axes=(0, None).")
+                       "one copy per device): broadcast it instead, with None for it in in_axes (section 1).")
     return "one block per device, the scalar broadcast with in_axes=None, and the result reshaped back."
 
 
@@ -79,19 +125,27 @@ def solution_predict(params, xs):
           returns="a jax.Array of shape (n, b, k), xs[i] @ w + b for each device i, spread over the n devices",
           hints=["The parameters are the same for every device: they must not be split, nor copied by hand "
                  "into a stack of n.",
-                 "in_axes takes a pytree: in_axes=({'w': None, 'b': None}, 0), or simply in_axes=(None, 0), "
-                 "broadcasts the whole params dict and maps xs over axis 0."])
+                 "`in_axes` (section 1, \"A pytree of parameters\"): one entry per positional argument, and an "
+                 "entry can be None for a whole pytree, or a pytree of entries.",
+                 "In words: pmap a function of (parameters, one block) that multiplies the block by w and adds b, "
+                 "with None as the parameters' entry of in_axes and 0 as the batch's."])
 def check_predict(predict):
     devices = jax.devices()
     name = getattr(predict, "__name__", "predict")
     for n, b, d, k in [(len(devices), 2, 3, 2), (4, 3, 2, 5)]:
         params = {"w": jnp.asarray(_data((d, k), seed=d * k)), "b": jnp.asarray(_data((k,), seed=k))}
         xs = jnp.asarray(_data((n, b, d), seed=n * b))
-        got = call(predict, dict(params), xs, name=name, hints=dict([PARAMS_MAPPED, SCALAR_MAPPED]))
+        got = _quiet_call(predict, dict(params), xs, name=name, hints=dict([PARAMS_MAPPED, SCALAR_MAPPED]),
+                          summaries={"is partitioned": f"pmap tried to cut axis 0 of every mapped argument into {n} "
+                                                       f"equal blocks, one per device, and could not (params: "
+                                                       f"{_leading_sizes(params)}; xs {tuple(xs.shape)}).",
+                                     "rank at least 1": "pmap was asked to split a scalar (rank 0) over the "
+                                                        "devices."})
         what = f"{name}(params w {params['w'].shape} b {params['b'].shape}, xs {xs.shape})"
         if isinstance(got, (tuple, list, dict)):
             raise Mismatch(f"{what} should return one array of shape {(n, b, k)}, the predictions; got "
                            f"{type(got).__name__}.")
+        expect_dtype(got, xs.dtype, what=what)
         as_array(got, what=what, expected_shape=(n, b, k))
         expected = np.asarray(xs) @ np.asarray(params["w"]) + np.asarray(params["b"])
         if tuple(np.shape(got)) == expected.shape and np.allclose(np.asarray(got), np.asarray(xs) @ params["w"],
@@ -99,19 +153,19 @@ def check_predict(predict):
             raise Mismatch(f"{what} is xs @ w: the bias b is missing.")
         expect_array(got, expected, what=what, rtol=1e-4, atol=1e-5)
         if isinstance(got, jax.Array) and len(got.devices()) == 1:
-            raise Mismatch(f"{what} has the right values but lives on one device: run it with jax.pmap, the "
-                           "parameters broadcast (in_axes=None) and the batch mapped (in_axes=0).")
+            raise Mismatch(f"{what} has the right values but lives on one device: the exercise is jax.pmap, "
+                           "the parameters broadcast and the batch mapped.")
         expect_placed_on(got, devices[:n], what=what)
     specs = pmap_specs(predict, params, xs, name=name, untraceable=(
         "If it copies the parameters once per device first (sharding.replicate, np.stack), that copy is what "
-        "in_axes=None saves: pass params as they are, with in_axes=(None, 0)."))
+        "in_axes=None saves: pass params as they are, with None as their in_axes entry."))
     if not specs:
-        raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap: use jax.pmap with "
-                       "in_axes=(None, 0).")
+        raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap: the exercise is "
+                       "pmap with the parameters broadcast.")
     if _unmapped(specs) < len(params):
         raise Mismatch(f"{what} has the right values, but the parameters were mapped over the devices (stacked "
-                       "or replicated into one copy per device, then in_axes=0): broadcast them instead, with "
-                       "in_axes=(None, 0), so that pmap sends them whole to every device.")
+                       "or replicated into one copy per device, then in_axes=0): broadcast them instead, with None "
+                       "as their in_axes entry, so that pmap sends them whole to every device.")
     return "the parameters went whole to every device, the batch one block per device."
 
 
@@ -127,7 +181,10 @@ def solution_device_axis_last(xs):
           returns="a jax.Array of shape (b, n): column i is 2 * xs[i], computed on device i",
           hints=["pmap stacks the per-device results along some axis of the output; you choose which one, "
                  "inside pmap, not with a transpose afterwards.",
-                 "jax.pmap(lambda row: 2.0 * row, out_axes=1)(xs) stacks the results along axis 1."])
+                 "`out_axes` (section 4 of the lesson) is the output's counterpart of in_axes: the axis of the "
+                 "result along which the per-device results are stacked.",
+                 "In words: pmap a function that doubles one row, with out_axes naming the last axis of the "
+                 "(b, n) result."])
 def check_device_axis_last(device_axis_last):
     devices = jax.devices()
     for n, b in [(len(devices), 5), (4, 3), (3, 3)]:
@@ -135,23 +192,24 @@ def check_device_axis_last(device_axis_last):
         got = call(device_axis_last, xs, name="device_axis_last")
         what = f"device_axis_last(xs {xs.shape})"
         expected = (2.0 * np.asarray(xs)).T
+        expect_dtype(got, xs.dtype, what=what)
         as_array(got, what=what, expected_shape=(b, n))
         if n != b and tuple(np.shape(got)) == (n, b):
             raise Mismatch(f"{what} has shape {(n, b)}: the device axis is still first. Expected {(b, n)}: "
-                           "pmap's out_axes=1 stacks the per-device results along axis 1.")
+                           "pmap's out_axes chooses the axis the per-device results are stacked along (section 4).")
         if n == b and np.allclose(np.asarray(got), 2.0 * np.asarray(xs)) and not np.allclose(expected,
                                                                                              2.0 * np.asarray(xs)):
             raise Mismatch(f"{what} has the device axis first (row i is device i's result); expected it last: "
-                           "column i should be device i's result (out_axes=1).")
+                           "column i should be device i's result (out_axes, section 4).")
         expect_array(got, expected, what=what)
         expect_placed_on(got, devices[:n], what=what)
         specs = pmap_specs(device_axis_last, xs, name="device_axis_last")
         if not specs:
-            raise Mismatch(f"{what} has the right values, but its program has no jax.pmap: use jax.pmap with "
-                           "out_axes=1.")
+            raise Mismatch(f"{what} has the right values, but its program has no jax.pmap: the exercise is pmap "
+                           "putting the device axis last itself.")
         if not any(len(tuple(s)) >= 2 and tuple(s)[0] is None and tuple(s)[1] is not None
                    for _, outs in specs for s in outs):
             raise Mismatch(f"{what} has the right values, but pmap stacked the results along axis 0 and the axes "
                            "were swapped afterwards (.T, transpose, swapaxes or moveaxis): an extra copy. Let pmap "
-                           "put the device axis last itself: out_axes=1.")
+                           "put the device axis last itself, with out_axes (section 4).")
     return "each device's result is a column: the device axis is axis 1."
