@@ -4,7 +4,7 @@ Each lesson's exercises live in ``course_lib/exercises/lessonNN.py``. A notebook
 
     from course_lib.exercises import check, hint, solution
     check("02.1", split_batch)      # prints ✔ or ✘ with what was expected and what came back
-    hint("02.1")                     # the next hint: first a nudge, then the key API
+    hint("02.1")                     # the next hint: a nudge, then the API or cell to read, then the steps in words
     solution("02.1")                 # prints a reference solution, when the hints are not enough
     progress()                       # which exercises this kernel has tried and passed, per lesson
 
@@ -20,7 +20,7 @@ Writing a checker::
         return 2 * x
 
     @exercise("99.1", "Double it", solution=solution_double, returns="an array shaped like x",
-              hints=["Every element, times two.", "`2 * x` works on a whole jax.Array."])
+              hints=["Every element, times two.", "Arithmetic on a jax.Array works element by element."])
     def check_double(double):
         got = call(double, jnp.arange(3.0), name="double")
         expect_array(got, jnp.arange(3.0) * 2, what="double(jnp.arange(3.0))")
@@ -30,7 +30,7 @@ A checker raises ``Mismatch`` with the learner-facing explanation when something
 and returns the success message otherwise. Build expected answers from private copies of
 the inputs, before the learner's code runs (``call`` also reports an input changed in place).
 Hints can also come from a module-level dict in the lesson module,
-``HINTS = {"10.1": ["a nudge", "the key API"], ...}``; they follow any given to ``@exercise``.
+``HINTS = {"10.1": ["a nudge", "the API or cell to read"], ...}``; they follow any given to ``@exercise``.
 """
 
 from __future__ import annotations
@@ -154,7 +154,8 @@ def exercise(id: str, title: str, *, solution: Callable, returns: str = "", hint
 
     Args:
       returns: what a right answer returns (structure, shapes, dtypes), quoted when an answer breaks the checker.
-      hints: graded hints, a nudge first and the key API last, shown one at a time by ``hint(id)``.
+      hints: a ladder shown one at a time by ``hint(id)``: a nudge toward the idea, then the API or the lesson
+        cell to read, then at most the steps in words. No hint holds code: code is only in ``solution(id)``.
     """
 
     def register(checker):
@@ -170,7 +171,7 @@ _HINTS_LOADED: set[str] = set()
 
 
 def _add_hints(module) -> None:
-    """Append the hints of ``module.HINTS`` (``{"10.1": ["a nudge", "the key API"]}``) to its exercises, once."""
+    """Append the hints of ``module.HINTS`` (``{"10.1": ["a nudge", "the API or cell to read"]}``) to its exercises, once."""
     if module.__name__ in _HINTS_LOADED:
         return
     for id_, extra in getattr(module, "HINTS", {}).items():
@@ -226,7 +227,8 @@ def check(id: str, answer) -> Feedback:
 
 
 def hint(id: str) -> None:
-    """Print the next hint for exercise ``id``: a nudge first, then the key API; ``solution(id)`` comes after."""
+    """Print the next hint for exercise ``id``: a nudge, then the API or cell to read, then the steps in words;
+    ``solution(id)`` comes after."""
     ex = _get(id)
     shown = _hints_shown[id]
     if shown >= len(ex.hints):
