@@ -43,12 +43,17 @@ def show_error(*expected: type[BaseException], max_lines: int = 6, width: int = 
     try:
         yield
     except expected as e:
-        lines = [ln for ln in str(e).splitlines() if ln.strip()]
+        # JAX appends where in the user's code the error arose ("This error occurs at source: /path/...");
+        # that line names a file on this machine, not the cause.
+        lines = [ln for ln in str(e).splitlines() if ln.strip() and not ln.startswith("This error occurs at source:")]
+        prefix = f"{type(e).__name__}: "
+        text = [prefix + ln if i == 0 else ln for i, ln in enumerate(lines[:max_lines])] or [prefix.rstrip()]
         shown = []
-        for ln in lines[:max_lines]:
-            shown.extend(textwrap.wrap(ln, width, subsequent_indent="    ") or [""])
+        for ln in text:
+            shown.extend(textwrap.wrap(ln, width, subsequent_indent="    ", break_long_words=False,
+                                       break_on_hyphens=False) or [""])
         more = "\n    ..." if len(lines) > max_lines else ""
-        print(f"{type(e).__name__}: " + "\n".join(shown) + more)
+        print("\n".join(shown) + more)
     else:
         names = " or ".join(t.__name__ for t in expected)
         raise ExpectedErrorMissing(f"expected {names}, but the code ran without an error")

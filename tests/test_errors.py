@@ -32,3 +32,18 @@ def test_long_messages_are_cut_and_wrapped(capsys):
     assert out[0].startswith("RuntimeError: first line")
     assert all(len(line) <= 40 + len("RuntimeError: ") for line in out)
     assert out[-1] == "    ..." and "third" not in "\n".join(out)
+
+
+def test_lines_fit_the_width_and_break_between_words(capsys):
+    words = " ".join(f"word{i:03d}" for i in range(60))
+    with show_error(ValueError, width=50):
+        raise ValueError(words)
+    out = capsys.readouterr().out
+    assert all(len(line) <= 50 for line in out.splitlines()), out
+    assert out.replace("\n    ", " ").strip() == f"ValueError: {words}"
+
+
+def test_the_source_location_jax_appends_is_left_out(capsys):
+    with show_error(ValueError):
+        raise ValueError("the cause\nThis error occurs at source: /some/machine/path/file.py:12")
+    assert capsys.readouterr().out == "ValueError: the cause\n"
