@@ -31,8 +31,8 @@ def solution_ported(x, w, mesh):
 
 def _call_ported(ported, x, w, mesh):
     return call(ported, x, w, mesh, name="ported", hints={
-            "can't be statically inferred": "The output differs from device to device: out_specs P('i') stacks "
-                                            "the blocks; P() would claim they are all the same.",
+            "can't be statically inferred": "The output differs from device to device: an out_specs that names "
+                                            "'i' stacks the blocks; P() would claim they are all the same.",
             "does not match the specs of the input": "in_specs must match how the inputs are placed: x split "
                                                      "over 'i', w whole on every device.",
     })
@@ -67,8 +67,8 @@ def check_ported(ported):
         as_array(got, what=what, expected_shape=(n * b, k))
         expect_array(got, np.tanh(np.asarray(x) @ np.asarray(w)), what=what, rtol=1e-5)
         if not isinstance(got, jax.Array) or _spec(got) is None or tuple(_spec(got))[:1] != (AXIS,):
-            raise Mismatch(f"{what} has sharding {_spec(got)}; expected the rows split over 'i' (P('i')), as the "
-                           "input was.")
+            raise Mismatch(f"{what} has sharding {_spec(got)}; expected the rows split over 'i', as the input "
+                           "was: look at the output's spec.")
         eqns = primitives(lambda a, c: ported(a, c, mesh), x, w, name="ported")
         if not any(e.primitive.name == "shard_map" for e in eqns):
             raise Mismatch(f"{what} has the right values but does not use jax.shard_map.")
