@@ -78,3 +78,17 @@ def test_06_hints_are_a_ladder_without_solution_code():
     fb = check("06.2", lambda: (P("i"), P("i")))
     assert not fb and not code_from_solution("06.2", fb.message)
     assert "P('i'), P()" not in fb.message
+
+
+def test_06_1_a_cast_is_named_with_its_dtype():
+    # bfloat16 holds these small whole numbers exactly: the values alone would pass.
+    fb = check("06.1", lambda p, b, m: solution_place(p, jax.tree.map(lambda v: v.astype(jnp.bfloat16), b), m))
+    assert not fb and "batch['x'] came back as bfloat16" in fb.message and "float32" in fb.message
+    fb = check("06.1", lambda p, b, m: solution_place(jax.tree.map(lambda v: v.astype(jnp.float16), p), b, m))
+    assert not fb and "float16" in fb.message
+
+
+def test_06_1_works_on_8_devices_but_not_on_4():
+    eight = jax.make_mesh((len(jax.devices()),), ("i",))
+    fb = check("06.1", lambda p, b, m: solution_place(p, b, eight))     # ignores the mesh it was given
+    assert not fb and "the mesh you were given" in fb.message

@@ -128,3 +128,11 @@ def test_07_2_dtype_and_four_devices():
     eight = jax.make_mesh((8,), ("i",))
     fb = check("07.2", _shard_map_step(fixed_mesh=eight))        # right on 8 devices, wrong on 4
     assert not fb and "Build on that mesh" in fb.message and "Mesh('i': 8" in fb.message
+
+
+def test_07_1_dtype_and_four_devices():
+    fb = check("07.1", lambda x, w, m: solution_ported(x, w, m).astype(jnp.bfloat16))
+    assert not fb and "bfloat16" in fb.message and "float32" in fb.message
+    eight = jax.make_mesh((len(jax.devices()),), ("i",))
+    fb = check("07.1", lambda x, w, m: solution_ported(x, w, eight))   # right on 8 devices only
+    assert not fb and "on 4 devices" in fb.message

@@ -121,3 +121,10 @@ def test_08_3_fixed_numbers_dtype_and_in_place():
     # The checker leaves jax as it found it.
     assert jax.process_count() == 1 and jax.make_array_from_process_local_data.__module__.startswith("jax")
     assert np.asarray(jax.devices()).size == len(jax.devices())
+
+
+def test_08_2_dtype_and_strings_for_numbers():
+    fb = check("08.2", lambda batch, devices, p: solution_local_part(batch, devices, p).astype(np.float32))
+    assert not fb and "float32 rows" in fb.message and "int64" in fb.message
+    fb = check("08.1", lambda b, n, p: slice(str(p * (b // n)), str((p + 1) * (b // n))))
+    assert not fb and "must be ints" in fb.message

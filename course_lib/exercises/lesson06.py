@@ -82,6 +82,12 @@ def check_place(place):
             if blocks != {(4,) + leaf.shape[1:]}:
                 raise Mismatch(f"{name} is split into blocks of shape {sorted(blocks)}; expected axis 0 split "
                                f"over the {n} devices, blocks of {(4,) + leaf.shape[1:]}.")
+        for name, leaf, given in [("params['w']", p["w"], params["w"]), ("params['b']", p["b"], params["b"]),
+                                  ("batch['x']", b["x"], batch["x"]), ("batch['y']", b["y"], batch["y"])]:
+            if np.dtype(leaf.dtype) != np.dtype(jnp.asarray(given).dtype):
+                raise Mismatch(f"{name} came back as {np.dtype(leaf.dtype).name}; it came in as "
+                               f"{np.dtype(given.dtype).name} (as {np.dtype(jnp.asarray(given).dtype).name} on the "
+                               "devices). Placing an array should not change its dtype: no cast.")
         expect_array(b["x"], batch["x"], what="batch['x'] (the values must not change)")
         expect_array(p["w"], params["w"], what="params['w'] (the values must not change)")
     return "parameters whole on every device (P()), the batch split along axis 0 (P('i'))."

@@ -64,6 +64,9 @@ def check_ported(ported):
                            f"{tuple(w.shape)}: w is broadcast in the pmap version (in_axes=None), so every device "
                            "needs all of it, and its in_specs entry should split nothing.") from None
         what = f"ported(x {x.shape}, w {w.shape}) on {n} devices"
+        if hasattr(got, "dtype") and hasattr(got, "shape") and np.dtype(got.dtype) != np.float32:
+            raise Mismatch(f"{what} is {np.dtype(got.dtype).name}; x and w are float32, and so is the pmap version's "
+                           "result. Keep the dtype: no cast.")
         as_array(got, what=what, expected_shape=(n * b, k))
         expect_array(got, np.tanh(np.asarray(x) @ np.asarray(w)), what=what, rtol=1e-5)
         if not isinstance(got, jax.Array) or _spec(got) is None or tuple(_spec(got))[:1] != (AXIS,):

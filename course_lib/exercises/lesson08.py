@@ -93,6 +93,9 @@ def check_local_part(local_part):
             what = f"local_part for process {pid} ({name})"
             got = call(local_part, reference.copy(), list(devices), pid, name="local_part")
             got = as_array(got, what=what, expected_shape=expected.shape)
+            if got.dtype != expected.dtype:
+                raise Mismatch(f"{what} returns {got.dtype.name} rows; the batch holds {expected.dtype.name}. Select "
+                               "the rows without converting them.")
             if got.shape == expected.shape and not np.array_equal(got, expected) and \
                     np.array_equal(got, contiguous):
                 raise Mismatch(f"{what} returns a contiguous block of rows, but this process owns the devices at "
