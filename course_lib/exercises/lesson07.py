@@ -254,6 +254,9 @@ def check_make_sharded_step(make_sharded_step):
                 for k in params0:
                     expect_array(new_params[k], ref_params[k], what=f"params[{k!r}] after step {i + 1} {where}",
                                  rtol=1e-4, atol=1e-5)
+                for mine_leaf, ref_leaf in zip(jax.tree.leaves(new_state), jax.tree.leaves(ref_state)):
+                    expect_array(mine_leaf, ref_leaf, what=f"the optimizer state after step {i + 1} {where}",
+                                 rtol=1e-4, atol=1e-6)
                 params, opt_state = new_params, new_state
         if hlo is not None:
             counts = _collectives(hlo)
@@ -264,5 +267,6 @@ def check_make_sharded_step(make_sharded_step):
             if not counts["all-reduce"] and not counts["reduce-scatter"]:
                 raise Mismatch(f"the step's compiled program {where} has no all-reduce: its devices never combine "
                                "their gradients, so it cannot be data parallel.")
-    return (f"the same losses and parameters as lesson 05's pmap step for {_STEPS} Adam steps, on 8 and on 4 "
-            "devices, with the state replicated and one all-reduce doing the communication.")
+    return (f"the same losses, parameters and Adam state as lesson 05's pmap step for {_STEPS} steps, on "
+            f"{len(jax.devices())} and on 4 devices, with the state replicated and the gradients combined by an "
+            "all-reduce in the compiled program.")
