@@ -63,3 +63,32 @@ def test_06_1_parameters_split_or_another_mesh_are_named():
     own_mesh = check("06.1", lambda p, b, m: (jax.device_put(p, NamedSharding(all_devices, P())),
                                               jax.device_put(b, NamedSharding(all_devices, P("i")))))
     assert not own_mesh and "the mesh you were given" in own_mesh.message
+
+
+def test_06_hints_are_a_ladder_without_solution_code():
+    from hint_rules import assert_hints_are_a_ladder, code_from_solution
+    for id_ in ("06.1", "06.2"):
+        assert_hints_are_a_ladder(id_)
+    # The feedback to each wrong answer names the mistake, not the line to type.
+    wrong = [check("06.1", lambda p, b, m: (sharding.replicate(p), jax.device_put(b, NamedSharding(m, P("i"))))),
+             check("06.1", lambda p, b, m: (jax.device_put(p, NamedSharding(m, P())),
+                                            jax.device_put(b, NamedSharding(m, P()))))]
+    for fb in wrong:
+        assert not fb and not code_from_solution("06.1", fb.message), fb.message
+    fb = check("06.2", lambda: (P("i"), P("i")))
+    assert not fb and not code_from_solution("06.2", fb.message)
+    assert "P('i'), P()" not in fb.message
+
+
+def test_06_1_a_cast_is_named_with_its_dtype():
+    # bfloat16 holds these small whole numbers exactly: the values alone would pass.
+    fb = check("06.1", lambda p, b, m: solution_place(p, jax.tree.map(lambda v: v.astype(jnp.bfloat16), b), m))
+    assert not fb and "batch['x'] came back as bfloat16" in fb.message and "float32" in fb.message
+    fb = check("06.1", lambda p, b, m: solution_place(jax.tree.map(lambda v: v.astype(jnp.float16), p), b, m))
+    assert not fb and "float16" in fb.message
+
+
+def test_06_1_works_on_8_devices_but_not_on_4():
+    eight = jax.make_mesh((len(jax.devices()),), ("i",))
+    fb = check("06.1", lambda p, b, m: solution_place(p, b, eight))     # ignores the mesh it was given
+    assert not fb and "the mesh you were given" in fb.message

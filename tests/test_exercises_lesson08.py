@@ -55,3 +55,76 @@ def test_08_2_raises_or_wrong_structure():
     assert not fb and "raised AttributeError" in fb.message and "process_id" in fb.message
     fb = check("08.2", lambda batch, devices, p: [batch[i] for i, d in enumerate(devices) if d.process_index == p])
     assert not fb and "should be an array of shape (4, 3, 2), got list[ndarray int64[3, 2]" in fb.message
+
+
+def test_08_hints_are_a_ladder_without_solution_code():
+    from hint_rules import assert_hints_are_a_ladder
+    for id_ in ("08.1", "08.2", "08.3"):
+        assert_hints_are_a_ladder(id_)
+
+
+# ---- 08.3: the global batch from this process's rows -----------------------------------------------------
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+from course_lib.exercises.lesson08 import solution_global_batch  # noqa: E402
+
+
+def _local_data(spec=("data",), global_shape="right", reshape=False):
+    def global_batch(local_rows, mesh):
+        rows = local_rows.reshape(mesh.size, -1, *local_rows.shape[1:]) if reshape else local_rows
+        shape = {"right": (local_rows.shape[0] * jax.process_count(),) + local_rows.shape[1:],
+                 "local": local_rows.shape, "none": None, "fixed": (16, 3),
+                 "stacked": (mesh.size, local_rows.shape[0] * jax.process_count() // mesh.size, 3)}[global_shape]
+        return jax.make_array_from_process_local_data(NamedSharding(mesh, P(*spec)), rows, shape)
+    return global_batch
+
+
+def test_08_3_right_answers_pass():
+    assert check("08.3", solution_global_batch)
+    assert check("08.3", _local_data(global_shape="none"))       # JAX infers the global shape from the sharding
+    # The device counts give the same answer when the mesh spans the job.
+    assert check("08.3", lambda rows, mesh: jax.make_array_from_process_local_data(
+        NamedSharding(mesh, P("data")), rows, (rows.shape[0] * jax.device_count() // jax.local_device_count(), 3)))
+
+
+def test_08_3_local_shape_is_caught_only_by_the_simulated_job():
+    # With one process the local shape is the global one: the real API accepts it. As process 0 of 2, it is wrong.
+    fb = check("08.3", _local_data(global_shape="local"))
+    assert not fb and "as process 0 of a 2-process job" in fb.message and "the shape of its own rows" in fb.message
+
+
+def test_08_3_skipping_the_mechanism_or_the_layout():
+    fb = check("08.3", lambda rows, mesh: jax.device_put(rows, NamedSharding(mesh, P("data"))))
+    assert not fb and "without calling jax.make_array_from_process_local_data" in fb.message
+    fb = check("08.3", _local_data(global_shape="stacked", reshape=True))
+    assert not fb and "stacked (n, B // n, ...) layout is pmap's" in fb.message
+    fb = check("08.3", _local_data(spec=(), global_shape="local"))
+    assert not fb and "expected axis 0 split over the mesh axis 'data'" in fb.message
+
+
+def test_08_3_fixed_numbers_dtype_and_in_place():
+    fb = check("08.3", _local_data(global_shape="fixed"))       # right on 8 devices, wrong on 4
+    assert not fb and "not be a fixed number" in fb.message
+    fb = check("08.3", lambda rows, mesh: solution_global_batch(rows.astype(jnp.bfloat16), mesh))
+    assert not fb and "bfloat16" in fb.message
+
+    def scales_in_place(rows, mesh):
+        rows *= 2
+        return solution_global_batch(rows, mesh)
+
+    fb = check("08.3", scales_in_place)
+    assert not fb and "changed its input rows in place" in fb.message
+    # The checker leaves jax as it found it.
+    assert jax.process_count() == 1 and jax.make_array_from_process_local_data.__module__.startswith("jax")
+    assert np.asarray(jax.devices()).size == len(jax.devices())
+
+
+def test_08_2_dtype_and_strings_for_numbers():
+    fb = check("08.2", lambda batch, devices, p: solution_local_part(batch, devices, p).astype(np.float32))
+    assert not fb and "float32 rows" in fb.message and "int64" in fb.message
+    fb = check("08.1", lambda b, n, p: slice(str(p * (b // n)), str((p + 1) * (b // n))))
+    assert not fb and "must be ints" in fb.message

@@ -76,3 +76,46 @@ def test_device_put_replicated_becomes_device_put_with_a_named_sharding(mesh):
         jax.device_put_replicated(jnp.ones(3), jax.devices())
     stacked = jax.device_put(jnp.broadcast_to(jnp.ones(3), (8, 3)), NamedSharding(mesh, P("i")))
     assert [s.data.shape for s in stacked.addressable_shards] == [(1, 3)] * 8
+
+
+def test_pmap_in_axes_becomes_smap_on_a_mesh_axis(mesh):
+    # Row 8: jax.smap keeps pmap's in_axes/out_axes; its blocks keep their rank; it needs the input split.
+    w = jnp.arange(6.0).reshape(2, 3)
+    shapes = []
+
+    def block(v, w):
+        shapes.append(v.shape)
+        return v @ w
+
+    old = jax.pmap(block, in_axes=(0, None))(X, w)
+    with jax.set_mesh(mesh):
+        smapped = jax.jit(jax.smap(block, in_axes=(0, None), out_axes=0, axis_name="i"))
+        new = smapped(jax.device_put(X, P("i")), w)
+        assert str(jax.typeof(new)) == "float32[8@i,3]"
+        with pytest.raises(ValueError, match="does not match the specs of the input"):
+            smapped(X, w)
+        with pytest.raises(ValueError, match="should match the mesh passed to shard_map"):
+            jax.pmap(block, in_axes=(0, None))(X, w)                     # pmap refuses a mesh context
+    np.testing.assert_array_equal(old, new)
+    assert shapes[:2] == [(2,), (1, 2)]
+
+
+def test_a_classifier_gradient_on_an_explicit_mesh_needs_set_mesh(mesh):
+    # Lesson 07 section 2: optax's integer-label cross entropy under sharded jit, Explicit mesh.
+    import optax
+
+    def xent(params, x, labels):
+        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(x @ params["w"], labels))
+
+    params = jax.device_put({"w": jnp.zeros((2, 4))}, NamedSharding(mesh, P()))
+    x = jax.device_put(X, NamedSharding(mesh, P("i")))
+    labels = jax.device_put(jnp.arange(8) % 4, NamedSharding(mesh, P("i")))
+    grad = jax.jit(jax.grad(xent))
+    with pytest.raises(Exception, match="out_sharding") as failure:
+        grad(params, x, labels)
+    assert type(failure.value).__name__ == "ShardingTypeError"
+    with jax.set_mesh(mesh):
+        g = grad(params, x, labels)
+    assert g["w"].shape == (2, 4) and g["w"].sharding.is_fully_replicated
+    reference = jax.grad(xent)({"w": jnp.zeros((2, 4))}, np.asarray(X), np.arange(8) % 4)
+    np.testing.assert_allclose(g["w"], reference["w"], rtol=1e-6)

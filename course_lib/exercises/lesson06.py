@@ -32,9 +32,12 @@ def solution_place(params, batch, mesh):
           returns="a pair (params, batch) with the same keys and shapes as the inputs: params leaves replicated "
                   "on the mesh (P()), batch leaves split along axis 0 over 'i' (P('i'))",
           hints=["On a mesh nothing is stacked or reshaped: you only say, for each array, how it is laid out "
-                 "over the mesh axis 'i'.",
-                 "jax.device_put(params, NamedSharding(mesh, P())) replicates; jax.device_put(batch, "
-                 "NamedSharding(mesh, P('i'))) splits axis 0. device_put takes whole pytrees."])
+                 "over the mesh axis 'i'. Which of the two inputs is the same on every device, and which is "
+                 "divided between them?",
+                 "Lesson 06, section 1: jax.device_put with a NamedSharding, which pairs the mesh with a "
+                 "PartitionSpec. device_put accepts a whole pytree (a dict of arrays) at once.",
+                 "In words: put the parameters on the given mesh with a spec that splits nothing; put the batch "
+                 "on the same mesh with a spec whose first entry is the axis name 'i'. Return the pair."])
 def check_place(place):
     for n in (len(jax.devices()), 4):
         mesh = _mesh(n)
@@ -42,7 +45,7 @@ def check_place(place):
         batch = {"x": np.arange(4 * n * 3, dtype=np.float32).reshape(4 * n, 3), "y": np.arange(4 * n)}
         out = call(place, params, batch, mesh, name="place", hints={
             "does not evenly divide": "Only the batch is split over 'i'; the parameters stay whole on every "
-                                      "device: NamedSharding(mesh, P()).",
+                                      "device (a spec that splits nothing).",
             "must be >= the product of mesh_shape": "Use the mesh you were given (the argument mesh); do not "
                                                     "build another one.",
         })
@@ -59,24 +62,32 @@ def check_place(place):
                 raise Mismatch(f"{name} is still a {type(leaf).__name__} on the host: use jax.device_put.")
             if leaf.ndim == 3 or (name == "params['b']" and leaf.ndim == 2):
                 raise Mismatch(f"{name} has shape {leaf.shape}: a stacked copy per device is the pmap way "
-                               "(sharding.replicate). On a mesh, keep the shape and replicate with P().")
+                               "(sharding.replicate). On a mesh the array keeps its own shape; its sharding alone "
+                               "says that every device holds all of it (lesson 06, section 1).")
             if len(leaf.devices()) != n and isinstance(leaf.sharding, NamedSharding) and leaf.sharding.mesh.size > 1:
                 raise Mismatch(f"{name} lives on a mesh of {len(leaf.devices())} devices, but the mesh you were given "
                                f"has {n}: build the NamedSharding on that mesh (the argument mesh), not on another "
                                "one.")
             if not leaf.sharding.is_fully_replicated or len(leaf.devices()) != n:
                 raise Mismatch(f"{name} has sharding {_spec(leaf)} on {len(leaf.devices())} device(s); every one of "
-                               f"the {n} devices needs the whole array: NamedSharding(mesh, P()).")
+                               f"the {n} devices needs the whole array: a NamedSharding on the given mesh whose "
+                               "spec splits nothing.")
         for name, leaf in [("batch['x']", b["x"]), ("batch['y']", b["y"])]:
             if not isinstance(leaf, jax.Array):
                 raise Mismatch(f"{name} is still a {type(leaf).__name__} on the host: use jax.device_put.")
             if leaf.sharding.is_fully_replicated:
-                raise Mismatch(f"{name} is replicated: every device holds the whole batch. Split axis 0 over the "
-                               "mesh axis 'i': P('i').")
+                raise Mismatch(f"{name} is replicated: every device holds the whole batch. Its spec should split "
+                               "axis 0 over the mesh axis 'i' (lesson 06, section 1).")
             blocks = {s.data.shape for s in leaf.addressable_shards}
             if blocks != {(4,) + leaf.shape[1:]}:
                 raise Mismatch(f"{name} is split into blocks of shape {sorted(blocks)}; expected axis 0 split "
                                f"over the {n} devices, blocks of {(4,) + leaf.shape[1:]}.")
+        for name, leaf, given in [("params['w']", p["w"], params["w"]), ("params['b']", p["b"], params["b"]),
+                                  ("batch['x']", b["x"], batch["x"]), ("batch['y']", b["y"], batch["y"])]:
+            if np.dtype(leaf.dtype) != np.dtype(jnp.asarray(given).dtype):
+                raise Mismatch(f"{name} came back as {np.dtype(leaf.dtype).name}; it came in as "
+                               f"{np.dtype(given.dtype).name} (as {np.dtype(jnp.asarray(given).dtype).name} on the "
+                               "devices). Placing an array should not change its dtype: no cast.")
         expect_array(b["x"], batch["x"], what="batch['x'] (the values must not change)")
         expect_array(p["w"], params["w"], what="params['w'] (the values must not change)")
     return "parameters whole on every device (P()), the batch split along axis 0 (P('i'))."
@@ -100,8 +111,10 @@ def solution_stats_out_specs():
           returns="a pair of PartitionSpecs (spec of the per-device sums, spec of the total)",
           hints=["Ask of each output: is it the same on every device, and can check_vma SEE that it is? Only a "
                  "value that came out of a collective like psum is known to be the same everywhere.",
-                 "The per-device sums differ: stack them with P('i'). The psum total is replicated: P() "
-                 "returns it once. Return (P('i'), P())."])
+                 "Lesson 06, section 3 ('What check_vma checks'): an out_specs entry that names the axis stacks "
+                 "the per-device values; an empty PartitionSpec returns one copy and claims they are all equal.",
+                 "In words: the first output differs per device, so its spec names the axis 'i'; the second "
+                 "came out of psum, so its spec names no axis."])
 def check_stats_out_specs(stats_out_specs):
     specs = call(stats_out_specs, name="stats_out_specs")
     if not isinstance(specs, (tuple, list)) or len(specs) != 2 or not all(isinstance(s, P) for s in specs):
@@ -123,6 +136,7 @@ def check_stats_out_specs(stats_out_specs):
     expect_array(local, expected_local, what="the per-device sums, stacked")
     if np.shape(total) == (n,):
         raise Mismatch(f"out_specs {tuple(specs)} runs, but returns the total {n} times, once per device, shape "
-                       f"({n},). It is the same on every device: P() returns it once, shape (1,).")
+                       f"({n},). It is the same on every device, and check_vma knows it: a spec naming no axis "
+                       "returns it once, shape (1,).")
     expect_array(total, [np.asarray(x).sum()], what="the total")
     return "P('i') for values that differ per device; P() for the psum, which check_vma can see is replicated."

@@ -1,8 +1,12 @@
-"""Lesson 08 exercises: which part of a global batch each process loads."""
+"""Lesson 08 exercises: which part of a global batch each process loads, and the global array built from it."""
 
+import contextlib
+
+import jax
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import Mismatch, as_array, call, describe_tree, exercise, expect_array
+from . import Mismatch, as_array, call, describe, describe_tree, exercise, expect_array
 
 
 # ----------------------------------------------------------------------------------------------
@@ -17,8 +21,10 @@ def solution_process_rows(global_batch, num_processes, process_id):
 @exercise("08.1", "The rows of the global batch one process loads", solution=solution_process_rows,
           returns="a slice(start, stop): one contiguous block of global_batch // num_processes rows",
           hints=["Every process loads the same number of rows, one contiguous block, in process order.",
-                 "per_process = global_batch // num_processes; return slice(process_id * per_process, "
-                 "(process_id + 1) * per_process)."])
+                 "Python's built-in slice(start, stop) selects rows start to stop - 1. How many rows does each "
+                 "process get, and how many rows come before process process_id's block?",
+                 "In words: divide the batch by the number of processes to get the rows per process; process p's "
+                 "block starts at p times that and ends where process p + 1's block starts."])
 def check_process_rows(process_rows):
     for batch, procs in [(64, 2), (96, 4), (30, 3), (8, 8)]:
         per = batch // procs
@@ -68,8 +74,10 @@ def solution_local_part(batch, devices, process_index):
                   "position i whose device belongs to this process, in order",
           hints=["Do not assume the devices of one process sit next to each other: ask each device which "
                  "process owns it.",
-                 "rows = [i for i, d in enumerate(devices) if d.process_index == process_index]; return "
-                 "batch[rows]."])
+                 "Every jax.Device has a process_index attribute (lesson 08, section 1). NumPy indexing with a "
+                 "list of positions picks those rows, in the list's order.",
+                 "In words: walk through the devices with their positions, keep the positions whose device "
+                 "belongs to the given process, and return the rows of batch at those positions."])
 def check_local_part(local_part):
     layouts = {
         "2 processes x 4 devices, in order": [FakeDevice(i, i // 4) for i in range(8)],
@@ -85,9 +93,155 @@ def check_local_part(local_part):
             what = f"local_part for process {pid} ({name})"
             got = call(local_part, reference.copy(), list(devices), pid, name="local_part")
             got = as_array(got, what=what, expected_shape=expected.shape)
+            if got.dtype != expected.dtype:
+                raise Mismatch(f"{what} returns {got.dtype.name} rows; the batch holds {expected.dtype.name}. Select "
+                               "the rows without converting them.")
             if got.shape == expected.shape and not np.array_equal(got, expected) and \
                     np.array_equal(got, contiguous):
                 raise Mismatch(f"{what} returns a contiguous block of rows, but this process owns the devices at "
                                f"positions {owned}: read each device's process_index instead of assuming an order.")
             expect_array(got, expected, what=what)
     return "each process feeds exactly the devices it owns, wherever they sit in the mesh."
+
+
+# ----------------------------------------------------------------------------------------------
+# 08.3 The global batch from each process's rows, in the global layout of lessons 06-07
+
+DATA = "data"
+
+
+def solution_global_batch(local_rows, mesh):
+    split = NamedSharding(mesh, P("data"))                      # rows split over the mesh, as in lessons 06-07
+    global_shape = (local_rows.shape[0] * jax.process_count(),) + local_rows.shape[1:]
+    return jax.make_array_from_process_local_data(split, local_rows, global_shape)
+
+
+class _Recorder:
+    """Stands in for jax.make_array_from_process_local_data: records each call, then builds the real array."""
+
+    def __init__(self, real, simulate=None):
+        self.real, self.simulate, self.calls = real, simulate, []
+
+    def __call__(self, sharding, local_data, global_shape=None):
+        self.calls.append((sharding, local_data, global_shape))
+        if self.simulate is None:
+            return self.real(sharding, local_data, global_shape)
+        return self.simulate(sharding, local_data, global_shape)
+
+
+@contextlib.contextmanager
+def _patched(recorder, process=None, processes=1, devices=None):
+    """jax.make_array_from_process_local_data recorded; with ``process``, a simulated job of ``processes``."""
+    names = ["make_array_from_process_local_data", "process_count", "process_index", "local_device_count",
+             "local_devices", "device_count", "devices"]
+    saved = {name: getattr(jax, name) for name in names}
+    jax.make_array_from_process_local_data = recorder
+    if process is not None:
+        mine = [d for i, d in enumerate(devices) if i * processes // len(devices) == process]
+        jax.process_count = lambda *a, **k: processes
+        jax.process_index = lambda *a, **k: process
+        jax.local_device_count = lambda *a, **k: len(mine)
+        jax.local_devices = lambda *a, **k: list(mine)
+        jax.device_count = lambda *a, **k: len(devices)
+        jax.devices = lambda *a, **k: list(devices)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(jax, name, value)
+
+
+@exercise("08.3", "Build the global batch from this process's rows", solution=solution_global_batch,
+          returns="a jax.Array of the global shape (rows of every process together, ...), split along axis 0 over "
+                  "the mesh axis 'data', built with jax.make_array_from_process_local_data",
+          hints=["Each process holds only its own rows; the array you build describes the whole batch of the job. "
+                 "Its shape is the global one, as in lessons 06 and 07: no (n, B // n) stacking.",
+                 "jax.make_array_from_process_local_data takes a sharding, this process's rows and the global "
+                 "shape (lesson 08, section 1). jax.process_count says how many processes feed rows.",
+                 "In words: make a NamedSharding on the given mesh whose spec splits axis 0 over 'data'; the "
+                 "global shape is this process's row count times the number of processes, followed by the other "
+                 "axes unchanged; pass the sharding, the local rows and that shape to "
+                 "jax.make_array_from_process_local_data and return what it gives."])
+def check_global_batch(global_batch):
+    real = jax.make_array_from_process_local_data
+    for n in (len(jax.devices()), 4):
+        devices = jax.devices()[:n]
+        mesh = jax.make_mesh((n,), (DATA,), axis_types=(jax.sharding.AxisType.Explicit,), devices=devices)
+        rows = 2 * n
+        full = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)
+        where = f"on a mesh of {n} devices"
+
+        # 1. One process, the only one: its rows are the whole batch. The real API runs.
+        recorder = _Recorder(real)
+        with _patched(recorder):
+            got = call(global_batch, full.copy(), mesh, name="global_batch", hints={
+                "does not evenly divide": "Split the batch's rows (axis 0) over 'data', nothing else.",
+                "should be None or equal to local_data.shape": f"Here one process holds all {rows} rows: the "
+                                                               "global shape must follow from this process's rows "
+                                                               "and the number of processes, not be a fixed "
+                                                               "number.",
+            })
+        if not isinstance(got, jax.Array):
+            raise Mismatch(f"global_batch {where} returned {describe_tree(got)}; expected a jax.Array on the "
+                           "mesh's devices.")
+        if got.ndim == 3 and got.shape[0] == n:
+            raise Mismatch(f"global_batch {where} returned shape {got.shape}: the stacked (n, B // n, ...) layout "
+                           "is pmap's. Lessons 06 and 07 keep the global shape (B, ...) and let the sharding say "
+                           "which rows each device holds.")
+        if not recorder.calls:
+            raise Mismatch(f"global_batch {where} gives an array without calling "
+                           "jax.make_array_from_process_local_data. With one process that can work, but in a job of "
+                           "several each process holds only its own rows, and only that function assembles the "
+                           "global array from every process's part (lesson 08, section 1).")
+        if got.dtype != full.dtype:
+            raise Mismatch(f"global_batch {where} returned {np.dtype(got.dtype).name} values; the rows came in as "
+                           "float32. Keep their dtype.")
+        if got.shape != full.shape:
+            raise Mismatch(f"global_batch {where}, with one process whose rows are the whole batch {full.shape}, "
+                           f"returned shape {got.shape}; expected {full.shape}.")
+        spec = tuple(getattr(got.sharding, "spec", ()) or ())
+        if not spec or spec[0] != DATA or any(s is not None for s in spec[1:]) or len(got.devices()) != n:
+            raise Mismatch(f"global_batch {where} returned an array with sharding {getattr(got.sharding, 'spec', got.sharding)} "
+                           f"on {len(got.devices())} device(s); expected axis 0 split over the mesh axis 'data' of "
+                           "the mesh you were given, the other axes whole.")
+        expect_array(got, full, what=f"global_batch {where}")
+        for shard in got.addressable_shards:
+            expect_array(shard.data, full[shard.index], what=f"the block on device {shard.device.id}")
+
+        # 2. The same function as each process of a simulated 2-process job: process p holds rows p.
+        half = rows // 2
+        for p in range(2):
+            local = full[p * half:(p + 1) * half].copy()
+
+            def simulate(sharding, local_data, global_shape):
+                shape = tuple(global_shape) if global_shape is not None else (
+                    (np.shape(local_data)[0] * 2,) + tuple(np.shape(local_data)[1:]))
+                if shape == full.shape and np.array_equal(np.asarray(local_data), local) and \
+                        isinstance(sharding, NamedSharding):
+                    return jax.make_array_from_callback(full.shape, sharding, lambda index: full[index])
+                return jax.ShapeDtypeStruct(shape, np.asarray(local_data).dtype)
+
+            recorder = _Recorder(real, simulate)
+            job = f"as process {p} of a 2-process job {where} (holding rows {p * half}..{(p + 1) * half - 1})"
+            with _patched(recorder, process=p, processes=2, devices=devices):
+                call(global_batch, local.copy(), mesh, name="global_batch")
+            if len(recorder.calls) != 1:
+                raise Mismatch(f"global_batch, {job}, called jax.make_array_from_process_local_data "
+                               f"{len(recorder.calls)} times; once is enough: every leaf of one batch array.")
+            sharding, local_data, global_shape = recorder.calls[0]
+            local_data = np.asarray(local_data)
+            if local_data.shape != local.shape or not np.array_equal(local_data, local):
+                raise Mismatch(f"global_batch, {job}, passed local data of shape {local_data.shape} "
+                               f"({describe(local_data)}); it should pass its own rows as they are, shape "
+                               f"{local.shape}: the function works out which device gets which of them.")
+            if global_shape is not None and tuple(global_shape) == local.shape:
+                raise Mismatch(f"global_batch, {job}, passed global_shape {tuple(global_shape)}, the shape of its "
+                               "own rows. The global shape is the whole batch's, all processes' rows together: with "
+                               "the local shape, JAX takes each process's rows for the whole array, and the "
+                               "processes disagree about what the batch holds.")
+            if global_shape is not None and tuple(global_shape) != full.shape:
+                raise Mismatch(f"global_batch, {job}, passed global_shape {tuple(global_shape)}; the whole batch of "
+                               f"the job has shape {full.shape}: this process's rows times the number of "
+                               "processes (jax.process_count), the other axes unchanged.")
+    return ("the global batch in the layout of lessons 06-07, built from each process's own rows; run as either "
+            "process of a simulated 2-process job, the same function gives the same global array.")
