@@ -559,7 +559,7 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
         batches to the devices this many dispatches before the one that uses it (1: double buffering), so that
         host-to-device copies can overlap the steps before. 0 (the default) sends a group with its own dispatch:
         on simulated CPU devices the copies run on the same cores as the steps, and placing ahead measured no
-        faster (lesson 09).
+        faster (CONTRIBUTING.md, *Benchmark*).
       progress: show a tqdm progress bar.
       allow_nonfinite: by default the first NaN or infinite loss or metric read back raises
         ``TrainingDiverged``, naming the step; ``True`` records it in the history and trains on.
