@@ -1,37 +1,44 @@
-"""What data parallelism costs, measured: one training step per global batch, nine ways, two workloads.
+"""What data parallelism costs, measured: one training step per global batch, ten ways, two workloads.
 
-Lesson 09. ``python -m course_lib.bench`` prints tables, writes JSON, and names the machine,
-the device kind and the JAX version. It runs on whatever devices exist (simulated CPU devices,
-one GPU, a TPU slice); with ``--devices N`` on a CPU-only machine it simulates N devices.
+Lesson 09 runs it at a small size; the instructors' notes (CONTRIBUTING.md, *Benchmark*) give its full results.
+``python -m course_lib.bench`` prints tables, writes JSON, and names the machine, the device kind and the JAX
+version. It runs on whatever devices exist (simulated CPU devices, one GPU, a TPU slice); with ``--devices N`` on a
+CPU-only machine it simulates N devices.
 
 Variants, all from the same initial parameters over the same global batches (``VARIANTS``; a new one is a
-function decorated with ``@variant("name")`` that returns ``(start, run)``, usually ``setup.default_path(...)``):
+function decorated with ``@variant("name")`` that returns ``(start, run)``, usually ``setup.default_path(...)``).
+They come in two groups, and each is reported against the reference of its own group (``REFERENCE_OF``), so that
+a ratio compares like with like:
 
-* ``single_jit``: one device, a plain jitted step on the whole global batch, one dispatch per step;
-* ``single_scan``: the default path (below) given a one-device list: the same code and the same fusion on one
-  device. The fair reference: the data-parallel overhead is the default path's time over this one's;
-* ``naive_pmap``: the tutorial loop: course_lib's pmap step, one dispatch per step, and a host read of the
-  loss after every step;
-* ``pmap_step``: the same step in ``training.fit`` with ``steps_per_call=1``: one dispatch per step, no
-  per-step host read;
-* ``pmap_scan``: course_lib's default path, ``training.make_train_step`` + ``training.fit`` with no settings:
-  ``steps_per_call`` (10) steps fused into one dispatch with ``lax.scan``, the oldest dispatch read back only
-  when ``max_ahead`` (20) steps would otherwise be in flight, the state donated to each dispatch;
-* ``shard_map``: the same with the ``"shard_map"`` backend of ``training.make_train_step``;
-* ``jit_sharded``: the same with the ``"jit"`` backend (plain jit, sharded inputs);
+One dispatch per step, against ``single_jit``:
+
+* ``single_jit``: one device, a plain jitted step on the whole global batch;
+* ``naive_pmap``: the tutorial loop: course_lib's pmap step and a host read of the loss after every step;
+* ``pmap_step``: the same step in ``training.fit`` with ``steps_per_call=1``: no per-step host read;
 * ``fsdp`` and ``accumulate`` (lesson 10): ``sharded_state``'s FSDP step, and its replicated step with 4
-  micro-batches per device (``sharded_state.bench_variants``), one dispatch per step, at most ``fit``'s
-  ``max_ahead`` (20) in flight.
+  micro-batches per device (``sharded_state.bench_variants``), at most ``fit``'s ``max_ahead`` (20) in flight.
 
-The pmap and shard_map variants send one all-reduce per step (``training.psum_bucketed``); for
-``jit_sharded`` the compiler decides (two, on the CPU backend).
+``steps_per_call`` (10) steps fused per dispatch with ``lax.scan``, against ``single_scan``:
+
+* ``single_scan``: the default path (below) given a one-device list: the same code and fusion on one device;
+* ``pmap_scan``: course_lib's default path, ``training.make_train_step`` + ``training.fit`` with no settings:
+  10 steps fused per dispatch, the oldest dispatch read back only when ``max_ahead`` (20) steps would otherwise
+  be in flight, the state donated to each dispatch;
+* ``shard_map``: the same with the ``"shard_map"`` backend;
+* ``shard_map_per_leaf``: the same with ``allreduce="per_leaf"``: one psum per gradient, which XLA's combiner
+  merges into one tuple all-reduce, as the compiler does for sharded ``jit``;
+* ``jit_sharded``: the same with the ``"jit"`` backend (plain ``jit`` of the global step, sharded inputs), its
+  loss written as a sum over the real rows (``loss_reduction="sum"``), so that the count of real rows travels
+  with the gradients: one all-reduce per step, like the others.
+
+On the CPU backend the pmap and shard_map variants send one flat all-reduce per step (``training.psum_bucketed``);
+``shard_map_per_leaf`` and ``jit_sharded`` one tuple all-reduce of one buffer per gradient.
 
 Besides the variants, ``run`` measures the overhead per workload, global batch and device count: the default path
-on the first ``k`` devices over the same path on one, for ``k`` = 1, 2, 4, 8 (``measure``). On simulated devices,
-which share the host's cores, the limit is 1.0x. Fusion's gain is reported apart: ``single_jit`` / ``single_scan``.
-And it measures what one all-reduce costs on its own on ``k`` devices, for one number and for each workload's
-gradient buffer (``allreduce_ms``): the price the default path pays once per step, which the goals set beside
-the overhead.
+on the first ``k`` devices over the same path on one, for ``k`` = 1, 2, 4, ... up to the device count
+(``measure``). On simulated devices, which share the host's cores, the limit is 1.0x. Fusion's gain is reported
+apart: ``single_jit`` / ``single_scan``. And it measures what one all-reduce costs on its own on ``k`` devices, for
+one number and for each workload's gradient buffer (``allreduce_ms``).
 
 Every figure is the median over ``--repeats`` timed runs of ``--steps`` steps, after a warm-up run
 that compiles, each run ended by ``block_until_ready`` (or a host read of the loss, which waits the same way).
@@ -39,9 +46,9 @@ The variants and device counts of a workload take turns, one run each per round,
 machine hits them all alike. The batches are on the devices before timing starts, and so is each run's initial
 state.
 
-``goals(report)`` checks the goals the README states, for the default path on 8 devices: on the MLP an overhead
-of at most 1.25x at global batch 512 and 1.5x at 256, and on the linear regression at least 3x faster than
-``naive_pmap``. Beside each overhead goal it puts the all-reduce's own cost, as a share of the one-device step.
+``goals(report)`` checks the course's performance targets for the default path on 8 devices (CONTRIBUTING.md): on
+the MLP an overhead of at most 1.25x at global batch 512 and 1.5x at 256, and on the linear regression at least 3x
+faster than ``naive_pmap``.
 """
 
 from __future__ import annotations
@@ -58,20 +65,31 @@ import time
 WORKLOADS = ("regression", "mlp")
 
 
-def workloads(name, global_batch, seed=0):
-    """(params, loss_fn(params, batch, key), x, y) for 'regression' or 'mlp'."""
+def workloads(name, global_batch, seed=0, loss_reduction="mean"):
+    """``(params, loss_fn(params, batch, key), x, y, optimizer)`` for 'regression' or 'mlp'.
+
+    ``loss_reduction="mean"``: the loss is the masked mean over the batch's real rows (``training.masked_mean``);
+    ``"sum"``: their sum, for ``make_train_step(..., loss_reduction="sum")``, which divides by the count after
+    the exchange."""
     import jax
     import jax.numpy as jnp
     import optax
 
-    from course_lib import data, training
+    from course_lib import _checks, data, training
+
+    _checks.one_of(loss_reduction, "loss_reduction", "bench.workloads", training.LOSS_REDUCTIONS)
+
+    def reduce(values, mask):
+        if loss_reduction == "sum":
+            return jnp.sum(jnp.where(mask, values, 0.0))
+        return training.masked_mean(values, mask)
 
     if name == "regression":
         x, y, _ = data.regression_data(n=max(4096, global_batch * 4), seed=seed)
         params = {"w": jnp.zeros(x.shape[1]), "b": jnp.float32(0.0)}
 
         def loss_fn(p, batch, key):
-            return training.masked_mean((batch["x"] @ p["w"] + p["b"] - batch["y"]) ** 2, batch["mask"])
+            return reduce((batch["x"] @ p["w"] + p["b"] - batch["y"]) ** 2, batch["mask"])
 
         return params, loss_fn, x, y, optax.sgd(0.1)
     if name == "mlp":
@@ -84,7 +102,7 @@ def workloads(name, global_batch, seed=0):
             h = jax.nn.relu(batch["x"] @ p[0]["w"] + p[0]["b"])
             logits = h @ p[1]["w"] + p[1]["b"]
             ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"])
-            return training.masked_mean(ce, batch["mask"])
+            return reduce(ce, batch["mask"])
 
         return params, loss_fn, x, y, optax.adam(1e-3)
     raise ValueError(f"unknown workload {name!r}: 'regression' or 'mlp'")
@@ -158,12 +176,19 @@ class Setup:
             return history["train"][-1]["loss"]
         return run
 
-    def default_path(self, k=None, backend="pmap", **settings):
-        """``(start, run)`` for ``make_train_step`` + ``fit`` with their defaults on the first ``k`` devices."""
+    def default_path(self, k=None, backend="pmap", step_options=None, **settings):
+        """``(start, run)`` for ``make_train_step`` + ``fit`` with their defaults on the first ``k`` devices.
+
+        ``step_options`` go to ``make_train_step`` (e.g. ``{"allreduce": "per_leaf"}``); with
+        ``loss_reduction="sum"`` the workload's loss is its sum over the real rows. ``settings`` go to ``fit``."""
         from course_lib import training
 
+        step_options = dict(step_options or {})
+        loss_fn = self.loss_fn
+        if step_options.get("loss_reduction", "mean") == "sum":
+            loss_fn = workloads(self.name, self.global_batch, loss_reduction="sum")[1]
         devices = self.devices[:k or len(self.devices)]
-        step = training.make_train_step(self.loss_fn, self.opt, devices=devices, backend=backend)
+        step = training.make_train_step(loss_fn, self.opt, devices=devices, backend=backend, **step_options)
         return self.start(k, backend), self.fit_run(step, k, **{**self.fused, **settings})
 
     def without_allreduce(self, k=None):
@@ -219,12 +244,6 @@ def _single_jit(s: Setup):
     return lambda: jax.block_until_ready(jax.device_put((s.params, s.opt.init(s.params)), dev0)), run
 
 
-@variant("single_scan")
-def _single_scan(s: Setup):
-    """The default path on one device with the whole global batch: the fair reference for the overhead."""
-    return s.default_path(1)
-
-
 @variant("naive_pmap")
 def _naive_pmap(s: Setup):
     """The tutorial loop: course_lib's pmap step, one dispatch and one host read of the loss per step."""
@@ -244,22 +263,8 @@ def _naive_pmap(s: Setup):
 
 @variant("pmap_step")
 def _pmap_step(s: Setup):
+    """The default pmap step in ``fit`` with ``steps_per_call=1``: one dispatch per step, no per-step host read."""
     return s.default_path(steps_per_call=1)
-
-
-@variant("pmap_scan")
-def _pmap_scan(s: Setup):
-    return s.default_path()
-
-
-@variant("shard_map")
-def _shard_map(s: Setup):
-    return s.default_path(backend="shard_map")
-
-
-@variant("jit_sharded")
-def _jit_sharded(s: Setup):
-    return s.default_path(backend="jit")
 
 
 @variant("fsdp")
@@ -276,8 +281,60 @@ def _accumulate(s: Setup):
     return sharded_state.bench_variants(s.params, s.loss_fn, s.opt, s.host_batches)["accumulate"]
 
 
+@variant("single_scan")
+def _single_scan(s: Setup):
+    """The default path on one device with the whole global batch: the fair reference for the overhead."""
+    return s.default_path(1)
+
+
+@variant("pmap_scan")
+def _pmap_scan(s: Setup):
+    return s.default_path()
+
+
+@variant("shard_map")
+def _shard_map(s: Setup):
+    return s.default_path(backend="shard_map")
+
+
+@variant("shard_map_per_leaf")
+def _shard_map_per_leaf(s: Setup):
+    """The shard_map path with one psum per gradient (``allreduce="per_leaf"``): the communication sharded jit has."""
+    return s.default_path(backend="shard_map", step_options={"allreduce": "per_leaf"})
+
+
+@variant("jit_sharded")
+def _jit_sharded(s: Setup):
+    """Sharded jit of the global step, fused like the others; the loss is a sum over the real rows, so the count of
+    real rows travels with the gradients in one all-reduce (``loss_reduction="sum"``)."""
+    return s.default_path(backend="jit", step_options={"loss_reduction": "sum"})
+
+
 DEFAULT_VARIANT = "pmap_scan"   # what make_train_step + fit do with their defaults
-REFERENCE = "single_scan"       # the same path on one device: the fair reference
+REFERENCE = "single_scan"       # the same path on one device: the fair reference for the fused variants
+UNFUSED_REFERENCE = "single_jit"
+UNFUSED = ("single_jit", "naive_pmap", "pmap_step", "fsdp", "accumulate")   # one dispatch per step
+# Each variant's reference: unfused variants against the unfused one-device step, fused ones against single_scan.
+REFERENCE_OF = {v: (UNFUSED_REFERENCE if v in UNFUSED else REFERENCE) for v in VARIANTS}
+
+
+def reference_of(variant: str) -> str:
+    """The variant a ``variant``'s time is compared with: ``single_jit`` for one dispatch per step, else
+    ``single_scan`` (a variant added with ``@variant`` counts as fused)."""
+    return REFERENCE_OF.get(variant, REFERENCE)
+
+
+def device_counts_for(n: int) -> list:
+    """The device counts ``run`` measures the overhead on by default: 1, 2, 4, ... up to ``n``, and ``n``."""
+    return sorted({2 ** i for i in range(n.bit_length()) if 2 ** i <= n} | {n})
+
+
+def _lcm(counts) -> int:
+    import math
+    out = 1
+    for k in counts:
+        out = out * k // math.gcd(out, k)
+    return out
 
 
 def measure(name, *, global_batch=512, steps=100, repeats=7, scan_steps=None, variants=None,
@@ -306,8 +363,10 @@ def measure(name, *, global_batch=512, steps=100, repeats=7, scan_steps=None, va
     counts = list(device_counts) + [k for k in without_allreduce if k not in device_counts]
     bad = [k for k in counts if not isinstance(k, int) or not 1 <= k <= n or global_batch % k]
     if global_batch % n or bad:
+        ok = [k for k in counts if isinstance(k, int) and 1 <= k <= n]
         raise ValueError(f"global_batch ({global_batch}) must divide over the {n} devices (and every device count "
-                         f"in {counts} must be between 1 and {n} and divide it); use a multiple of {n}.")
+                         f"in {counts} must be between 1 and {n} and divide it); use a multiple of "
+                         f"{_lcm(ok + [n])}.")
     setup = Setup(name, global_batch, steps, scan_steps)
     runs = {v: VARIANTS[v](setup) for v in VARIANTS if v in variants}
     same = {1: REFERENCE, n: DEFAULT_VARIANT}
@@ -505,8 +564,13 @@ def run(*, global_batch=512, steps=100, repeats=7, scan_steps=None, workload_nam
                          f"steps={max(k_fused, steps - steps % k_fused)}.")
     n = jax.local_device_count()
     if device_counts is None:
-        device_counts = sorted({2 ** i for i in range(n.bit_length()) if 2 ** i <= n} | {n})
+        device_counts = device_counts_for(n)
     device_counts = sorted(set(device_counts) | {1})
+    multiple = _lcm(device_counts + [n])
+    for what, batch in [("global_batch", global_batch)] + [("extra_batches", b) for b in extra_batches]:
+        if batch % multiple:
+            raise ValueError(f"bench.run: {what} must split evenly over every device count the overhead is measured "
+                             f"on ({', '.join(map(str, device_counts))}), got {batch}; pass a multiple of {multiple}.")
     variants = list(VARIANTS) if variants is None else variants
     default_k = _fit_default("steps_per_call")
     scan_steps = default_k if scan_steps is None else scan_steps
@@ -554,15 +618,25 @@ def table(report: dict) -> str:
     lines = [f"{m['device_count']} {kind}, {m['cpu_count']} CPU cores, {m['machine']} {m['system']}, "
              f"JAX {m['jax']}, Python {m['python']}" + (f", XLA_FLAGS={m['xla_flags']}" if m.get("xla_flags") else ""),
              f"global batch {st['global_batch']}, median of {st['repeats']} runs of {st['steps']} steps, "
-             f"{st['scan_steps']} steps per fused dispatch; ms per step (x {REFERENCE})"]
+             f"ms per step; each variant x its group's reference (like with like)"]
     for w, res in report["workloads"].items():
-        ref = res.get(REFERENCE, {}).get("step_ms")
         lines.append(f"\n{w}:")
-        for variant, r in res.items():
-            mark = "  <- default" if variant == report.get("default_variant") else ""
-            mark = "  <- reference" if variant == REFERENCE else mark
-            ratio = f"({r['step_ms'] / ref:5.2f}x)" if ref else " " * 8
-            lines.append(f"  {variant:<12} {r['step_ms']:9.3f} ms  {ratio}  final loss {r['final_loss']:.6f}{mark}")
+        groups = [(f"one dispatch per step, x {UNFUSED_REFERENCE}", UNFUSED_REFERENCE,
+                   [v for v in res if reference_of(v) == UNFUSED_REFERENCE]),
+                  (f"{st['scan_steps']} steps fused per dispatch, x {REFERENCE}", REFERENCE,
+                   [v for v in res if reference_of(v) == REFERENCE])]
+        for title, reference, names in groups:
+            if not names:
+                continue
+            ref = res.get(reference, {}).get("step_ms")
+            lines.append(f"  {title}:")
+            for variant in names:
+                r = res[variant]
+                mark = "  <- default" if variant == report.get("default_variant") else ""
+                mark = "  <- reference" if variant == reference else mark
+                ratio = f"({r['step_ms'] / ref:5.2f}x)" if ref else " " * 8
+                lines.append(f"    {variant:<18} {r['step_ms']:8.3f} ms  {ratio}  final loss "
+                             f"{r['final_loss']:.6f}{mark}")
     if report.get("fusion_gain"):
         lines.append(f"\nfusion's gain on one device (single_jit / {REFERENCE}): " +
                      ", ".join(f"{w} {g:.2f}x" for w, g in report["fusion_gain"].items()))
@@ -633,10 +707,13 @@ def main(argv=None) -> int:
     if args.steps % scan_steps:
         p.error(f"--steps must be a multiple of --scan-steps ({scan_steps}), got {args.steps}; pass e.g. --steps "
                 f"{max(scan_steps, args.steps - args.steps % scan_steps)}")
+    # The overhead is measured on 1, 2, 4, ... and --devices devices: every batch must split over each of them.
+    counts = device_counts_for(args.devices)
+    multiple = _lcm(counts)
     for flag, batch in [("--global-batch", args.global_batch)] + [("--extra-batches", b) for b in args.extra_batches]:
-        if batch % args.devices:
-            p.error(f"{flag} must divide across --devices {args.devices}, got {batch}; pass a multiple of "
-                    f"{args.devices}")
+        if batch % multiple:
+            p.error(f"{flag} must split evenly over every device count the overhead is measured on with --devices "
+                    f"{args.devices} ({', '.join(map(str, counts))}), got {batch}; pass a multiple of {multiple}")
     # Before the run, not after it: an unwritable path fails at once, not at the end.
     folder = os.path.dirname(os.path.abspath(args.json))
     if os.path.isdir(args.json) or not os.path.isdir(folder) or not os.access(folder, os.W_OK) or (

@@ -10,10 +10,12 @@ from ``make_train_step`` or one you wrote), and never lets Python run more than
 ``max_ahead`` steps ahead of the devices (see ``fit``).
 
 Three things make the library's step cheaper than the one a tutorial writes (lesson 09
-measures them): everything the devices exchange in a step travels in one all-reduce
-(``psum_bucketed``), ``fit`` runs ``steps_per_call`` steps per dispatch, fused with
-``lax.scan`` (``TrainStep.steps``), and the step donates its input state, writing the new
-state into the old one's buffers (``make_train_step(..., donate=True)``).
+measures them): ``fit`` runs ``steps_per_call`` steps per dispatch, fused with ``lax.scan``
+(``TrainStep.steps``); the step donates its input state, writing the new state into the old
+one's buffers (``make_train_step(..., donate=True)``); and on the CPU backend everything the
+devices exchange in a step travels in one flat all-reduce (``psum_bucketed``), while on GPUs and
+TPUs each gradient gets its own psum, which XLA's combiner groups and its scheduler can overlap
+with the backward pass (``make_train_step(..., allreduce=...)``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from tqdm.std import tqdm
 from . import _checks, sharding
 
 __all__ = ["TrainState", "TrainStep", "TrainingDiverged", "BACKENDS", "init_state", "masked_mean", "psum_bucketed",
-           "device_step", "make_train_step", "fit", "replicas_identical", "max_divergence"]
+           "psum_per_leaf", "device_step", "make_train_step", "fit", "replicas_identical", "max_divergence",
+           "ALLREDUCE", "LOSS_REDUCTIONS"]
 
 AXIS = "devices"
 
@@ -54,6 +57,8 @@ class TrainState(NamedTuple):
 
 
 BACKENDS = ("pmap", "shard_map", "jit")
+ALLREDUCE = ("auto", "one_buffer", "per_leaf")
+LOSS_REDUCTIONS = ("mean", "sum")
 
 
 def _check_backend(backend, where="make_train_step"):
@@ -130,10 +135,13 @@ def masked_mean(values, mask=None):
     return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask) * per_row, 1.0)
 
 
-def _count(batch):
-    """A shard's weight in the average: its number of real examples, or 1 without a mask."""
+def _count(batch, rows_without_mask=False):
+    """A shard's weight in the average: its number of real examples (``batch["mask"]``); without a mask, 1 (every
+    shard weighs the same), or with ``rows_without_mask`` the number of rows of its first leaf."""
     if isinstance(batch, dict) and "mask" in batch:
-        return jnp.sum(batch["mask"]).astype(jnp.float32)
+        return jnp.sum(batch["mask"].astype(jnp.float32))
+    if rows_without_mask:
+        return jnp.float32(jax.tree.leaves(batch)[0].shape[0])
     return jnp.float32(1.0)
 
 
@@ -157,7 +165,30 @@ def psum_bucketed(tree, axis_name=AXIS):
     return unravel(jax.lax.psum(flat, axis_name))
 
 
-def device_step(loss_fn, optimizer, has_aux=False, axis_name=AXIS, in_shard_map=False, reduce=None):
+def psum_per_leaf(tree, axis_name=AXIS):
+    """``psum`` of each leaf of ``tree`` on its own: one all-reduce per leaf in the program you write.
+
+    XLA's all-reduce combiner may merge independent ones into one instruction carrying a tuple of buffers (up to a
+    size threshold), and on GPUs and TPUs the latency-hiding scheduler can start each one as soon as its gradient
+    is ready, during the backward pass. On the CPU backend a tuple all-reduce measured about as costly as one
+    all-reduce per buffer (lesson 09), so ``make_train_step`` uses ``psum_bucketed`` there.
+    """
+    return jax.tree.map(lambda v: jax.lax.psum(v, axis_name), tree)
+
+
+def _allreduce_for(allreduce, devices, where="make_train_step"):
+    """The ``reduce`` function for ``allreduce`` ("auto", "one_buffer" or "per_leaf") on these devices."""
+    if allreduce not in ALLREDUCE:
+        raise ValueError(f"{where}: allreduce must be one of {ALLREDUCE}, got {_checks.shown(allreduce)}. Leave it "
+                         "out (\"auto\": one buffer on the CPU backend, one psum per gradient elsewhere).")
+    if allreduce == "auto":
+        platform = (devices[0] if devices else jax.local_devices()[0]).platform
+        allreduce = "one_buffer" if platform == "cpu" else "per_leaf"
+    return psum_bucketed if allreduce == "one_buffer" else psum_per_leaf
+
+
+def device_step(loss_fn, optimizer, has_aux=False, axis_name=AXIS, in_shard_map=False, reduce=None,
+                loss_reduction="mean"):
     """One device's view of a step: local gradients, a weighted average over ``axis_name``, the update.
 
     ``step(state, shard) -> (state, metrics)``, unmapped: what ``make_train_step`` gives to ``jax.pmap``
@@ -168,7 +199,16 @@ def device_step(loss_fn, optimizer, has_aux=False, axis_name=AXIS, in_shard_map=
     ``psum_bucketed``, one all-reduce. Another one changes only the communication, e.g.
     ``lambda t, a: jax.tree.map(lambda v: jax.lax.psum(v, a), t)`` (one psum per leaf); ``course_lib.bench`` passes
     one that keeps each device's own sums, a wrong step, to time the step without its all-reduce.
+    ``make_train_step`` passes ``psum_bucketed`` on the CPU backend and ``psum_per_leaf`` on GPUs and TPUs
+    (its ``allreduce`` argument). One flat buffer cannot start before the whole backward pass has finished, so it
+    cannot overlap it; separate psums can.
+
+    ``loss_reduction="sum"``: ``loss_fn`` returns the sum of its per-example losses over the real rows, not
+    their mean, and the step divides the summed gradients, loss and metrics by the number of real rows of the
+    global batch (``batch["mask"]``, or every row) after the exchange. Same result as a mean loss.
     """
+    _check_loss_reduction(loss_reduction, "device_step")
+    summed = loss_reduction == "sum"
     if reduce is None:
         reduce = psum_bucketed
     elif not callable(reduce):
@@ -189,9 +229,13 @@ def device_step(loss_fn, optimizer, has_aux=False, axis_name=AXIS, in_shard_map=
         # Each device's weight is its number of real examples; without a mask all weigh the same (a pmean).
         # The weighted sums of the gradients, the loss and the metrics, and the total weight, cross the devices
         # together: one all-reduce per step instead of one per leaf.
-        count = _count(batch)
-        weighted = (jax.tree.map(lambda g: g * count, grads), loss * count, jax.tree.map(lambda a: a * count, aux))
+        # With a summed loss the sums are already weighted: the count only divides at the end.
+        count = _count(batch, rows_without_mask=summed)
+        weighted = ((grads, loss, aux) if summed else
+                    (jax.tree.map(lambda g: g * count, grads), loss * count, jax.tree.map(lambda a: a * count, aux)))
         (grads, loss, aux), total = reduce((weighted, count), axis_name)
+        if summed:
+            total = jnp.maximum(total, 1.0)
         grads, loss, aux = jax.tree.map(lambda v: v / total, (grads, loss, aux))
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
@@ -201,7 +245,14 @@ def device_step(loss_fn, optimizer, has_aux=False, axis_name=AXIS, in_shard_map=
     return step
 
 
-def _global_step(loss_fn, optimizer, has_aux):
+def _check_loss_reduction(loss_reduction, where):
+    if loss_reduction not in LOSS_REDUCTIONS:
+        raise ValueError(f"{where}: loss_reduction must be 'mean' (loss_fn returns the mean over its rows) or 'sum' "
+                         f"(their sum over the real rows), got {_checks.shown(loss_reduction)}. Leave it out for "
+                         "'mean'.")
+
+
+def _global_step(loss_fn, optimizer, has_aux, loss_reduction="mean"):
     """The single-device step on the whole global batch; the compiler splits it over the devices.
 
     ``step(state, batch) -> (state, metrics)`` with ``batch`` leaves ``(n, B // n, ...)``: they are merged into the
@@ -209,14 +260,21 @@ def _global_step(loss_fn, optimizer, has_aux):
     rows at once, with one key per step. There is no per-device code and no collective here: the batch's sharding
     makes the compiler split the work and insert the all-reduces. A loss that is a (masked) mean over the rows gives
     the same average as the other backends' count-weighted one: the sum over the real rows of all devices divided by
-    their number.
+    their number. That mean's denominator, the count of real rows over all devices, is itself a sum across the
+    devices, needed before any gradient can be formed: a second all-reduce, ahead of the gradients'. With
+    ``loss_reduction="sum"`` the loss is the sum over the real rows; the count does not enter the gradient, the
+    compiler sends it with the gradients (one all-reduce), and the step divides afterwards.
     """
+    summed = loss_reduction == "sum"
 
     def step(state: TrainState, batch):
         whole = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), batch)   # (n, B // n, ...) -> (B, ...)
         key = jax.random.fold_in(state.key, state.step)
         out, grads = jax.value_and_grad(loss_fn, has_aux=has_aux)(state.params, whole, key)
         loss, aux = out if has_aux else (out, {})
+        if summed:
+            count = jnp.maximum(_count(whole, rows_without_mask=True), 1.0)
+            grads, loss, aux = jax.tree.map(lambda v: v / count, (grads, loss, aux))
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         return TrainState(params, opt_state, state.key, state.step + 1), {"loss": loss, **aux}
@@ -264,7 +322,8 @@ class TrainStep:
 
 
 def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, *, has_aux: bool = False,
-                    axis_name: str = AXIS, devices=None, backend: str = "pmap", donate: bool = True) -> TrainStep:
+                    axis_name: str = AXIS, devices=None, backend: str = "pmap", donate: bool = True,
+                    allreduce: str = "auto", loss_reduction: str = "mean") -> TrainStep:
     """A data-parallel training step, with one of three backends that compute the same thing.
 
     Args:
@@ -287,6 +346,17 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
       donate: hand the input state's buffers to the output state (``donate_argnums``), so a step updates the
         parameters and optimizer state in place instead of allocating a fresh copy. The state passed in is
         deleted: write ``state, metrics = step(state, batch)``.
+      allreduce: how the ``"pmap"`` and ``"shard_map"`` steps send their gradients across the devices.
+        ``"one_buffer"``: everything in one flat all-reduce at the end of the step (``psum_bucketed``), the
+        cheapest on the CPU backend, where each collective is a rendezvous of threads and a tuple all-reduce
+        costs about one per buffer; it cannot overlap the backward pass. ``"per_leaf"``: one psum per gradient
+        (``psum_per_leaf``), which XLA's combiner groups and, on GPUs and TPUs, its scheduler can run during the
+        backward pass. ``"auto"`` (default): ``"one_buffer"`` on CPU devices, ``"per_leaf"`` elsewhere. The
+        ``"jit"`` backend has no per-device code: its compiler places the all-reduces itself, as ``"per_leaf"``.
+      loss_reduction: ``"mean"`` (default): ``loss_fn`` returns the mean loss over its rows (e.g.
+        ``masked_mean``). ``"sum"``: it returns the sum over the real rows, and the step divides by their number
+        after the exchange: with the ``"jit"`` backend this sends the count with the gradients in one all-reduce,
+        where a mean over the global batch needs the count in an all-reduce of its own first. Same result.
 
     Returns:
       a ``TrainStep``: ``step(state, batch) -> (state, metrics)`` for a state from
@@ -304,8 +374,14 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
     if not isinstance(donate, bool):
         raise TypeError(f"make_train_step: donate must be True or False, got {_checks.shown(donate)}. Pass "
                         "donate=False to keep the state you pass in readable after the step.")
+    _check_loss_reduction(loss_reduction, "make_train_step")
+    if backend == "jit" and allreduce != "auto":
+        raise ValueError(f"make_train_step: allreduce={_checks.shown(allreduce)} applies to the 'pmap' and "
+                         "'shard_map' backends; with backend='jit' the compiler places the all-reduces. Leave "
+                         "allreduce out, or use backend='shard_map' to choose.")
     donated = (0,) if donate else ()
     mesh = sharding.device_mesh(devices)
+    reduce = _allreduce_for(allreduce, list(mesh.devices.flat))
     if mesh.axis_names != (axis_name,):
         mesh = jax.sharding.Mesh(mesh.devices, (axis_name,))
     P = jax.sharding.PartitionSpec
@@ -322,14 +398,15 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
         return place
 
     if backend == "pmap":
-        per_device = device_step(loss_fn, optimizer, has_aux, axis_name)
+        per_device = device_step(loss_fn, optimizer, has_aux, axis_name, reduce=reduce, loss_reduction=loss_reduction)
         one, many = (jax.pmap(f, axis_name=axis_name, devices=devices, donate_argnums=donated)
                      for f in (per_device, _scanned(per_device)))
         # pmap takes device arrays as they are; host arrays are split over its devices, as pmap itself would.
         return TrainStep(one, many, backend, placer(lambda x: isinstance(x, jax.Array)), donate,
                          devices=devices)  # None: pmap picks the first n local devices
     if backend == "shard_map":
-        per_device = device_step(loss_fn, optimizer, has_aux, axis_name, in_shard_map=True)
+        per_device = device_step(loss_fn, optimizer, has_aux, axis_name, in_shard_map=True, reduce=reduce,
+                                 loss_reduction=loss_reduction)
 
         def squeezed(f):  # shard_map keeps rank: this device's block is (1, B // n, ...)
             return lambda state, batches: f(state, jax.tree.map(lambda x: x[0], batches))
@@ -338,7 +415,7 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
                                            out_specs=(P(), P())), donate_argnums=donated)
                      for f in (per_device, _scanned(per_device)))
     else:
-        global_step = _global_step(loss_fn, optimizer, has_aux)
+        global_step = _global_step(loss_fn, optimizer, has_aux, loss_reduction)
         one, many = (jax.jit(f, out_shardings=(replicated, replicated), donate_argnums=donated)
                      for f in (global_step, _scanned(global_step)))
     # Host arrays are split over the mesh; global arrays built by each process from its own part of the batch
@@ -484,7 +561,7 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
         batches to the devices this many dispatches before the one that uses it (1: double buffering), so that
         host-to-device copies can overlap the steps before. 0 (the default) sends a group with its own dispatch:
         on simulated CPU devices the copies run on the same cores as the steps, and placing ahead measured no
-        faster (lesson 09).
+        faster (CONTRIBUTING.md, *Benchmark*).
       progress: show a progress bar: in a notebook a line of text updated in place (it is stored as text, so it
         reads the same in a trusted or untrusted notebook, on GitHub and in an HTML export), in a terminal tqdm's.
       allow_nonfinite: by default the first NaN or infinite loss or metric read back raises

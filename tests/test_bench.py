@@ -12,8 +12,8 @@ import pytest
 
 from course_lib import bench, data, training
 
-VARIANTS = ["single_jit", "single_scan", "naive_pmap", "pmap_step", "pmap_scan", "shard_map", "jit_sharded", "fsdp",
-            "accumulate"]
+VARIANTS = ["single_jit", "naive_pmap", "pmap_step", "fsdp", "accumulate",
+            "single_scan", "pmap_scan", "shard_map", "shard_map_per_leaf", "jit_sharded"]
 
 
 def _same(losses):
@@ -60,6 +60,7 @@ def test_run_reports_every_variant_the_overhead_and_the_same_final_loss(devices)
     assert set(report["goals"]) == {"regression_naive_vs_default"}
     text = bench.table(report)
     assert "8 simulated CPU devices" in text and "x single_scan" in text and "<- default" in text
+    assert "one dispatch per step, x single_jit:" in text and "10 steps fused per dispatch, x single_scan:" in text
     assert "<- reference" in text and "fusion's gain" in text and "data-parallel overhead" in text
     assert "no all-reduce" in text and "one all-reduce on its own" in text and "mlp (19,212)" in text
     assert "goals:" in text
@@ -134,7 +135,7 @@ def test_another_scan_steps_is_not_the_default_path_and_reports_no_goals(devices
     report = bench.run(global_batch=64, steps=10, repeats=1, scan_steps=5, workload_names=("regression",),
                        variants=("single_scan", "naive_pmap", "pmap_scan"), extra_batches=(), device_counts=(1, 8))
     assert report["default_variant"] is None and report["goals"] == {}
-    assert list(report["workloads"]["regression"]) == ["single_scan", "naive_pmap", "pmap_scan"]
+    assert list(report["workloads"]["regression"]) == ["naive_pmap", "single_scan", "pmap_scan"]   # VARIANTS order
     assert list(report["overhead"]["regression"]["64"]) == ["1", "8"]
     assert "<- default" not in bench.table(report)
 
@@ -247,3 +248,72 @@ def test_prefetch_is_checked_and_a_bad_batch_is_named_before_any_transfer(device
     flat = [{k: v.reshape((-1,) + v.shape[2:]) for k, v in b.items()} for b in batches]
     with pytest.raises(ValueError, match=r"must be sharded as \(n_devices=8"):
         training.fit(step, state, flat, prefetch=2, progress=False)
+
+
+def test_each_variant_is_compared_with_the_reference_of_its_group(devices):
+    """Like with like: unfused variants against the unfused one-device step, fused ones against single_scan."""
+    assert {v for v in VARIANTS if bench.reference_of(v) == "single_jit"} == {
+        "single_jit", "naive_pmap", "pmap_step", "fsdp", "accumulate"}
+    assert bench.reference_of("a_new_fused_variant") == "single_scan"
+    report = {"machine": bench.machine(), "default_variant": "pmap_scan",
+              "settings": {"global_batch": 64, "steps": 10, "repeats": 1, "scan_steps": 10},
+              "workloads": {"mlp": {"single_jit": _result(2.0), "pmap_step": _result(3.0),
+                                    "single_scan": _result(1.0), "pmap_scan": _result(1.5)}}}
+    lines = bench.table(report).splitlines()
+    row = {line.split()[0]: line for line in lines if line.startswith("    ")}
+    assert "( 1.50x)" in row["pmap_step"], "3.0 ms over single_jit's 2.0, not over single_scan's 1.0"
+    assert "( 1.50x)" in row["pmap_scan"] and "<- reference" in row["single_jit"] and "<- reference" in row["single_scan"]
+
+
+def test_jit_sharded_is_fused_and_sends_one_all_reduce_like_shard_map_per_leaf(devices):
+    """The fair sharded-jit path: steps fused with lax.scan, and the count of real rows sent with the gradients."""
+    setup = bench.Setup("mlp", 64, 10, 10)
+    programs = {}
+    for backend, options in [("jit", {"loss_reduction": "sum"}), ("shard_map", {"allreduce": "per_leaf"}),
+                             ("jit", {})]:
+        loss_fn = bench.workloads("mlp", 64, loss_reduction=options.get("loss_reduction", "mean"))[1]
+        step = training.make_train_step(loss_fn, setup.opt, backend=backend, **options)
+        state = training.init_state(setup.params, setup.opt, jax.random.key(0), backend=backend)
+        fused = step._many.lower(state, step.place(setup.batches()[:10])).compile().as_text()
+        assert " while(" in fused or "while" in fused.split("ENTRY")[1], "10 steps in one program, a lax.scan"
+        programs[backend, tuple(options)] = [line for line in step.lower(state, setup.batches()[0]).compile()
+                                             .as_text().splitlines() if " all-reduce(" in line]
+    assert len(programs["jit", ("loss_reduction",)]) == 1
+    assert len(programs["shard_map", ("allreduce",)]) == 1
+    assert len(programs["jit", ()]) == 2, "a mean over the global batch: the count first, then the gradients"
+    res = bench.run_workload("mlp", global_batch=64, steps=10, repeats=1,
+                             variants=("single_scan", "shard_map_per_leaf", "jit_sharded"))
+    assert _same([r["final_loss"] for r in res.values()])
+
+
+def test_workloads_sum_and_mean_losses_agree(devices):
+    for name in bench.WORKLOADS:
+        params, mean_fn, x, y, _ = bench.workloads(name, 64)
+        sum_fn = bench.workloads(name, 64, loss_reduction="sum")[1]
+        batch = {k: v.reshape((-1,) + v.shape[2:]) for k, v in next(data.batches(x, y, 64)).items()}
+        assert float(sum_fn(params, batch, None)) / 64 == pytest.approx(float(mean_fn(params, batch, None)), rel=1e-5)
+    with pytest.raises(ValueError, match="loss_reduction"):
+        bench.workloads("mlp", 64, loss_reduction="median")
+
+
+def test_every_batch_must_split_over_every_device_count_measured(devices):
+    """The overhead runs on 1, 2, 4 and 8 devices: a batch must split over each, checked before any timing."""
+    with pytest.raises(ValueError, match=r"extra_batches must split evenly over every device count .*\(1, 2, 4, 8\), "
+                                         r"got 36; pass a multiple of 8"):
+        bench.run(global_batch=64, steps=10, repeats=1, extra_batches=(36,), workload_names=("regression",))
+    with pytest.raises(ValueError, match=r"global_batch must split evenly .*\(1, 2, 4, 6, 8\), got 40; pass a "
+                                         r"multiple of 24"):
+        bench.run(global_batch=40, steps=10, repeats=1, extra_batches=(), device_counts=(2, 4, 6, 8),
+                  workload_names=("regression",))
+
+
+def test_command_line_names_the_real_requirement_before_any_work():
+    """6 devices: the overhead is measured on 1, 2, 4 and 6, so a global batch must be a multiple of 12, not 6."""
+    r = subprocess.run([sys.executable, "-m", "course_lib.bench", "--devices", "6", "--global-batch", "18",
+                        "--extra-batches"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert "--global-batch must split evenly over every device count" in r.stderr
+    assert "(1, 2, 4, 6), got 18; pass a multiple of 12" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "course_lib.bench", "--devices", "6", "--global-batch", "24",
+                        "--extra-batches", "30"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--extra-batches must split evenly" in r.stderr and "got 30" in r.stderr

@@ -2,7 +2,10 @@
 
 import numpy as np
 
-from course_lib.exercises import check
+import inspect
+import re
+
+from course_lib.exercises import _REGISTRY, check
 from course_lib.exercises.lesson09 import solution_fit_dispatch_and_step, solution_ms_per_step
 
 
@@ -27,7 +30,7 @@ def test_09_2_fit_dispatch_and_step():
     fb = check("09.2", lambda ks, ms: solution_fit_dispatch_and_step(ks, ms)[::-1])
     assert not fb and "swapped" in fb.message
     fb = check("09.2", lambda ks, ms: tuple(np.polyfit(ks, ms, 1)))
-    assert not fb and "fitted a line in k" in fb.message
+    assert not fb and "fitted a straight line in k itself" in fb.message
     two_points = check("09.2", lambda ks, ms: ((ms[0] - ms[-1]) / (1 - 1 / ks[-1]),
                                               ms[-1] - (ms[0] - ms[-1]) / (1 - 1 / ks[-1]) / ks[-1]))
     assert not two_points and "Fit every measurement, against 1 / k" in two_points.message
@@ -35,3 +38,48 @@ def test_09_2_fit_dispatch_and_step():
     assert not fb and "fit_dispatch_and_step(list, ndarray float64[5]) raised TypeError" in fb.message
     fb = check("09.2", lambda ks, ms: {"dispatch_ms": 0.6, "step_ms": 0.12})
     assert not fb and "should return a pair (dispatch_ms, step_ms); got dict{'dispatch_ms': float" in fb.message
+
+
+def test_09_1_more_wrong_answers_are_named():
+    fb = check("09.1", lambda d, s, k: d + s)
+    assert not fb and "k has no effect" in fb.message
+    fb = check("09.1", lambda d, s, k: np.float16(d / k + s))
+    assert not fb and "float16" in fb.message
+    fb = check("09.1", lambda d, s, k: str(d / k + s))
+    assert not fb and "one number" in fb.message
+    assert check("09.1", lambda d, s, k: np.float32(d / k + s)), "float32 is precise enough"
+
+
+def test_09_2_more_wrong_answers_are_named():
+    def in_place(ks, ms):
+        out = solution_fit_dispatch_and_step(ks, ms)
+        ms[:] = 0.0
+        return out
+    fb = check("09.2", in_place)
+    assert not fb and "changed its input ms in place" in fb.message
+    fb = check("09.2", lambda ks, ms: tuple(np.float16(v) for v in solution_fit_dispatch_and_step(ks, ms)))
+    assert not fb and "float16" in fb.message
+
+
+def _solution_lines(fn):
+    body = inspect.getsource(fn).split(":", 1)[1]
+    return [re.sub(r"\s+", "", line.split("#")[0]) for line in body.splitlines()
+            if len(re.sub(r"\s+", "", line.split("#")[0])) >= 12]
+
+
+def test_hints_and_feedback_hold_no_solution_code():
+    wrong = {"09.1": [lambda d, s, k: (d + s) / k, lambda d, s, k: d / k, lambda d, s, k: d * k + s,
+                      lambda d, s, k: d + s, lambda d, s, k: 0.0],
+             "09.2": [lambda ks, ms: tuple(np.polyfit(ks, ms, 1)), lambda ks, ms: (0.0, 0.0),
+                      lambda ks, ms: solution_fit_dispatch_and_step(ks, ms)[::-1]]}
+    for id_, fn in [("09.1", solution_ms_per_step), ("09.2", solution_fit_dispatch_and_step)]:
+        ex = _REGISTRY[id_]
+        assert len(ex.hints) >= 3, "a ladder: a nudge, the API or the section, the steps in words"
+        texts = list(ex.hints) + [check(id_, w).message for w in wrong[id_]]
+        for line in _solution_lines(fn):
+            for text in texts:
+                assert line not in re.sub(r"\s+", "", text), (line, text)
+        for h in ex.hints:
+            for snippet in re.findall(r"`([^`]*)`", h):
+                assert not re.search(r"\(\s*[^)\s]", snippet), snippet
+            assert "polyfit(" not in h and "return " not in h

@@ -321,3 +321,96 @@ def test_device_step_fused_with_scan_equals_one_step_at_a_time():
     s2, metrics = fused(state, stacked)
     assert metrics["loss"].shape == (8, 4)
     np.testing.assert_allclose(sharding.unreplicate(s2.params)["w"], sharding.unreplicate(s1.params)["w"], rtol=1e-6)
+
+
+# allreduce= (how the gradients cross the devices) and loss_reduction= (a summed loss), lesson 09 section 3.
+
+def _all_reduces(step, state, batch):
+    hlo = step.lower(state, batch).compile().as_text()
+    return [line.split(" all-reduce(")[0].split(" = ", 1)[1] for line in hlo.splitlines() if " all-reduce(" in line]
+
+
+def _sum_mse(params, batch, key):
+    pred = batch["x"] @ params["w"] + params["b"]
+    return jnp.sum(jnp.where(batch["mask"], (pred - batch["y"]) ** 2, 0.0))
+
+
+def _padded_batches():
+    x, y, _ = data.regression_data(n=200)
+    return [b for b, _ in zip(data.batches(x, y, 64, remainder="pad", epochs=None), range(8))]
+
+
+@pytest.mark.parametrize("backend", ["pmap", "shard_map"])
+def test_allreduce_auto_is_one_buffer_on_cpu_and_per_leaf_is_one_psum_per_gradient(backend):
+    opt = optax.adam(0.05)
+    batches = _padded_batches()
+    assert min(int(b["mask"].sum()) for b in batches) < 64, "a padded batch, so that the weights matter"
+    losses = {}
+    for allreduce in ("auto", "one_buffer", "per_leaf"):
+        step = training.make_train_step(mse, opt, backend=backend, allreduce=allreduce)
+        state = training.init_state(ZERO, opt, jax.random.key(0), backend=backend)
+        reduces = _all_reduces(step, state, batches[0])
+        if allreduce == "per_leaf":
+            # w, b, the loss and the count: one psum each, which XLA's combiner merges into one tuple
+            assert len(reduces) == 1 and reduces[0].startswith("(") and reduces[0].count("f32") == 4, reduces
+        else:
+            assert len(reduces) == 1 and reduces[0].startswith("f32[6]"), reduces      # w (3), b, loss, count
+        _, history = training.fit(step, state, batches, progress=False)
+        losses[allreduce] = [h["loss"] for h in history["train"]]
+    np.testing.assert_allclose(losses["per_leaf"], losses["one_buffer"], rtol=1e-5)
+    assert losses["auto"] == losses["one_buffer"]
+
+
+def test_allreduce_is_checked_and_names_the_fix():
+    with pytest.raises(ValueError, match=r"allreduce must be one of \('auto', 'one_buffer', 'per_leaf'\), got 'flat'"):
+        training.make_train_step(mse, optax.sgd(0.1), allreduce="flat")
+    with pytest.raises(ValueError, match=r"applies to the 'pmap' and 'shard_map' backends.*backend='shard_map'"):
+        training.make_train_step(mse, optax.sgd(0.1), backend="jit", allreduce="one_buffer")
+    with pytest.raises(ValueError, match=r"loss_reduction must be 'mean' .* or 'sum' .*got 'total'"):
+        training.make_train_step(mse, optax.sgd(0.1), loss_reduction="total")
+    with pytest.raises(ValueError, match=r"^device_step: loss_reduction"):
+        training.device_step(mse, optax.sgd(0.1), loss_reduction=None)
+
+
+def test_a_summed_loss_trains_the_same_on_every_backend_and_jit_sends_one_all_reduce():
+    opt = optax.adam(0.05)
+    batches = _padded_batches()
+    losses = {}
+    for backend in training.BACKENDS:
+        for reduction, fn in (("mean", mse), ("sum", _sum_mse)):
+            step = training.make_train_step(fn, opt, backend=backend, loss_reduction=reduction)
+            state = training.init_state(ZERO, opt, jax.random.key(0), backend=backend)
+            reduces = _all_reduces(step, state, batches[0])
+            if backend == "jit":
+                # a mean over the global batch needs the count of real rows first; a sum sends it with the gradients
+                assert len(reduces) == (2 if reduction == "mean" else 1), reduces
+            else:
+                assert len(reduces) == 1, reduces
+            state, history = training.fit(step, state, batches, progress=False)
+            losses[backend, reduction] = [h["loss"] for h in history["train"]]
+            params = sharding.unreplicate(state.params) if backend == "pmap" else state.params
+            losses[backend, reduction, "w"] = np.asarray(params["w"])
+    ref = losses["pmap", "mean"]
+    for key, value in losses.items():
+        if len(key) == 2:
+            np.testing.assert_allclose(value, ref, rtol=2e-5, err_msg=str(key))
+        else:
+            np.testing.assert_allclose(value, losses["pmap", "mean", "w"], rtol=2e-5, atol=1e-6, err_msg=str(key))
+
+
+def test_loss_reduction_sum_without_a_mask_divides_by_the_rows():
+    opt = optax.sgd(0.1)
+    x, y, _ = data.regression_data(n=128)
+    batch = {k: v for k, v in next(data.batches(x, y, 64)).items() if k != "mask"}
+
+    def sum_plain(p, b, key):
+        return jnp.sum((b["x"] @ p["w"] + p["b"] - b["y"]) ** 2)
+
+    out = {}
+    for backend in training.BACKENDS:
+        for reduction, fn in (("mean", mse), ("sum", sum_plain)):
+            step = training.make_train_step(fn, opt, backend=backend, loss_reduction=reduction, donate=False)
+            state = training.init_state(ZERO, opt, jax.random.key(0), backend=backend)
+            _, metrics = step(state, batch)
+            out[backend, reduction] = float(np.asarray(metrics["loss"]).reshape(-1)[0])
+    assert max(out.values()) - min(out.values()) < 1e-5 * max(out.values()), out

@@ -9,6 +9,14 @@ import numpy as np
 from . import Mismatch, call, describe_tree, exercise, expect_scalar
 
 
+def _narrow_dtype(got, what):
+    """Feedback for an answer computed in a low-precision float: name the dtype, not a wrong value."""
+    dtype = getattr(got, "dtype", None)
+    if dtype is not None and str(dtype) in ("float16", "bfloat16"):
+        raise Mismatch(f"{what} came back as {dtype}, which keeps only about 3 significant digits: compute in "
+                       "float32 or float64 (or plain Python floats), then compare again.")
+
+
 # ----------------------------------------------------------------------------------------------
 # 09.1 Predict the time per step from the steps per dispatch
 
@@ -19,13 +27,18 @@ def solution_ms_per_step(dispatch_ms, step_ms, k):
 
 @exercise("09.1", "Predict the time per step when K steps share one dispatch", solution=solution_ms_per_step,
           returns="one number: the predicted milliseconds per step, with the dispatch cost shared by k steps",
-          hints=["Fusing k steps into one dispatch pays the fixed dispatch cost once for all k steps; each "
-                 "step's own work is still paid k times.",
-                 "Time per step = (dispatch_ms + k * step_ms) / k = dispatch_ms / k + step_ms."])
+          hints=["Count what one dispatch of k fused steps costs in total, then share that total among the k steps. "
+                 "Which part is paid once, and which part k times?",
+                 "Lesson 09, section 2: the fixed cost per dispatch is spread over the k steps of one lax.scan; "
+                 "each step's own work is not.",
+                 "In words: the whole dispatch costs the fixed part once plus the work of every one of its k steps; "
+                 "divide that total by k."])
 def check_ms_per_step(ms_per_step):
     for dispatch, step, k in [(0.5, 0.1, 1), (0.5, 0.1, 10), (2.0, 0.03, 25), (1.2, 0.4, 4), (0.0, 0.2, 7)]:
         what = f"ms_per_step(dispatch_ms={dispatch}, step_ms={step}, k={k})"
-        got = expect_scalar(call(ms_per_step, dispatch, step, k, name="ms_per_step"), what=what)
+        raw = call(ms_per_step, dispatch, step, k, name="ms_per_step")
+        _narrow_dtype(raw, what)
+        got = expect_scalar(raw, what=what)
         want = dispatch / k + step
         if np.isclose(got, want, rtol=1e-6):
             continue
@@ -33,13 +46,16 @@ def check_ms_per_step(ms_per_step):
             raise Mismatch(f"{what} = {got:.4g}: the step's own work was divided by k too. Fusing removes "
                            "dispatches, not work: only the dispatch cost is shared by the k steps.")
         if np.isclose(got, dispatch / k, rtol=1e-6):
-            raise Mismatch(f"{what} = {got:.4g}: only the dispatch is counted. Add each step's own work, "
-                           f"step_ms = {step}.")
+            raise Mismatch(f"{what} = {got:.4g}: only the dispatch is counted. Each step still does its own "
+                           "work, whatever k is: where is it in your formula?")
         if np.isclose(got, dispatch * k + step, rtol=1e-6) or np.isclose(got, dispatch + k * step, rtol=1e-6):
-            raise Mismatch(f"{what} = {got:.4g}: that grows with k. One dispatch now carries k steps, so its "
-                           "cost per step is dispatch_ms / k.")
-        raise Mismatch(f"{what} = {got:.4g}; expected {want:.4g}: the dispatch cost once per k steps, plus each "
-                       "step's own work.")
+            raise Mismatch(f"{what} = {got:.4g}: that grows with k. One dispatch now carries k steps, so each step "
+                           "carries a smaller share of the dispatch's cost as k grows.")
+        if np.isclose(got, dispatch + step, rtol=1e-6):
+            raise Mismatch(f"{what} = {got:.4g}: k has no effect. The fixed cost is paid once per dispatch, and "
+                           "one dispatch now runs k steps.")
+        raise Mismatch(f"{what} = {got:.4g}; expected {want:.4g}. Count the fixed cost once per dispatch of k "
+                       "steps, and each step's own work once per step (lesson 09, section 2).")
     return "the dispatch cost fades as 1/k; what is left is the step's own work, which fusing cannot remove."
 
 
@@ -62,9 +78,12 @@ def _fake_measurements(dispatch, step, ks, noise, seed):
 
 @exercise("09.2", "Fit the dispatch cost and the step cost to measured times", solution=solution_fit_dispatch_and_step,
           returns="a pair of floats (dispatch_ms, step_ms), the least-squares fit of ms = dispatch_ms / k + step_ms",
-          hints=["The model is a straight line, not in k but in 1 / k: ms = dispatch_ms * (1 / k) + step_ms. "
-                 "Use every measurement, so that the noise averages out.",
-                 "np.polyfit(1 / np.asarray(ks), ms, 1) returns (slope, intercept) = (dispatch_ms, step_ms)."])
+          hints=["The model is not a straight line in k. Is there a quantity derived from k in which it is one?",
+                 "A least-squares straight-line fit: np.polyfit with degree 1 (or np.linalg.lstsq). Exercise 09.1's "
+                 "formula says what to put on the horizontal axis.",
+                 "In words: turn each k into its reciprocal, fit one straight line of the times against those "
+                 "reciprocals using every point, and read the dispatch cost from the slope and the step cost from "
+                 "the intercept."])
 def check_fit_dispatch_and_step(fit_dispatch_and_step):
     ks = [1, 2, 5, 10, 25]
     for dispatch, step, noise, seed in [(0.6, 0.12, 0.0, 0), (1.5, 0.05, 0.03, 1), (0.3, 0.9, 0.05, 2)]:
@@ -74,6 +93,8 @@ def check_fit_dispatch_and_step(fit_dispatch_and_step):
         got = call(fit_dispatch_and_step, list(ks), ms.copy(), name="fit_dispatch_and_step")
         if not isinstance(got, (tuple, list)) or len(got) != 2:
             raise Mismatch(f"{what} should return a pair (dispatch_ms, step_ms); got {describe_tree(got)}.")
+        for name, v in zip(("dispatch_ms", "step_ms"), got):
+            _narrow_dtype(v, f"{what}: {name}")
         d, s = (expect_scalar(v, what=f"{what}: {k}") for k, v in zip(("dispatch_ms", "step_ms"), got))
         if np.allclose([d, s], want, rtol=1e-3, atol=1e-6):
             continue
@@ -83,8 +104,8 @@ def check_fit_dispatch_and_step(fit_dispatch_and_step):
         slope_k, intercept_k = np.polyfit(np.asarray(ks, float), ms, 1)
         if np.allclose([d, s], [slope_k, intercept_k], rtol=1e-3) or np.allclose([s, d], [slope_k, intercept_k],
                                                                                   rtol=1e-3):
-            raise Mismatch(f"{what} fitted a line in k; the model is a line in 1 / k: ms = dispatch_ms * (1 / k) + "
-                           "step_ms.")
+            raise Mismatch(f"{what} fitted a straight line in k itself; the model of 09.1 is not linear in k. "
+                           "Look again at how k enters that formula.")
         raise Mismatch(f"{what} returned ({d:.4g}, {s:.4g}); the least-squares fit over all {len(ks)} points "
                        f"is ({want[0]:.4g}, {want[1]:.4g}). Fit every measurement, against 1 / k.")
     return "a straight line in 1 / k: the slope is the cost of a dispatch, the intercept the cost of a step."
