@@ -12,7 +12,8 @@ One small module per topic, each introduced by the lesson that first writes its 
   shard_map or jit backend, one all-reduce per step, and a bounded ``fit`` that fuses steps per dispatch.
 - ``course_lib.distributed`` (lesson 08): launch and watch several JAX processes on 127.0.0.1.
 - ``course_lib.train_dp``   (lesson 08): the multi-process training worker, ``python -m course_lib.train_dp``.
-- ``course_lib.bench``      (lesson 09): the benchmark, ``python -m course_lib.bench``: eight variants of a step, timed.
+- ``course_lib.bench``      (lesson 09): the benchmark, ``python -m course_lib.bench``: ten variants of a step in two
+  like-with-like groups (one dispatch per step, and steps fused with ``lax.scan``), timed.
 - ``course_lib.sharded_state`` (lesson 10): ZeRO-1/2 and FSDP training states, gradient accumulation, bfloat16
   compute; bytes per device from live buffers and the compiled step, collectives and their bytes from the HLO.
 - ``course_lib.checkpoint`` (lesson 11): Orbax checkpoints: save, restore onto the given devices or sharding,
