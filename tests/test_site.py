@@ -295,6 +295,9 @@ def test_in_a_browser_every_lesson_loads_with_its_pictures_is_found_by_search_an
                 return imgs.filter(i => !(i.naturalWidth > 0)).map(i => i.getAttribute("src"));
             }""")
             assert broken == [], f"{nb.name}: pictures that did not load: {broken}"
+            # Wide outputs scroll inside their box: the page itself never scrolls sideways.
+            overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+            assert overflow <= 0, f"{nb.name}: the page is {overflow} px wider than the window"
             # Previous and next lead to the neighbouring lessons (the first lesson's previous is the landing page);
             # each lesson's own title is checked when it is visited, so the chain is checked end to end.
             prev = page.locator("a.left-prev")

@@ -38,6 +38,7 @@ html_math_renderer = "mathml"
 myst_heading_anchors = 3  # `[text](#a-heading)` links work, and a broken one is a warning (so an error)
 
 html_theme = "sphinx_book_theme"
+html_baseurl = f"https://{ORG}.github.io/{REPO}/"  # where CI publishes it (GitHub Pages, from main)
 html_title = project
 html_static_path = ["_static"]
 html_css_files = ["course.css"]
