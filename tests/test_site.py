@@ -173,8 +173,8 @@ def tiny_site(tmp_path, plant: str = "", extra: dict | None = None) -> subproces
     and ``extra`` notebooks beside them."""
     root = tmp_path / "root"
     (root / "notebooks").mkdir(parents=True)
-    notebooks = {"00_first.ipynb": tiny_notebook("00 · First", "Text. [Section one](#section-one)."),
-                 "01_second.ipynb": tiny_notebook("01 · Second", f"See [lesson 00](00_first.ipynb). {plant}"),
+    notebooks = {"00_first.ipynb": tiny_notebook("00 · First", "Text. [Section one](#1.-Section-one)."),
+                 "01_second.ipynb": tiny_notebook("01 · Second", f"See [lesson 00](00_first.ipynb), [its section 1](00_first.ipynb#1.-Section-one). {plant}"),
                  **(extra or {})}
     for name, nb in notebooks.items():
         (root / "notebooks" / name).write_text(json.dumps(nb))
@@ -182,7 +182,10 @@ def tiny_site(tmp_path, plant: str = "", extra: dict | None = None) -> subproces
 
 
 # Each planted fault, and the words the build's error output must name it by.
-PLANTS = {"a link to a heading that does not exist": ("[see](#no-such-section)", "no-such-section"),
+# Heading links use JupyterLab's anchors (the heading's text, spaces as hyphens), as the notebooks do.
+PLANTS = {"a link to a heading that does not exist": ("[see](#No-such-section)", "No-such-section"),
+          "a link to a heading of another lesson that does not exist": ("[see](00_first.ipynb#2.-Nothing)",
+                                                                        "2.-Nothing"),
           "a link to a lesson that does not exist": ("[next lesson](02_missing.ipynb)", "02_missing"),
           "a missing image": ("![the diagram](missing_diagram.png)", "missing_diagram.png"),
           "a remote image": ("![remote](https://example.com/picture.png)", "remote image"),
@@ -198,9 +201,9 @@ def test_planted_faults_fail_the_build_each_named_and_correct_links_pass(tmp_pat
     assert "[site] error: the build failed" in r.stderr
     for fault, (_, says) in PLANTS.items():
         assert says in r.stderr, f"{fault} is not reported:\n{r.stderr}"
-    assert "section-one" not in r.stderr and "00_first" not in r.stderr, "a correct link was reported"
+    assert "1.-Section-one" not in r.stderr and "'00_first.ipynb'" not in r.stderr, "a correct link was reported"
     warnings = [line for line in r.stderr.splitlines() if "WARNING" in line or "ERROR" in line]
-    assert len(warnings) == len(PLANTS), "\n".join(warnings)
+    assert len(warnings) == len(PLANTS), "one warning per fault, none for the rest:\n" + "\n".join(warnings)
 
 
 def test_course_sh_site_is_wired_and_serves_on_localhost_only(site):

@@ -6,10 +6,10 @@ errors). The pages: ``index.md`` (this folder: the landing page and the lesson l
 """
 
 import pathlib
+import sys
 import tomllib
 
-from docutils import nodes
-from latex2mathml.converter import convert as latex_to_mathml
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # site_ext.py, beside this file
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -22,7 +22,7 @@ author = "the course's authors"
 copyright = "the course's authors, Apache-2.0"
 release = PYPROJECT["project"]["version"]
 
-extensions = ["myst_nb"]
+extensions = ["myst_nb", "site_ext"]  # site_ext.py: launch badges, Kaggle button, MathML, anchors
 root_doc = "index"
 exclude_patterns = ["_build", "**.ipynb_checkpoints"]
 # A notebook that is not in the lesson list (index.md's toctree) fails the build ("not included in any toctree").
@@ -35,7 +35,9 @@ nb_mime_priority_overrides = [("html", "application/vnd.jupyter.widget-view+json
 myst_enable_extensions = ["dollarmath"]
 # Formulas become MathML when the site is built (browsers draw it natively): no MathJax from a CDN.
 html_math_renderer = "mathml"
-myst_heading_anchors = 3  # `[text](#a-heading)` links work, and a broken one is a warning (so an error)
+myst_heading_anchors = 6  # links to headings resolve, and a broken one is a warning (so an error)
+
+myst_heading_slug_func = "site_ext.jupyterlab_slug"  # JupyterLab's anchors, as the notebooks link
 
 html_theme = "sphinx_book_theme"
 html_baseurl = f"https://{ORG}.github.io/{REPO}/"  # where CI publishes it (GitHub Pages, from main)
@@ -61,49 +63,3 @@ html_theme_options = {
     },
 }
 
-# Links to the notebooks' Colab and Kaggle badges: on the site the page header has the launch buttons instead.
-BADGE_TARGETS = ("https://colab.research.google.com/", "https://kaggle.com/kernels/welcome")
-
-
-def remove_badges_and_check_images(app, doctree):
-    """Drop the notebooks' launch badges (remote pictures) and refuse any other remote picture: the site works
-    offline, and the browser test checks that every picture on every page loads."""
-    docname = app.env.docname
-    for ref in list(doctree.findall(nodes.reference)):
-        if ref.get("refuri", "").startswith(BADGE_TARGETS) and any(True for _ in ref.findall(nodes.image)):
-            parent = ref.parent
-            parent.remove(ref)
-            if isinstance(parent, nodes.paragraph) and not parent.astext().strip():
-                parent.parent.remove(parent)
-    for image in doctree.findall(nodes.image):
-        if "://" in image.get("uri", ""):
-            from sphinx.util import logging
-            logging.getLogger(__name__).warning(
-                f"remote image {image['uri']!r}: store the picture in the notebook (an output or an attachment), "
-                "so that the site shows it offline", location=(docname, image.line))
-
-
-def add_kaggle_launch_button(app, pagename, templatename, context, doctree):
-    """sphinx-book-theme has Binder and Colab launch buttons; add Kaggle beside them (same URL as the badges)."""
-    for group in context.get("header_buttons", []):
-        if group.get("label") == "launch-buttons":
-            source = app.env.doc2path(pagename, False)
-            url = f"https://kaggle.com/kernels/welcome?src={REPOSITORY}/blob/{BRANCH}/{source}"
-            group["buttons"].append({"type": "link", "text": "Kaggle", "tooltip": "Launch on Kaggle",
-                                     "icon": "fab fa-kaggle", "url": url})
-
-
-def visit_math(self, node):
-    self.body.append(latex_to_mathml(node.astext()))
-    raise nodes.SkipNode
-
-
-def visit_math_block(self, node):
-    self.body.append(f'<div class="math-display">{latex_to_mathml(node.astext(), display="block")}</div>')
-    raise nodes.SkipNode
-
-
-def setup(app):
-    app.add_html_math_renderer("mathml", (visit_math, None), (visit_math_block, None))
-    app.connect("doctree-read", remove_badges_and_check_images)
-    app.connect("html-page-context", add_kaggle_launch_button, priority=600)  # after the theme's (501)
