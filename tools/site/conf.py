@@ -27,7 +27,7 @@ root_doc = "index"
 exclude_patterns = ["_build", "**.ipynb_checkpoints"]
 # A notebook that is not in the lesson list (index.md's toctree) fails the build ("not included in any toctree").
 
-# The stored outputs are the site: nbval has checked that they are what the code prints today.
+# The stored outputs are the site (nbval re-runs the notebooks in the tests and compares them with these).
 nb_execution_mode = "off"
 # No widget JavaScript from a CDN (the site works offline); a stored widget (a progress bar) shows its text form.
 nb_ipywidgets_js = {}
