@@ -7,6 +7,9 @@
 #   ./course.sh setup     only the set-up: a Python >= 3.12 virtual environment in .venv and graphviz's `dot`
 #   ./course.sh lock      re-resolve the dependencies and rewrite constraints.txt and binder/requirements.txt
 #   ./course.sh compat    run the unit tests and every notebook on the oldest supported and the newest JAX (slow)
+#   ./course.sh site      build the course's website from the stored outputs into build/site/html (--serve: and
+#                         preview it on http://127.0.0.1:8000)
+#   ./course.sh release-check   fail unless this commit is tagged v<course_lib.__version__> (CI runs it on tags)
 #
 # Extra arguments go to the program that runs: `./course.sh test tests/test_devices.py -x`,
 # `./course.sh lab --no-browser`. Environment: PYTHON=/path/to/python3.12 picks the interpreter,
@@ -104,7 +107,7 @@ ensure_venv() {
     say "installing course_lib and its pinned dependencies into $VENV (first run: a few minutes)"
     local -a pins=()
     [ -f constraints.txt ] && pins=(-c constraints.txt)
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${pins[@]}" -e ".[lab,test]" \
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${pins[@]}" -e ".[lab,test,site]" \
       || die "pip could not install the course's dependencies (see above)."
     echo "$want" > "$VENV/.course-stamp"
   fi
@@ -145,7 +148,7 @@ case "$CMD" in
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT
     "$py" -m venv "$tmp/venv"
-    "$tmp/venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[lab,test]"
+    "$tmp/venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[lab,test,site]"
     {
       echo "# Exact versions the stored notebook outputs were produced with. Written by ./course.sh lock."
       echo "# Python $("$tmp/venv/bin/python" -c 'import sys; print(sys.version.split()[0])') on $(uname -s) $(uname -m)."
@@ -154,6 +157,15 @@ case "$CMD" in
     "$tmp/venv/bin/python" tools/binder_requirements.py > binder/requirements.txt
     say "wrote constraints.txt and binder/requirements.txt; run ./course.sh refresh and ./course.sh test next."
     ;;
+  site)
+    # Renders the stored outputs, executes nothing: needs the Python packages only (no graphviz).
+    ensure_venv
+    exec "$VENV/bin/python" tools/site/build.py "$@"
+    ;;
+  release-check)
+    py=$(find_python)
+    exec "$py" tools/release_check.py "$@"
+    ;;
   compat)
     # Throwaway environments under ${COMPAT_DIR:-/tmp/course-compat}; not part of `./course.sh test`.
     ensure_dot
@@ -161,7 +173,7 @@ case "$CMD" in
     exec "$py" tools/compat.py "$@"
     ;;
   *)
-    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
     [ -z "$CMD" ] || [ "$CMD" = help ] || [ "$CMD" = -h ] || [ "$CMD" = --help ] || exit 2
     ;;
 esac

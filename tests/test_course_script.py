@@ -86,7 +86,7 @@ def test_setup_again_installs_nothing():
 def test_help_lists_the_commands():
     r = subprocess.run([str(SCRIPT), "help"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0
-    for cmd in ["lab", "test", "refresh", "setup", "lock", "compat"]:
+    for cmd in ["lab", "test", "refresh", "setup", "lock", "compat", "site", "release-check"]:
         assert f"./course.sh {cmd}" in r.stdout
     assert subprocess.run([str(SCRIPT), "nonsense"], capture_output=True, timeout=30).returncode == 2
 

