@@ -128,7 +128,10 @@ def _psum_gather(layer):
     (lambda layer: jax.tree.map(lambda w: jax.lax.all_gather(w, "devices", axis=w.ndim - 1, tiled=True), layer),
      "axis is named 'data'"),
     (lambda layer: None, "returned None"),
-], ids=["identity", "axis-0", "not-tiled", "forgot-b", "stop-gradient", "psum-gather", "list", "axis-name", "none"])
+    (lambda layer: jax.tree.map(lambda w: jax.lax.all_gather(w.astype(jnp.bfloat16), "data", axis=w.ndim - 1,
+                                                             tiled=True), layer), "bfloat16"),
+], ids=["identity", "axis-0", "not-tiled", "forgot-b", "stop-gradient", "psum-gather", "list", "axis-name", "none",
+        "bfloat16"])
 def test_12_2_mistakes_are_named(answer, expected):
     feedback = check("12.2", answer)
     assert not feedback

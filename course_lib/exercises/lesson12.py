@@ -311,6 +311,10 @@ def _fsdp_grads(gather, mesh, specs=SPECS):
                 raise _Bad(f"gather_layer returned layer[{key!r}] with the shape of this device's slice, "
                            f"{tuple(layer[key].shape)}: it is still split over the devices. Each leaf must come "
                            f"back whole, {whole}.")
+            if np.dtype(out[key].dtype) != np.dtype(layer[key].dtype):
+                raise _Bad(f"gather_layer returned layer[{key!r}] as {np.dtype(out[key].dtype).name}; it came in as "
+                           f"{np.dtype(layer[key].dtype).name}. A gather moves the numbers as they are: cast "
+                           "nothing (a lower precision belongs in the model's compute, not in the gather).")
             if tuple(out[key].shape) != whole:
                 raise _Bad(f"gather_layer returned layer[{key!r}] with shape {tuple(out[key].shape)}; the whole leaf "
                            f"is {whole} (the slices are joined along the last axis, the one that was split).")
