@@ -48,7 +48,7 @@ def test_exercise_checks_come_after_the_training_path():
     for needle in ["jax.make_mesh", "jax.set_mesh", "jax.make_array_from_process_local_data", "donate_argnums",
                    "jax.shard_map", "jax.lax.all_gather", "jax.checkpoint", "jax.lax.scan", "memory_analysis()",
                    "ocp.CheckpointManagerOptions", "max_to_keep", "enable_async_checkpointing",
-                   "jax.ShapeDtypeStruct", "jax.profiler.trace", ".compile().as_text()"]:
+                   "jax.ShapeDtypeStruct", "jax.profiler.trace", ".lower(", ".as_text()"]:
         assert needle in before, needle
 
 
