@@ -392,7 +392,8 @@ def check_gather_layer(gather_layer):
                            "reduce-scatter by itself.")
     gathers, scatters = found["all-gather"][0], found["reduce-scatter"][0]
     return (f"each layer is gathered whole inside the scan; on {n} devices the compiled step runs {gathers} "
-            f"all-gathers (forward, and again in the checkpointed backward) and {scatters} reduce-scatters per step, "
+            f"all-gathers (forward, and again in the checkpointed backward for the weights it needs) and {scatters} "
+            "reduce-scatters per step, "
             "and the loss and gradients match the unsharded model.")
 
 
