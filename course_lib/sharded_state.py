@@ -694,12 +694,13 @@ def communication(hlo_text: str, n_devices: int | None = None) -> dict[str, dict
 # A picture of the step, from the real state and the compiled program
 
 
-def dataflow(step, state: ShardedState, batch, *, show_devices: int = 3):
+def dataflow(step, state: ShardedState, batch, *, show_devices: int = 2):
     """Draw one step of ``state``'s stage: what each device holds, and the collectives between, with real shapes.
 
     The shapes come from the state's arrays (``addressable_shards``) and the collectives, in program order, from the
-    compiled step's HLO (``collectives``; the loss's scalar all-reduce is left out). The first ``show_devices`` devices and the last are drawn.
-    Returns a ``diagrams.Diagram`` (graphviz; DOT source where ``dot`` is missing).
+    compiled step's HLO (``collectives``; the loss's scalar all-reduce is left out). The first ``show_devices``
+    devices and the last are drawn, and the drawing is scaled to at most 10 inches (720 pt, about 960 px) wide
+    so that it fits a notebook. Returns a ``diagrams.Diagram`` (graphviz; DOT source where ``dot`` is missing).
     """
     from . import diagrams
 
@@ -717,7 +718,7 @@ def dataflow(step, state: ShardedState, batch, *, show_devices: int = 3):
     devs = sorted(state.params.devices(), key=lambda d: d.id)
     g = diagrams.Diagram("sharded_step")
     g.attr(label=f"one '{layout.stage}' step on {n} devices: {layout.n_params:,} parameters, padded to "
-                 f"{layout.padded:,} = {n} x {layout.shard_size:,}", labelloc="t", ranksep="0.4")
+                 f"{layout.padded:,} = {n} x {layout.shard_size:,}", labelloc="t", ranksep="0.4", size="10,30")
 
     def row(name, label_of, colour):
         with g.subgraph(name=name) as s:
