@@ -7,7 +7,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from . import Mismatch, call, describe, describe_tree, exercise, expect_array
+from . import Mismatch, _NotStarted, call, describe, describe_tree, exercise, expect_array
 
 AXIS = "data"
 
@@ -211,8 +211,8 @@ def check_zero2_sgd(zero2_sgd):
         try:
             jax.eval_shape(f, whole, grads)
         except _NoResult:
-            raise Mismatch("zero2_sgd(params, grads, lr) returned None: write the function's body, and `return` its "
-                           "result.") from None
+            raise _NotStarted("zero2_sgd(params, grads, lr) returned None: write the function's body, and `return` "
+                              "its result.") from None
         except Exception:
             pass                  # reported with the inputs by call() below
         try:
@@ -394,8 +394,8 @@ def check_fsdp_step(make_fsdp_step):
         try:
             shapes = jax.eval_shape(f, my_params, opt_state, batch)
         except _NoResult:
-            raise Mismatch("step(my_params, opt_state, batch) returned None: `return` the new slice, the new "
-                           "optimizer state and the loss.") from None
+            raise _NotStarted("step(my_params, opt_state, batch) returned None: write the function's body, and "
+                              "`return` the new slice, the new optimizer state and the loss.") from None
         except Mismatch:
             raise
         except Exception:
