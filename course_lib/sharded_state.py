@@ -548,7 +548,9 @@ def formula_sent(n_params: int, n_devices: int, stage: str, *, param_bytes: int 
     parameters in ``param_bytes``), the loss's few bytes left out. With ``f = (n-1)/n`` and ``N = n_params``:
     "replicated" one all-reduce, ``2 f N grad_bytes``; "zero1"/"zero2" a reduce-scatter and an all-gather,
     ``f N (grad_bytes + param_bytes)``; "fsdp" an all-gather for the forward, one again for the backward and a
-    reduce-scatter, ``f N (2 param_bytes + grad_bytes)``."""
+    reduce-scatter, ``f N (2 param_bytes + grad_bytes)``. This is one micro-batch per step: with ``accumulate=K``,
+    "zero2" and "fsdp" reduce-scatter every micro-batch (``K`` times the gradient term) to keep a ``1/n``
+    accumulator, while "replicated" and "zero1" still communicate once."""
     _check_stage(stage, "formula_sent")
     n_params = _checks.whole(n_params, "n_params", "formula_sent", minimum=0,
                              fix="It is the number of parameters, e.g. sum(p.size for p in jax.tree.leaves(params)).")
