@@ -3,14 +3,21 @@
 Lesson 10. Plain data parallelism keeps a whole copy of the parameters and the optimizer state on every device.
 The stages here keep less, and all of them compute the same training (to float tolerance):
 
-=============  ===================  ===================  ==================  =====================================
-stage          parameters           gradients (reduced)  optimizer state     collectives per step
-=============  ===================  ===================  ==================  =====================================
-"replicated"   whole, every device  whole (all-reduce)   whole               all-reduce
-"zero1"        whole, every device  whole (all-reduce)   1/n slice per dev.  all-reduce, all-gather
-"zero2"        whole, every device  1/n (reduce-scatter) 1/n slice           reduce-scatter, all-gather
-"fsdp"         1/n slice            1/n (reduce-scatter) 1/n slice           all-gather, reduce-scatter
-=============  ===================  ===================  ==================  =====================================
+=============  ===================  ======================  ==================  ===================================
+stage          parameters           gradient accumulator    optimizer state     collectives per step (bytes sent)
+=============  ===================  ======================  ==================  ===================================
+"replicated"   whole, every device  whole                   whole               all-reduce (2x)
+"zero1"        whole, every device  whole                   1/n slice per dev.  reduce-scatter, all-gather (2x)
+"zero2"        whole, every device  1/n slice               1/n slice           reduce-scatter, all-gather (2x)
+"fsdp"         1/n slice            1/n slice               1/n slice           all-gather twice, reduce-scatter (3x)
+=============  ===================  ======================  ==================  ===================================
+
+"2x" is the parameters' bytes times ``2 (n-1)/n`` per device with ring algorithms: ZeRO-1 and ZeRO-2 send what
+data parallelism sends (a reduce-scatter and an all-gather are the two halves of an all-reduce); FSDP gathers the
+parameters again for the backward pass (its remat policy, ``FSDP_REMAT_POLICY``, keeps only matmul outputs), 1.5x
+data parallelism. ZeRO-1 and ZeRO-2 differ only with ``accumulate > 1``: ZeRO-1 adds whole local gradients over
+the micro-batches and reduce-scatters once; ZeRO-2 reduce-scatters each micro-batch's gradient and keeps only its
+slice. In one step without accumulation they compile to the same program.
 
 Layout. As DeepSpeed's ZeRO does, the parameters are raveled into one flat float32 vector of ``P`` numbers, padded
 with zeros to ``P_pad``, a multiple of the device count ``n``: device ``i`` owns ``[i * P_pad // n, (i + 1) *
@@ -18,15 +25,18 @@ P_pad // n)``. So no parameter's shape has to divide by ``n``. The optimizer see
 which is exact for element-wise optimizers (``optax.sgd``, ``adam``, ``adamw``, ...) but not for ones that look at
 a whole leaf or the global norm (``lamb``, ``clip_by_global_norm``): use element-wise ones here.
 
-The step is ``jax.jit`` of ``jax.shard_map`` over a 1-D mesh; the batch's leading axis is split over it.
-``accumulate=K`` splits each device's part of the batch into ``K`` micro-batches, adds their gradients in a
-``lax.scan``, and communicates once. ``compute_dtype=jnp.bfloat16`` runs forward and backward in bfloat16 (and
+The step is ``jax.jit`` of ``jax.shard_map`` over a 1-D mesh with the vma checker on (``check_vma=True``), and
+donates the state (``donate_argnums=0``: the old state's buffers are reused for the new one, so a state passed to
+a step cannot be used again). The batch's leading axis is split over the mesh. ``accumulate=K`` splits each
+device's part of the batch into ``K`` micro-batches and adds their gradients in a ``lax.scan`` (see above for what
+each stage keeps between them). ``compute_dtype=jnp.bfloat16`` runs forward and backward in bfloat16 (and
 sends the gradients, and for FSDP the gathered parameters, in bfloat16), while the parameters and the optimizer
 state stay float32 ("master weights").
 
 Measuring: ``live_bytes`` (what each device holds now, from ``addressable_shards``), ``compiled_memory`` (the
-compiled step's ``memory_analysis()``), ``formula_bytes`` (the ZeRO paper's arithmetic), and ``communication``
-(the collectives in a compiled step's HLO, with their bytes).
+compiled step's ``memory_analysis()``, with its ``peak``), ``formula_bytes`` and ``formula_sent`` (the ZeRO paper's
+arithmetic for memory and traffic), and ``communication`` (the collectives in a compiled step's HLO, with their
+bytes).
 """
 
 from __future__ import annotations
@@ -47,11 +57,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from . import _checks
 
 __all__ = ["STAGES", "AXIS", "Layout", "ShardedState", "data_mesh", "init_state", "make_train_step", "params_of",
-           "live_bytes", "state_bytes", "compiled_memory", "formula_bytes", "Collective", "collectives",
-           "communication", "ring_bytes", "dataflow", "bench_variants"]
+           "live_bytes", "state_bytes", "compiled_memory", "formula_bytes", "formula_sent", "Collective", "collectives",
+           "communication", "ring_bytes", "dataflow", "bench_variants", "COMPUTE_DTYPES", "FSDP_REMAT_POLICY"]
 
 STAGES = ("replicated", "zero1", "zero2", "fsdp")
 AXIS = "data"
+# The dtypes the forward and backward pass may run in: float32, or bfloat16/float16 with float32 master weights.
+COMPUTE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+# FSDP's remat policy: keep the matmul outputs for the backward pass and recompute the rest, the gather included.
+FSDP_REMAT_POLICY = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
 
 
 def _check_stage(stage, where):
@@ -83,6 +97,38 @@ def _check_step(step, where):
     if not callable(getattr(step, "compile", None)) or not hasattr(step, "stage"):
         raise TypeError(f"{where}: step must be a step from sharded_state.make_train_step, got {_named(step)}. Pass "
                         "the step function make_train_step returned.")
+
+
+def _opt_summary(opt_state) -> str:
+    """An optimizer state's structure in words: its state classes and their array shapes."""
+    def one(x):
+        if hasattr(x, "_fields"):
+            inner = ", ".join(f"{f}{list(np.shape(getattr(x, f)))}" if not hasattr(getattr(x, f), "_fields")
+                              and not isinstance(getattr(x, f), (tuple, list, dict)) else f"{f}=..."
+                              for f in x._fields)
+            return f"{type(x).__name__}({inner})"
+        if isinstance(x, (tuple, list)):
+            return "(" + ", ".join(one(y) for y in x) + ")"
+        if isinstance(x, dict):
+            return "{" + ", ".join(f"{k!r}: {one(v)}" for k, v in x.items()) + "}"
+        return f"{getattr(x, 'dtype', type(x).__name__)}{list(np.shape(x))}"
+    return one(opt_state)
+
+
+def _check_same_optimizer(optimizer, state) -> None:
+    """Refuse a step whose optimizer keeps another state than the one ``state`` holds (before anything runs)."""
+    layout = state.layout
+    want = jax.eval_shape(optimizer.init, jax.ShapeDtypeStruct((layout.padded,), jnp.float32))
+    got_leaves, got_def = jax.tree.flatten(state.opt_state)
+    want_leaves, want_def = jax.tree.flatten(want)
+    same = got_def == want_def and all(np.shape(a) == np.shape(b) and jnp.result_type(a) == jnp.result_type(b)
+                                       for a, b in zip(got_leaves, want_leaves))
+    if not same:
+        raise ValueError(
+            f"step: the state's optimizer state is {_opt_summary(state.opt_state)}, but this step's optimizer keeps "
+            f"{_opt_summary(want)}: the step was built for another optimizer than the one given to init_state. "
+            "Pass the same optimizer to init_state and make_train_step (one variable, e.g. optimizer = "
+            "optax.adam(1e-3)).")
 
 
 def data_mesh(devices=None, axis: str = AXIS) -> Mesh:
@@ -244,8 +290,9 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
 
     The step takes a global ``batch``, leaves ``(B, ...)`` with ``B`` a multiple of ``n * K``, splits it over the
     mesh, ``(B // n, ...)`` per device, and returns the loss averaged over the whole batch, ``()``. Each batch shape
-    compiles once; ``step.compile(state, batch)`` gives that compiled program (its HLO, its memory analysis) and
-    ``step.lower(state, batch)`` the program before the backend compiler.
+    compiles once; ``step.compile(state, batch)`` gives that compiled program (its HLO, its memory analysis),
+    ``step.lower(state, batch)`` the program before the backend compiler and ``step.trace(state, batch)`` its
+    jaxpr. The step donates ``state``: use the state it returns, not the one passed in.
     """
     _check_stage(stage, "make_train_step")
     if not callable(loss_fn):
@@ -262,51 +309,77 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
         _fail("make_train_step", "compute_dtype", "a float dtype", compute_dtype if dtype is None else dtype,
                      "Pass jnp.float32 or jnp.bfloat16.")
     compute_dtype = dtype
+    if compute_dtype not in COMPUTE_DTYPES:
+        _fail("make_train_step", "compute_dtype", "one of " + ", ".join(d.name for d in COMPUTE_DTYPES),
+              compute_dtype.name, "Pass jnp.float32, or jnp.bfloat16 for mixed precision (float32 master weights). "
+              "float8 types need scaling recipes this step does not do; float64 needs jax_enable_x64.")
     compiled = {}
+    checked_optimizer = {}
 
     def device_step(state: ShardedState, batch):
+        """One device's part of the step, under shard_map with the vma checker on (check_vma=True)."""
         layout = state.layout
         axis, n, s = layout.axis, layout.n_devices, layout.shard_size
         mine = jax.lax.axis_index(axis) * s
-        if stage == "fsdp":   # gather the whole parameter vector before the forward pass, in the compute dtype
-            full = jax.lax.all_gather(state.params.astype(compute_dtype), axis, tiled=True)
-        else:
-            full = state.params.astype(compute_dtype)
 
         def micro(flat, mb):
             return loss_fn(layout.unravel(flat[:layout.n_params]), mb).astype(jnp.float32)
 
-        grad_fn = jax.value_and_grad(micro)
+        if stage == "fsdp":
+            # Gather inside the differentiated function: the transpose of a tiled all_gather is a psum_scatter,
+            # so the gradient of the slice arrives summed and scattered. The remat policy keeps only the matmul
+            # outputs for the backward pass, not the gathered vector: the backward gathers it again (FSDP's
+            # third collective) rather than hold it through the step.
+            def gathered_loss(my_slice, mb):
+                return micro(jax.lax.all_gather(my_slice, axis, tiled=True), mb)
+
+            grad_fn = jax.value_and_grad(jax.checkpoint(gathered_loss, policy=FSDP_REMAT_POLICY))
+            wrt = state.params.astype(compute_dtype)                       # (P_pad // n,), this device's slice
+        else:
+            # pcast to "varying": differentiate this device's own copy, so that jax.grad inserts no psum and the
+            # step chooses its collective itself (psum for "replicated", psum_scatter for the ZeRO stages).
+            grad_fn = jax.value_and_grad(micro)
+            wrt = jax.lax.pcast(state.params.astype(compute_dtype), axis, to="varying")
+
+        def reduce(g):
+            """This device's local gradient -> what the stage keeps of the sum, float32."""
+            if stage == "replicated":
+                return jax.lax.psum(g.astype(compute_dtype), axis).astype(jnp.float32)          # all-reduce
+            if stage == "fsdp":
+                return g.astype(jnp.float32)                     # already reduce-scattered by the transpose
+            return jax.lax.psum_scatter(g.astype(compute_dtype), axis, tiled=True).astype(jnp.float32)
+
         if accumulate == 1:
-            loss, grads = grad_fn(full, batch)
-            grads = grads.astype(jnp.float32)
+            loss, g = grad_fn(wrt, batch)
+            grads = reduce(g)
         else:
             micro_batches = jax.tree.map(lambda x: x.reshape((accumulate, -1) + x.shape[1:]), batch)
+            # What each stage keeps between micro-batches: "replicated" and "zero1" a whole local accumulator,
+            # reduced once after the loop; "zero2" and "fsdp" reduce-scatter every micro-batch and keep only
+            # their slice.
+            per_micro = stage in ("zero2", "fsdp")
 
             def add(acc, mb):
-                loss, g = grad_fn(full, mb)
-                return (acc[0] + loss, acc[1] + g.astype(jnp.float32)), None
+                loss, g = grad_fn(wrt, mb)
+                g = reduce(g) if per_micro else g.astype(jnp.float32)
+                return (acc[0] + loss, acc[1] + g), None
 
-            zeros = (jnp.zeros((), jnp.float32), jnp.zeros((layout.padded,), jnp.float32))
+            size = s if per_micro else layout.padded
+            zeros = jax.lax.pcast((jnp.zeros((), jnp.float32), jnp.zeros((size,), jnp.float32)), axis,
+                                  to="varying")
             (loss, grads), _ = jax.lax.scan(add, zeros, micro_batches)
-            loss, grads = loss / accumulate, grads / accumulate
+            loss, grads = loss / accumulate, (grads if per_micro else reduce(grads)) / accumulate
         loss = jax.lax.pmean(loss, axis)
-        sent = grads.astype(compute_dtype)                     # this device's local gradient, (P_pad,)
-        if stage in ("replicated", "zero1"):
-            mean = (jax.lax.psum(sent, axis) / n).astype(jnp.float32)            # all-reduce: whole, everywhere
-            g = mean if stage == "replicated" else jax.lax.dynamic_slice_in_dim(mean, mine, s)
-        else:
-            g = (jax.lax.psum_scatter(sent, axis, tiled=True) / n).astype(jnp.float32)   # reduce-scatter: my slice
-        if stage == "replicated":
-            p = state.params
-        elif stage == "fsdp":
-            p = state.params                                   # already this device's slice
+        grads = grads / n                                                      # the mean over the devices
+        if stage in ("replicated", "fsdp"):
+            p = state.params                                   # whole ("replicated") or already my slice
         else:
             p = jax.lax.dynamic_slice_in_dim(state.params, mine, s)
-        updates, opt_state = optimizer.update(g, state.opt_state, p)
+        updates, opt_state = optimizer.update(grads, state.opt_state, p)
         p = optax.apply_updates(p, updates)
         if stage in ("zero1", "zero2"):
-            p = jax.lax.all_gather(p, axis, tiled=True)        # every device gets the whole updated vector back
+            # every device gets the whole updated vector back; "invarying": the same on every device, so P()
+            p = jax.lax.all_gather(p, axis, tiled=True, to="invarying")
         return ShardedState(p, opt_state, state.step + 1, layout), {"loss": loss}
 
     def program(state):
@@ -317,10 +390,13 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
                              f"init_state(..., stage={stage!r}) or make_train_step(..., stage="
                              f"{state.layout.stage!r}).")
         layout = state.layout
+        if layout not in checked_optimizer:
+            _check_same_optimizer(optimizer, state)
+            checked_optimizer[layout] = True
         if layout not in compiled:
             specs = _state_specs(state)
             compiled[layout] = jax.jit(jax.shard_map(device_step, mesh=layout.mesh, in_specs=(specs, P(layout.axis)),
-                                                     out_specs=(specs, P()), check_vma=False))
+                                                     out_specs=(specs, P()), check_vma=True), donate_argnums=0)
         return compiled[layout]
 
     executables = {}
@@ -347,7 +423,11 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
         """The program before the backend compiler (``.as_text(dialect="hlo")``), as ``jax.jit(...).lower``."""
         return program(state).lower(state, _place_batch(batch, state.layout, accumulate))
 
-    step.lower, step.compile = lower, compile
+    def trace(state, batch):
+        """The traced program (``.jaxpr``), as ``jax.jit(...).trace``: the shard_map and its check_vma setting."""
+        return program(state).trace(state, _place_batch(batch, state.layout, accumulate))
+
+    step.lower, step.compile, step.trace = lower, compile, trace
     step.stage, step.accumulate, step.compute_dtype = stage, accumulate, compute_dtype
     return step
 
@@ -379,6 +459,11 @@ def _check_batch(batch, layout: Layout, accumulate: int, where: str) -> None:
                          f"{name_b}. Cut or pad them to the same number of rows.")
     for path, leaf in leaves:
         shape = np.shape(leaf)
+        if shape and shape[0] == 0:
+            raise ValueError(f"{where}: batch leaf {jax.tree_util.keystr(path) or '(the root)'} has shape {shape}: "
+                             "an empty batch (0 rows) has no mean loss and would still advance the step. Pass at "
+                             f"least {n * accumulate} rows (a multiple of {n} devices x {accumulate} micro-batches), "
+                             "or skip the empty batch.")
         if len(shape) == 0 or shape[0] % (n * accumulate):
             b = shape[0] if shape else None
             raise ValueError(
@@ -415,23 +500,30 @@ def state_bytes(state: ShardedState) -> dict[str, int]:
 
 def compiled_memory(step, state, batch) -> dict[str, int]:
     """Per-device bytes of the compiled step (``step.compile``), from ``compiled.memory_analysis()``:
-    ``{"arguments", "outputs", "temporaries", "aliased"}`` (arguments: state and batch; temporaries: gradients,
-    activations and whatever else the step needs while it runs)."""
+    ``{"arguments", "outputs", "temporaries", "aliased", "peak"}`` (arguments: state and batch; temporaries:
+    gradients, activations and whatever else the step needs while it runs; aliased: output bytes written into
+    donated arguments' buffers). ``peak = arguments + outputs - aliased + temporaries``: what the step needs at
+    once, the figure to compare between stages."""
     _check_step(step, "compiled_memory")
     _check_state(state, "compiled_memory")
     _check_batch(batch, state.layout, step.accumulate, "compiled_memory")
     m = step.compile(state, batch).memory_analysis()
-    return {"arguments": int(m.argument_size_in_bytes), "outputs": int(m.output_size_in_bytes),
-            "temporaries": int(m.temp_size_in_bytes), "aliased": int(m.alias_size_in_bytes)}
+    out = {"arguments": int(m.argument_size_in_bytes), "outputs": int(m.output_size_in_bytes),
+           "temporaries": int(m.temp_size_in_bytes), "aliased": int(m.alias_size_in_bytes)}
+    out["peak"] = out["arguments"] + out["outputs"] - out["aliased"] + out["temporaries"]
+    return out
 
 
 def formula_bytes(n_params: int, n_devices: int, stage: str, *, param_bytes: int = 4, grad_bytes: int = 4,
                   optimizer_copies: int = 2, optimizer_bytes: int = 4) -> dict[str, float]:
-    """Bytes per device of parameters, reduced gradients and optimizer state, by the ZeRO paper's arithmetic.
+    """Bytes per device of parameters, gradients and optimizer state, by the ZeRO paper's arithmetic.
 
     ``optimizer_copies`` numbers of ``optimizer_bytes`` each per parameter (Adam: 2, its two moments). The stage
     divides by ``n_devices``: ``"zero1"`` the optimizer state, ``"zero2"`` also the gradients, ``"fsdp"`` also
-    the parameters. Activations are not included: they depend on the batch, not on the stage.
+    the parameters. ``"grads"`` is the gradient a device keeps across the micro-batches of a step (the
+    accumulator): with one micro-batch per step, every stage still computes its whole local gradient before the
+    reduce-scatter, so there ZeRO-1 and ZeRO-2 need the same (see ``compiled_memory``). Activations are not
+    included: they depend on the batch, not on the stage.
     """
     _check_stage(stage, "formula_bytes")
     n_params = _checks.whole(n_params, "n_params", "formula_bytes", minimum=0,
@@ -450,16 +542,38 @@ def formula_bytes(n_params: int, n_devices: int, stage: str, *, param_bytes: int
     return out
 
 
+def formula_sent(n_params: int, n_devices: int, stage: str, *, param_bytes: int = 4,
+                 grad_bytes: int = 4) -> float:
+    """Bytes each device sends per step for ``stage`` with ring algorithms (gradients in ``grad_bytes``, gathered
+    parameters in ``param_bytes``), the loss's few bytes left out. With ``f = (n-1)/n`` and ``N = n_params``:
+    "replicated" one all-reduce, ``2 f N grad_bytes``; "zero1"/"zero2" a reduce-scatter and an all-gather,
+    ``f N (grad_bytes + param_bytes)``; "fsdp" an all-gather for the forward, one again for the backward and a
+    reduce-scatter, ``f N (2 param_bytes + grad_bytes)``. This is one micro-batch per step: with ``accumulate=K``,
+    "zero2" and "fsdp" reduce-scatter every micro-batch (``K`` times the gradient term) to keep a ``1/n``
+    accumulator, while "replicated" and "zero1" still communicate once."""
+    _check_stage(stage, "formula_sent")
+    n_params = _checks.whole(n_params, "n_params", "formula_sent", minimum=0,
+                             fix="It is the number of parameters, e.g. sum(p.size for p in jax.tree.leaves(params)).")
+    n_devices = _checks.whole(n_devices, "n_devices", "formula_sent")
+    param_bytes = _checks.whole(param_bytes, "param_bytes", "formula_sent", fix="float32: 4, bfloat16: 2.")
+    grad_bytes = _checks.whole(grad_bytes, "grad_bytes", "formula_sent", fix="float32: 4, bfloat16: 2.")
+    f = (n_devices - 1) / n_devices
+    per_param = {"replicated": 2 * grad_bytes, "zero1": grad_bytes + param_bytes, "zero2": grad_bytes + param_bytes,
+                 "fsdp": 2 * param_bytes + grad_bytes}[stage]
+    return f * n_params * per_param
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # Communication, from the compiled program
 
 
 @dataclasses.dataclass(frozen=True)
 class Collective:
-    """One collective instruction of an HLO: ``op``, the result's dtype and shape, the devices per group,
+    """One collective instruction of an HLO: ``op``, the result's (first operand's) dtype and shape, the devices per group,
     ``payload`` bytes (the whole buffer being reduced or gathered; for a reduce-scatter, ``group`` times its
     result), and ``in_loop``: whether it sits in the body of a ``while`` loop (a ``lax.scan``), so that it runs
-    once per iteration rather than once per step."""
+    once per iteration rather than once per step. ``operands``: every ``(dtype, shape)`` of the result, more
+    than one for a tuple all-reduce (XLA's combiner merges several into one); ``described`` prints them all."""
 
     op: str
     dtype: str
@@ -467,6 +581,14 @@ class Collective:
     group: int
     payload: int
     in_loop: bool = False
+    operands: tuple = ()
+
+    @property
+    def described(self) -> str:
+        """Every operand, e.g. ``"f32[256]"`` or, for a tuple all-reduce, ``"(f32[256], f32[64,256], f32[])"``."""
+        parts = [f"{dt}[{','.join(str(d) for d in shape)}]" for dt, shape in (self.operands or
+                                                                             ((self.dtype, self.shape),))]
+        return parts[0] if len(parts) == 1 else "(" + ", ".join(parts) + ")"
 
     @property
     def sent_per_device(self) -> float:
@@ -545,7 +667,8 @@ def collectives(hlo_text: str, n_devices: int | None = None) -> list[Collective]
         dtype, dims = arrays[0]
         nbytes = sum(_BYTES.get(dt, 4) * math.prod(int(d) for d in ds.split(",") if d) for dt, ds in arrays)
         payload = nbytes * group if op == "reduce-scatter" else nbytes
-        found.append((current, Collective(op, dtype, tuple(int(d) for d in dims.split(",") if d), group, payload)))
+        operands = tuple((dt, tuple(int(d) for d in ds.split(",") if d)) for dt, ds in arrays)
+        found.append((current, Collective(op, dtype, operands[0][1], group, payload, operands=operands)))
     # Computations reachable from a while loop's body run once per iteration.
     looped, todo = set(), [b for line in hlo_text.splitlines() for b in _BODY.findall(line)]
     while todo:
@@ -573,12 +696,13 @@ def communication(hlo_text: str, n_devices: int | None = None) -> dict[str, dict
 # A picture of the step, from the real state and the compiled program
 
 
-def dataflow(step, state: ShardedState, batch, *, show_devices: int = 3):
+def dataflow(step, state: ShardedState, batch, *, show_devices: int = 2):
     """Draw one step of ``state``'s stage: what each device holds, and the collectives between, with real shapes.
 
     The shapes come from the state's arrays (``addressable_shards``) and the collectives, in program order, from the
-    compiled step's HLO (``collectives``; the loss's scalar all-reduce is left out). The first ``show_devices`` devices and the last are drawn.
-    Returns a ``diagrams.Diagram`` (graphviz; DOT source where ``dot`` is missing).
+    compiled step's HLO (``collectives``; the loss's scalar all-reduce is left out). The first ``show_devices``
+    devices and the last are drawn, and the drawing is scaled to at most 10 inches (720 pt, about 960 px) wide
+    so that it fits a notebook. Returns a ``diagrams.Diagram`` (graphviz; DOT source where ``dot`` is missing).
     """
     from . import diagrams
 
@@ -596,7 +720,7 @@ def dataflow(step, state: ShardedState, batch, *, show_devices: int = 3):
     devs = sorted(state.params.devices(), key=lambda d: d.id)
     g = diagrams.Diagram("sharded_step")
     g.attr(label=f"one '{layout.stage}' step on {n} devices: {layout.n_params:,} parameters, padded to "
-                 f"{layout.padded:,} = {n} x {layout.shard_size:,}", labelloc="t", ranksep="0.4")
+                 f"{layout.padded:,} = {n} x {layout.shard_size:,}", labelloc="t", ranksep="0.4", size="10,30")
 
     def row(name, label_of, colour):
         with g.subgraph(name=name) as s:
@@ -637,7 +761,10 @@ def bench_variants(params, loss_fn, optimizer, host_batches, *, accumulate: int 
 
     * ``"fsdp"``: the ``"fsdp"`` stage, one dispatch per step;
     * ``"accumulate"``: the ``"replicated"`` stage with ``accumulate`` micro-batches per device (fewer if the
-      per-device batch does not divide by it), the same global batch per step.
+      per-device batch does not divide by it), the same global batch per step;
+    * ``"replicated"``: the ``"replicated"`` stage, one dispatch per step, no accumulation: the like-for-like
+      reference for the two above (same machinery, one dispatch per step, no fusion of several steps), so that
+      their ratio to it shows what sharding or accumulation costs, not what a fused multi-step reference saves.
 
     ``loss_fn(params, batch, key)`` as ``training.make_train_step`` takes it (called with ``key=None``);
     ``host_batches``: pmap-sharded batches, leaves ``(n, B // n, ...)``, placed here on a ``data_mesh`` as global
@@ -678,4 +805,4 @@ def bench_variants(params, loss_fn, optimizer, host_batches, *, accumulate: int 
 
         return (lambda: jax.block_until_ready(init_state(params, optimizer, mesh, stage=stage))), run
 
-    return {"fsdp": variant("fsdp", 1), "accumulate": variant("replicated", k)}
+    return {"fsdp": variant("fsdp", 1), "accumulate": variant("replicated", k), "replicated": variant("replicated", 1)}

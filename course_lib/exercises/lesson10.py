@@ -1,29 +1,115 @@
-"""Lesson 10 exercises: bytes per device for each ZeRO stage, the ZeRO-2 update with psum_scatter, choosing K."""
+"""Lesson 10 exercises: bytes per device for each ZeRO stage, the ZeRO update with psum_scatter, choosing K,
+writing the FSDP step, and predicting the collectives of each stage before the compiled program shows them."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from . import Mismatch, call, describe, exercise, expect_array
+from . import Mismatch, _NotStarted, call, describe, describe_tree, exercise, expect_array
 
 AXIS = "data"
 
-# Graded hints, from a nudge to the key API, for a framework that shows them one at a time.
+# Graded hints, one at a time: a nudge toward the idea, then the API or the lesson section, then the steps in words.
 HINTS = {
-    "10.1": ["Start from the replicated form: parameters 4 bytes, gradients 4 bytes, Adam 2 x 4 bytes per parameter. "
-             "Then ask, stage by stage, which of the three is split over the devices.",
-             "zero1 divides only the optimizer state by n_devices; zero2 the optimizer state and the gradients; fsdp "
-             "all three."],
-    "10.2": ["Three collectives in order: the reduced gradient slice this device owns, the update of that slice, and "
-             "the whole vector back on every device.",
-             "jax.lax.psum_scatter(grads, 'data', tiled=True) / n gives the mean gradient of your slice; "
-             "jax.lax.dynamic_slice_in_dim(params, jax.lax.axis_index('data') * size, size) your parameters; "
-             "jax.lax.all_gather(new_slice, 'data', tiled=True) the whole vector."],
-    "10.3": ["Activation memory grows with the micro-batch, B // K examples; K must divide the per-device batch B.",
-             "Try K = 1, 2, 3, ... and return the first that divides B with (B // K) * bytes_per_example <= budget; "
-             "None if even K = B does not fit."],
+    "10.1": ["Start from the replicated form: how many bytes per parameter do the parameters, the gradients and "
+             "Adam's state take in float32? Then ask, stage by stage, which of the three is split over the devices.",
+             "Section 1 and the table of section 3: ZeRO-1 splits one of the three, ZeRO-2 two, FSDP all three.",
+             "In words: 4, 4 and 8 bytes per parameter; divide the optimizer state by the device count from zero1 "
+             "on, the gradient accumulator from zero2 on, and the parameters for fsdp only."],
+    "10.2": ["Each device needs only its own slice of the summed gradient, never the whole sum. Which collective "
+             "hands each device just its slice?",
+             "jax.lax.psum_scatter (tiled), jax.lax.axis_index with jax.lax.dynamic_slice_in_dim, and "
+             "jax.lax.all_gather (tiled): section 2's step.",
+             "In words: reduce-scatter the gradient and divide by the device count; cut this device's slice out of "
+             "the parameters; update that slice; gather the updated slices into the whole vector."],
+    "10.3": ["Activation memory grows with the micro-batch, B // K examples, and every micro-batch has the same size.",
+             "Section 4: K must divide the per-device batch; try the candidates from the smallest up.",
+             "In words: for K from 1 to the per-device batch, return the first K that divides it and whose "
+             "micro-batch fits the budget; None when none does."],
+    "10.4": ["FSDP keeps only a slice of the parameters on each device: the whole vector exists only while the loss "
+             "is computed. Where must the gather happen so that jax.grad turns it into the reduce-scatter?",
+             "Section 3, the hand-written FSDP step: jax.lax.all_gather (tiled) inside the function you "
+             "differentiate; its transpose is jax.lax.psum_scatter, a sum, not a mean.",
+             "In words: a loss of the slice that gathers the whole vector and calls loss_fn; value_and_grad of it "
+             "with respect to the slice; divide the gradient by the device count; the optimizer's update of the "
+             "slice; apply it; average the loss over the mesh axis."],
+    "10.5": ["Ask, per stage, what each device must receive: the whole summed gradient, or only its slice? And "
+             "does it hold whole parameters, or must it gather them (how many times per step)?",
+             "Section 2 (ZeRO's step), section 3 (FSDP and its backward pass) and the remat policy there.",
+             "In words: data parallelism sums the whole gradient everywhere; ZeRO-1 and ZeRO-2 hand each device its "
+             "slice and gather the updated parameters; FSDP gathers for the forward and again for the backward "
+             "and hands each device its slice of the gradient."],
 }
+
+_OPS = ("all-reduce", "reduce-scatter", "all-gather")
+_SPELLINGS = {"psum": "all-reduce", "pmean": "all-reduce", "all_reduce": "all-reduce", "allreduce": "all-reduce",
+              "psum_scatter": "reduce-scatter", "reduce_scatter": "reduce-scatter", "reducescatter": "reduce-scatter",
+              "all_gather": "all-gather", "allgather": "all-gather"}
+
+
+def _big_collectives(hlo_text, min_bytes):
+    """The collectives of a compiled program whose buffers hold at least ``min_bytes`` (not the loss's scalar)."""
+    from .. import sharded_state
+    return [c for c in sharded_state.collectives(hlo_text) if c.payload >= min_bytes]
+
+
+def _listed(found) -> str:
+    return ", ".join(f"{c.op} {c.described}" for c in found) or "none"
+
+
+def _float_dtype_problem(value, what) -> str | None:
+    """A message naming a dtype other than float32 (a learner's cast to bfloat16/float16), or None."""
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None and np.dtype(dtype) != np.float32:
+        return (f"{what} is {np.dtype(dtype).name}, but the parameters and gradients are float32: somewhere a value "
+                f"was cast to {np.dtype(dtype).name}. Keep the update in float32 (section 5 casts only for the "
+                "forward and backward pass).")
+    return None
+
+
+def _low_precision(jaxpr) -> set:
+    """Names of the half-precision float dtypes any value of ``jaxpr`` (and the jaxprs inside it) has."""
+    found = set()
+    for eqn in jaxpr.eqns:
+        for v in list(eqn.outvars) + list(eqn.invars):
+            dtype = getattr(getattr(v, "aval", None), "dtype", None)
+            if dtype is not None and dtype in (jnp.bfloat16, jnp.float16):
+                found.add(np.dtype(dtype).name)
+        for value in eqn.params.values():
+            for inner in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(inner, "jaxpr", inner)
+                if hasattr(inner, "eqns"):
+                    found |= _low_precision(inner)
+    return found
+
+
+def _expect_close(got, want, what, traced, *args):
+    """``expect_array``, and when the values differ, name a half-precision dtype the answer computed in."""
+    try:
+        expect_array(got, want, what=what, rtol=1e-4, atol=1e-5)
+    except Mismatch as e:
+        try:
+            low = _low_precision(jax.make_jaxpr(traced)(*args).jaxpr)
+        except Exception:
+            low = set()
+        if low:
+            raise Mismatch(f"{e} Your code computes in {' and '.join(sorted(low))}: with 8 bits of mantissa "
+                           "(bfloat16) or 11 (float16) the result is no longer float32's. Keep this exercise in "
+                           "float32.") from None
+        raise
+
+
+def _vma_hints():
+    return {
+        "unbound axis name": f"The mesh axis is named {AXIS!r}: use that name in every collective.",
+        "must be divisible": "A tiled psum_scatter splits the vector into n equal slices.",
+        "out_specs": "An output declared the same on every device (P()) differs between devices: average it "
+                     "over the mesh axis (the loss), or gather it (the parameters).",
+        "vma": "The vma checker (check_vma=True) found a value that differs between devices where one that is the "
+               "same on every device is needed (or the reverse): lesson 06 and section 2 of this lesson.",
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -32,6 +118,7 @@ HINTS = {
 
 def solution_zero_bytes(n_params, n_devices, stage):
     params, grads, opt_state = 4 * n_params, 4 * n_params, 2 * 4 * n_params    # float32, Adam's two moments
+    # grads: the gradient accumulator a device keeps across the micro-batches of a step
     if stage in ("zero1", "zero2", "fsdp"):
         opt_state /= n_devices
     if stage in ("zero2", "fsdp"):
@@ -54,6 +141,9 @@ def check_zero_bytes(zero_bytes):
                                f"'params', 'grads', 'opt_state'; got {got!r:.200}.")
             for part, whole in full.items():
                 want = whole / n if part in split else whole
+                if isinstance(got[part], (str, bytes, bool)) or not np.isscalar(got[part]) and np.ndim(got[part]):
+                    raise Mismatch(f"zero_bytes(...)[{part!r}] should be a number of bytes (an int or a float), "
+                                   f"got {describe(got[part])}.")
                 try:
                     value = float(got[part])
                 except (TypeError, ValueError):
@@ -65,20 +155,25 @@ def check_zero_bytes(zero_bytes):
                     raise Mismatch(f"{stage}: the optimizer state is half what it should be. Adam keeps two float32 "
                                    "numbers per parameter (its first and second moments): 8 bytes, not 4.")
                 if np.isclose(value, whole / n, rtol=1e-9):
+                    why = (" ZeRO-1 reduce-scatters too, but with gradient accumulation it adds whole local "
+                           "gradients over the micro-batches and reduce-scatters once: its accumulator is whole "
+                           "(section 4)." if stage == "zero1" and part == "grads" else "")
                     raise Mismatch(f"{stage} on {n} devices: {part} comes back divided by {n}, but this stage keeps "
-                                   f"the whole {part} on every device ({whole:,.0f} bytes). It shards only "
-                                   f"{', '.join(sorted(split)) or 'nothing'}.")
+                                   f"the whole {part} on every device. It shards only "
+                                   f"{', '.join(sorted(split)) or 'nothing'}.{why}")
                 if np.isclose(value, whole, rtol=1e-9):
-                    raise Mismatch(f"{stage} on {n} devices: {part} is the whole {whole:,.0f} bytes, but this stage "
-                                   f"splits it over the devices: {whole / n:,.0f} bytes each.")
-                raise Mismatch(f"zero_bytes({n_params:_}, {n}, {stage!r})[{part!r}] is {value:,.0f}; expected "
-                               f"{want:,.0f} bytes.")
-    return ("replicated 16 bytes per parameter per device; zero1 cuts Adam's 8, zero2 also the gradients' 4, fsdp "
-            "also the parameters' 4: 16 / n in the end.")
+                    raise Mismatch(f"{stage} on {n} devices: {part} is the whole {part}, but this stage splits it "
+                                   "over the devices.")
+                raise Mismatch(f"zero_bytes({n_params:_}, {n}, {stage!r})[{part!r}] is {value:,.0f} bytes: neither "
+                               f"the whole {part} nor 1/{n} of it. Count the bytes per parameter of each part "
+                               "(section 1).")
+    return ("replicated 16 bytes per parameter per device; zero1 cuts Adam's 8, zero2 also the gradient "
+            "accumulator's 4, fsdp also the parameters' 4: 16 / n in the end. Section 3 compares it with the "
+            "compiled programs.")
 
 
 # ----------------------------------------------------------------------------------------------
-# 10.2 The ZeRO-2 update, written with psum_scatter
+# 10.2 The ZeRO update (stages 1 and 2 in one step), written with psum_scatter
 
 
 def solution_zero2_sgd(params, grads, lr):
@@ -90,22 +185,12 @@ def solution_zero2_sgd(params, grads, lr):
     return jax.lax.all_gather(my_params - lr * mine, "data", tiled=True)          # everyone gets every slice
 
 
-def _primitives(jaxpr) -> set:
-    found = set()
-    for eqn in jaxpr.eqns:
-        found.add(eqn.primitive.name)
-        for value in eqn.params.values():
-            inner = getattr(value, "jaxpr", value)
-            if hasattr(inner, "eqns"):
-                found |= _primitives(inner)
-    return found
-
-
 class _NoResult(Exception):
     """The learner's function returned None inside the mapped program."""
 
 
-@exercise("10.2", "The ZeRO-2 update: psum_scatter, update your slice, all_gather", solution=solution_zero2_sgd)
+@exercise("10.2", "The ZeRO update: psum_scatter, update your slice, all_gather", solution=solution_zero2_sgd,
+          returns="the whole updated parameter vector, float32 (P,), on every device")
 def check_zero2_sgd(zero2_sgd):
     rng = np.random.default_rng(10)
     for n, size, lr in [(len(jax.devices()), 3, 0.1), (4, 5, 0.5)]:
@@ -114,52 +199,67 @@ def check_zero2_sgd(zero2_sgd):
         local = rng.normal(size=(n, n * size)).astype(np.float32)       # device i's own gradient: local[i]
         grads = jax.device_put(local.reshape(-1), NamedSharding(mesh, P(AXIS)))
         whole = jax.device_put(params, NamedSharding(mesh, P()))
+
         def body(p, g):
             out = zero2_sgd(p, g, lr)
             if out is None:
                 raise _NoResult
             return jnp.asarray(out)[None]
 
-        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(AXIS), check_vma=False))
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(AXIS), check_vma=True))
         what = f"zero2_sgd on {n} devices, {n * size} parameters"
         try:
             jax.eval_shape(f, whole, grads)
         except _NoResult:
-            raise Mismatch("zero2_sgd(params, grads, lr) returned None: write the function's body, and `return` its "
-                           "result.") from None
+            raise _NotStarted("zero2_sgd(params, grads, lr) returned None: write the function's body, and `return` "
+                              "its result.") from None
         except Exception:
             pass                  # reported with the inputs by call() below
-        out = call(f, whole, grads, name="zero2_sgd", hints={
-            "unbound axis name": f"The mesh axis is named {AXIS!r}: use that name in every collective.",
-            "must be divisible": "psum_scatter(..., tiled=True) splits the vector into n equal slices.",
-        })
+        try:
+            out = call(f, whole, grads, name="zero2_sgd", hints=_vma_hints())
+        except Mismatch as e:
+            raise Mismatch(f"On {n} devices, {n * size} parameters: {e}") from None
+        problem = _float_dtype_problem(out, f"{what}: the result")
+        if problem:
+            raise Mismatch(problem)
         out = np.asarray(out)
         expected = params - lr * local.mean(axis=0)
         if out.ndim != 2 or out.shape[0] != n:
             raise Mismatch(f"{what}: expected one vector per device.")
         if out.shape[1] == size:
             raise Mismatch(f"{what}: every device returned only its slice, shape ({size},). The forward pass of the "
-                           "next step needs all the parameters: all_gather the updated slices (tiled=True).")
+                           "next step needs all the parameters: gather the updated slices.")
         if out.shape[1] != n * size:
             raise Mismatch(f"{what}: each device returned shape {out.shape[1:]}; expected the whole vector, "
                            f"({n * size},).")
         if np.allclose(out[0], params - lr * local.sum(axis=0), rtol=1e-4, atol=1e-5):
             raise Mismatch(f"{what}: the step is {n} times too large. psum_scatter adds the devices' gradients; "
-                           f"divide by the device count ({n}) for their mean.")
+                           "the update needs their mean.")
+        if np.allclose(out[0], params - lr * local[0], rtol=1e-4, atol=1e-5):
+            raise Mismatch(f"{what}: device 0 applied only its own gradient: the devices' gradients were never "
+                           "summed.")
         for i in range(n):
-            expect_array(out[i], expected, what=f"{what}: the parameters on device {i}", rtol=1e-4, atol=1e-5)
-        jaxpr = jax.make_jaxpr(f)(whole, grads).jaxpr
-        used = _primitives(jaxpr)
-        if "reduce_scatter" not in used:
-            raise Mismatch(f"{what}: the values are right, but there is no psum_scatter in the program: each device "
-                           "received the whole reduced gradient (an all-reduce, pmean or psum) and then kept a slice. "
-                           "ZeRO-2 sends each device only the slice it owns: jax.lax.psum_scatter(grads, 'data', "
-                           "tiled=True).")
-        if "all_gather" not in used:
-            raise Mismatch(f"{what}: the values are right, but there is no all_gather: rebuild the whole vector from "
-                           "the updated slices with jax.lax.all_gather(..., tiled=True).")
+            _expect_close(out[i], expected, f"{what}: the parameters on device {i}", f, whole, grads)
+        # The mechanism, read from the compiled program: XLA removes a collective whose result is unused, so a
+        # psum_scatter whose result was thrown away (the update made from a pmean) leaves no reduce-scatter.
+        found = _big_collectives(f.lower(whole, grads).compile().as_text(), 4 * n * size)
+        ops = [c.op for c in found]
+        if "reduce-scatter" not in ops:
+            raise Mismatch(f"{what}: the values are right, but the compiled program has no reduce-scatter of the "
+                           f"gradient (its gradient-sized collectives: {_listed(found)}). Each device received the "
+                           "whole reduced gradient (an all-reduce: pmean or psum) and kept a slice, or computed a "
+                           "psum_scatter and then did not use its result. ZeRO sends each device only the slice it "
+                           "owns: the update must be made from the scattered slice (section 2).")
+        if "all-reduce" in ops:
+            raise Mismatch(f"{what}: the values are right, but the compiled program still all-reduces a "
+                           f"gradient-sized buffer ({_listed(found)}) besides the reduce-scatter: twice the "
+                           "traffic. Use only the slice the reduce-scatter gives.")
+        if "all-gather" not in ops:
+            raise Mismatch(f"{what}: the values are right, but the compiled program has no all-gather "
+                           f"({_listed(found)}): rebuild the whole vector from the updated slices, not from the "
+                           "whole gradient.")
     return ("each device receives 1/n of the reduced gradient (reduce-scatter), updates only its slice, and an "
-            "all-gather hands every device every slice: ZeRO-2's step.")
+            "all-gather hands every device every slice: the same traffic as data parallelism's all-reduce.")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -194,17 +294,245 @@ def check_choose_k(choose_k):
                            f"one example per micro-batch fits ({per_example:_} > {budget:_} bytes); return None.")
         if not whole:
             raise Mismatch(f"{shown} returned {describe(got) if hasattr(got, 'shape') else repr(got)}; expected a "
-                           f"whole number of micro-batches (a Python int), {want}.")
+                           "whole number of micro-batches, a Python int.")
         if got < 1:
             raise Mismatch(f"{shown} returned {got}: K counts micro-batches, a whole number >= 1 (K = 1 is the whole "
                            f"per-device batch at once). The smallest K that divides {b} and fits is {want}.")
         if b % got:
             raise Mismatch(f"{shown} returned {got}, which does not divide the batch of {b}: the micro-batches "
-                           f"must all have the same size (B // K). The smallest K that divides {b} and fits is "
-                           f"{want}.")
+                           "must all have the same size (B // K).")
         if (b // got) * per_example > budget:
             raise Mismatch(f"{shown} returned {got}: micro-batches of {b // got} examples need "
                            f"{(b // got) * per_example:_} bytes, over the budget.")
-        raise Mismatch(f"{shown} returned {got}; {want} fits too and is smaller. Every extra micro-batch is one more "
-                       "trip through the model with less work in it: take the smallest K that fits.")
+        raise Mismatch(f"{shown} returned {got}; a smaller K that divides the batch fits too. Every extra "
+                       "micro-batch is one more trip through the model with less work in it: take the smallest K "
+                       "that fits.")
     return "the smallest K that divides the batch and fits: as few passes as the memory allows."
+
+
+# ----------------------------------------------------------------------------------------------
+# 10.4 Write the FSDP step
+
+
+def solution_fsdp_step(loss_fn, optimizer):
+    def step(my_params, opt_state, batch):
+        n = jax.lax.axis_size("data")
+
+        def sliced_loss(p):
+            return loss_fn(jax.lax.all_gather(p, "data", tiled=True), batch)    # the whole vector, for the loss
+
+        loss, grads = jax.value_and_grad(sliced_loss)(my_params)             # grads: my slice, summed
+        updates, opt_state = optimizer.update(grads / n, opt_state, my_params)
+        return optax.apply_updates(my_params, updates), opt_state, jax.lax.pmean(loss, "data")
+
+    return step
+
+
+def _toy_problem(n_params, seed):
+    """A linear softmax model on a flat parameter vector ``(n_params,)``: ``loss_fn(flat, batch)``."""
+    d_in, d_out = 6, 3
+    used = d_in * d_out + d_out                     # 21 numbers used; the rest is padding, as in the lesson
+
+    def loss_fn(flat, batch):
+        w = flat[:d_in * d_out].reshape(d_in, d_out)
+        b = flat[d_in * d_out:used]
+        logits = batch["x"] @ w + b
+        return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) * jax.nn.one_hot(batch["y"], d_out), axis=-1))
+
+    rng = np.random.default_rng(seed)
+    flat = np.zeros(n_params, np.float32)
+    flat[:used] = rng.normal(size=used) * 0.5
+    data = [{"x": rng.normal(size=(32, d_in)).astype(np.float32), "y": rng.integers(0, d_out, 32).astype(np.int32)}
+            for _ in range(3)]
+    return loss_fn, flat, data
+
+
+def _reference(loss_fn, optimizer, flat, data):
+    params, opt_state, losses = jnp.asarray(flat), optimizer.init(jnp.asarray(flat)), []
+    for batch in data:
+        loss, g = jax.value_and_grad(loss_fn)(params, batch)
+        updates, opt_state = optimizer.update(g, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        losses.append(float(loss))
+    return np.asarray(params), losses
+
+
+@exercise("10.4", "Write the FSDP step: gather for the loss, reduce-scatter the gradient, update your slice",
+          solution=solution_fsdp_step,
+          returns="a function step(my_params, opt_state, batch) -> (new my_params, new opt_state, mean loss)")
+def check_fsdp_step(make_fsdp_step):
+    n_params = 24                                                      # divides by 8 and by 4
+    for n, (opt_name, optimizer) in [(len(jax.devices()), ("optax.sgd(0.5)", optax.sgd(0.5))),
+                                     (len(jax.devices()), ("optax.adam(0.05)", optax.adam(0.05))),
+                                     (4, ("optax.sgd(0.5)", optax.sgd(0.5)))]:
+        loss_fn, flat, data = _toy_problem(n_params, seed=n)
+        want_params, want_losses = _reference(loss_fn, optimizer, flat, data)
+        step = call(make_fsdp_step, loss_fn, optimizer, name="make_fsdp_step")
+        if not callable(step):
+            raise Mismatch(f"make_fsdp_step(loss_fn, optimizer) returned {describe_tree(step)}; expected the step "
+                           "function, step(my_params, opt_state, batch), that runs on each device.")
+        mesh = Mesh(np.array(jax.devices()[:n]), (AXIS,))
+        opt_state = optimizer.init(jnp.asarray(flat))
+        opt_specs = jax.tree.map(lambda a: P(AXIS) if np.ndim(a) else P(), opt_state)
+        put = lambda tree, specs: jax.device_put(tree, jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
+                                                                    is_leaf=lambda s: isinstance(s, P)))
+        my_params, opt_state = put(jnp.asarray(flat), P(AXIS)), put(opt_state, opt_specs)
+        what = f"your FSDP step on {n} devices with {opt_name}, {n_params} parameters ({n_params // n} per device)"
+
+        def body(p, o, b):
+            out = step(p, o, b)
+            if out is None:
+                raise _NoResult
+            if not isinstance(out, (tuple, list)) or len(out) != 3:
+                raise Mismatch(f"{what}: step returned {describe_tree(out)}; expected three things: the new slice "
+                               "of the parameters, the new optimizer state and the loss.")
+            return tuple(out)
+
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(AXIS), opt_specs, P(AXIS)),
+                                  out_specs=(P(AXIS), opt_specs, P()), check_vma=True))
+        batch = put(data[0], P(AXIS))
+        try:
+            shapes = jax.eval_shape(f, my_params, opt_state, batch)
+        except _NoResult:
+            raise _NotStarted("step(my_params, opt_state, batch) returned None: write the function's body, and "
+                              "`return` the new slice, the new optimizer state and the loss.") from None
+        except Mismatch:
+            raise
+        except Exception:
+            shapes = None         # reported with the inputs by call() below
+        if shapes is not None and shapes[0].shape != (n_params,):
+            raise Mismatch(f"{what}: each device returned parameters of shape "
+                           f"{(shapes[0].shape[0] // n,)}; FSDP keeps only this device's slice, "
+                           f"({n_params // n},), between steps: return the updated slice, not the gathered vector.")
+        losses, got = [], None
+        p, o = my_params, opt_state
+        for b in data:
+            try:
+                p, o, loss = call(f, p, o, put(b, P(AXIS)), name="step", hints={
+                    **_vma_hints(), "dot_general requires contracting dimensions": "The loss needs the whole "
+                    "parameter vector; each device holds only its slice. Gather it inside the function you "
+                    "differentiate."})
+            except Mismatch as e:
+                raise Mismatch(f"On {n} devices with {opt_name}: {e}") from None
+            losses.append(float(np.asarray(loss)))
+        problem = _float_dtype_problem(p, f"{what}: the new parameters")
+        if problem:
+            raise Mismatch(problem)
+        got = np.asarray(p)
+        if opt_name.startswith("optax.sgd"):
+            summed, _ = _reference(loss_fn, optax.sgd(0.5 * n), flat, data)
+            if np.allclose(got, summed, rtol=1e-4, atol=1e-5):
+                raise Mismatch(f"{what}: the steps are {n} times too large. The gradient of the slice arrives summed "
+                               "over the devices (the transpose of a gather is a reduce-scatter, a sum): the update "
+                               "needs the mean. With Adam this bug hardly shows, which is why the checker uses SGD "
+                               "too.")
+        if not np.allclose(losses, want_losses, rtol=1e-5, atol=1e-6):
+            _expect_close(np.asarray(losses), np.asarray(want_losses), f"{what}: the losses", f, my_params,
+                          opt_state, batch)
+            raise Mismatch(f"{what}: the losses {np.round(losses, 5).tolist()} differ from data parallelism's "
+                           f"{np.round(want_losses, 5).tolist()}. The loss must be the mean over every device's "
+                           "examples.")
+        _expect_close(got, want_params, f"{what}: the parameters after 3 steps, gathered", f, my_params,
+                      opt_state, batch)
+        found = _big_collectives(f.lower(my_params, opt_state, batch).compile().as_text(), 4 * n_params)
+        ops = [c.op for c in found]
+        if "all-gather" not in ops:
+            raise Mismatch(f"{what}: the values are right, but the compiled program gathers no parameters "
+                           f"({_listed(found)}).")
+        if "all-reduce" in ops:
+            raise Mismatch(f"{what}: the values are right, but the compiled program all-reduces a whole "
+                           f"parameter-sized buffer ({_listed(found)}): each device received the whole summed "
+                           "gradient and threw most of it away. FSDP hands each device only its slice of the sum: "
+                           "let jax.grad transpose the gather, or scatter the sum yourself (section 3).")
+        if not any(c.op == "reduce-scatter" for c in _big_collectives(
+                f.lower(my_params, opt_state, batch).compile().as_text(), 4 * n_params // n)):
+            raise Mismatch(f"{what}: the values are right, but the compiled program has no reduce-scatter of the "
+                           f"gradient ({_listed(found)}).")
+    return ("the parameters stay sharded between steps; the gather inside the loss makes jax.grad return the "
+            "reduce-scattered (summed) slice, divided by n for the mean; the same training as data parallelism.")
+
+
+# ----------------------------------------------------------------------------------------------
+# 10.5 Predict the collectives of each stage, then read them from the compiled program
+
+
+def solution_predict_collectives(stage):
+    # collectives on parameter-sized buffers in one step, no accumulation (the loss's scalar left out)
+    return {"replicated": {"all-reduce": 1},
+            "zero1": {"reduce-scatter": 1, "all-gather": 1},
+            "zero2": {"reduce-scatter": 1, "all-gather": 1},
+            "fsdp": {"all-gather": 2, "reduce-scatter": 1}}[stage]
+
+
+_COMPILED_COUNTS: dict = {}
+
+
+def _compiled_counts():
+    """``{stage: ({op: count}, [Collective])}`` for sharded_state's steps of a small MLP on every device."""
+    if not _COMPILED_COUNTS:
+        from .. import sharded_state
+        k1, k2 = jax.random.split(jax.random.key(0))
+        params = [{"w": jax.random.normal(k1, (12, 24)), "b": jnp.zeros(24)},
+                  {"w": jax.random.normal(k2, (24, 5)), "b": jnp.zeros(5)}]
+
+        def loss_fn(p, batch):
+            h = jnp.tanh(batch["x"] @ p[0]["w"] + p[0]["b"])
+            logits = h @ p[1]["w"] + p[1]["b"]
+            return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) * jax.nn.one_hot(batch["y"], 5), axis=-1))
+
+        n = len(jax.devices())
+        batch = {"x": np.zeros((8 * n, 12), np.float32), "y": np.zeros(8 * n, np.int32)}
+        optimizer = optax.adam(1e-3)
+        for stage in sharded_state.STAGES:
+            state = sharded_state.init_state(params, optimizer, stage=stage)
+            step = sharded_state.make_train_step(loss_fn, optimizer, stage=stage)
+            found = [c for c in sharded_state.collectives(step.compile(state, batch).as_text()) if c.shape]
+            counts = {}
+            for c in found:
+                counts[c.op] = counts.get(c.op, 0) + 1
+            _COMPILED_COUNTS[stage] = (counts, found)
+    return _COMPILED_COUNTS
+
+
+@exercise("10.5", "Predict each stage's collectives before the compiled program shows them",
+          solution=solution_predict_collectives,
+          returns='a dict {collective: count}, e.g. {"all-reduce": 1}, for each stage')
+def check_predict_collectives(predict):
+    compiled = _compiled_counts()
+    for stage in ("replicated", "zero1", "zero2", "fsdp"):
+        got = call(predict, stage, name="predict")
+        if not isinstance(got, dict):
+            raise Mismatch(f"predict({stage!r}) returned {describe_tree(got)}; expected a dict from a collective's "
+                           'name to how many of it one step runs, e.g. {"all-gather": 1}.')
+        counts = {}
+        for op, count in got.items():
+            if not isinstance(op, str):
+                raise Mismatch(f"predict({stage!r}) has the key {op!r}; the keys are the collectives' names, "
+                               f"strings: {', '.join(repr(o) for o in _OPS)}.")
+            name = _SPELLINGS.get(op.strip().lower().replace(" ", ""), op.strip().lower())
+            if name not in _OPS:
+                raise Mismatch(f"predict({stage!r}) names {op!r}; use the compiled program's names: "
+                               f"{', '.join(repr(o) for o in _OPS)} (psum is an all-reduce, psum_scatter a "
+                               "reduce-scatter).")
+            if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
+                raise Mismatch(f"predict({stage!r})[{op!r}] is {describe(count) if hasattr(count, 'shape') else repr(count)}; "
+                               "expected a whole number of collectives per step, a Python int.")
+            if count:
+                counts[name] = counts.get(name, 0) + int(count)
+        want, found = compiled[stage]
+        if counts != want:
+            shown = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "no collective"
+            why = {
+                "replicated": "Data parallelism: every device needs the whole summed gradient.",
+                "zero1": "ZeRO-1 updates only its slice of the optimizer state: does it need the whole summed "
+                         "gradient, or only its slice? Section 2.",
+                "zero2": "In one step without accumulation, how does ZeRO-2's program differ from ZeRO-1's? "
+                         "Section 4 says where they part.",
+                "fsdp": "FSDP holds only a slice of the parameters: count what the forward pass needs, what the "
+                        "backward pass needs after the remat policy dropped the gathered copy, and what the "
+                        "gradient needs. Section 3.",
+            }[stage]
+            raise Mismatch(f"{stage}: you predicted {shown}; the compiled program of sharded_state's {stage!r} step "
+                           f"runs {_listed(found)}. {why}")
+    return ("the compiled programs agree: data parallelism one all-reduce; ZeRO-1 and ZeRO-2 a reduce-scatter and "
+            "an all-gather (the same bytes as the all-reduce); FSDP a third collective, the backward pass's gather.")
