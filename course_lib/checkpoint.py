@@ -464,6 +464,12 @@ class Checkpoints:
                 raise CheckpointError(f"restore: the state given as like= does not match step {step} in "
                                       f"{self.directory.name}/: {first} Build like= the way the saved state was "
                                       "built (same model, optimizer and backend).") from None
+            if "single, unnamed (default) checkpointable" in text:   # saved by Orbax alone, one unnamed item
+                raise CheckpointError(f"restore: step {step} in {self.directory.name}/ was saved by Orbax directly, "
+                                      "as one unnamed item, not in the state + extra layout that checkpoint.save "
+                                      "writes; the checkpoint itself is fine. Restore it with Orbax's own CheckpointManager and a "
+                                      "StandardRestore target (lesson 11, section 1), or save with "
+                                      "checkpoint.save to restore with checkpoint.restore.") from None
             raise self._damaged(step, e, available) from None
         except Exception as e:  # tensorstore and file errors for damaged files
             raise self._damaged(step, e, available) from None

@@ -10,8 +10,9 @@ Lesson 11. ``capture(directory, run_step, steps)`` runs ``run_step(i)`` for ``i`
 * ``ops``: every operation a device ran, ``Op(device, run_id, name, start_us, dur_us, collective)``. This parser
   reads the XLA **CPU runtime**'s tags: on the CPU all simulated devices share one process in the trace, and the
   runtime tags each op with ``device_ordinal``, the program's ``run_id`` (one per dispatch) and ``hlo_op``. A GPU or
-  TPU trace is laid out differently (one process, ``/device:GPU:0``, per device, its ops on an "XLA Ops" line):
-  lesson 11 shows how to read that with ``jax.profiler.ProfileData``. An op is a collective when its name is one
+  TPU trace is laid out differently (one plane per device, ``/device:GPU:0``; a TPU's ops on its "XLA Ops" line,
+  a GPU's kernels on one line per stream, each tagged with its ``hlo_op``): lesson 11 shows how to read that with
+  ``jax.profiler.ProfileData``. An op is a collective when its name is one
   (``all-reduce``, ``psum``, ``all-gather``, ...);
 * ``dispatches``: per device, one ``Dispatch`` per run of a compiled program (its span, its collectives);
 * ``markers``: the host's step annotations, ``Marker(step, start_us, dur_us)``: the step boundaries;

@@ -203,9 +203,9 @@ def test_a_resumed_run_removes_the_half_written_step_of_a_crash(tmp_path):
     assert "200" + checkpoint.TMP_MARKER in report["left_behind"]
     checkpoint.restore(directory, {"w": jnp.zeros(3)})               # reading leaves it alone
     assert "200" + checkpoint.TMP_MARKER in os.listdir(directory)
-    with checkpoint.Checkpoints(directory) as ckpt:                  # the resumed run saves again
-        ckpt.save(200, {"w": jnp.arange(3.0) + 1}, {"position": 200})
-    assert sorted(os.listdir(directory)) == ["100", "200"]
+    with checkpoint.Checkpoints(directory) as ckpt:                  # the resumed run saves another step
+        ckpt.save(150, {"w": jnp.arange(3.0) + 1}, {"position": 150})  # (a save of 200 would replace it anyway)
+    assert sorted(os.listdir(directory)) == ["100", "150"]
     assert checkpoint.restore(directory, {"w": jnp.zeros(3)})[0]["w"].tolist() == [1.0, 2.0, 3.0]
 
 
@@ -262,3 +262,17 @@ def test_restore_reads_a_typed_key_that_orbax_saved_itself(tmp_path, devices):
     restored, extra = checkpoint.restore(tmp_path / "run", fresh(devices), devices=devices[:2])
     assert extra == {"p": 1} and bits(restored) == bits(state)
     assert jax.dtypes.issubdtype(restored.key.dtype, jax.dtypes.prng_key)
+
+
+def test_a_step_orbax_saved_alone_is_not_called_damaged(tmp_path):
+    import orbax.checkpoint as ocp
+    directory = tmp_path / "run"
+    with ocp.CheckpointManager(directory) as manager:                 # one unnamed item, no state/extra layout
+        manager.save(7, args=ocp.args.StandardSave({"w": jnp.arange(3.0)}))
+    with pytest.raises(checkpoint.CheckpointError) as err:
+        checkpoint.restore(directory, {"w": jnp.zeros(3)})
+    assert "saved by Orbax directly" in str(err.value) and "damaged" not in str(err.value)
+    assert "delete" not in str(err.value)
+    assert checkpoint.steps(directory) == [7]                         # nothing was touched
+    with ocp.CheckpointManager(directory) as manager:
+        assert manager.restore(7, args=ocp.args.StandardRestore({"w": jnp.zeros(3)}))["w"].tolist() == [0.0, 1.0, 2.0]

@@ -142,7 +142,8 @@ def test_11_4_restore_resharded_right_answers():
     assert check("11.4", lesson11.solution_restore_resharded)
     # the lower-level checkpointer works too: the mechanism is the target, not the class
     def with_checkpointer(directory, like, mesh):
-        return ocp.StandardCheckpointer().restore(directory / "7" / "default", _on(mesh, like))
+        newest = max(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+        return ocp.StandardCheckpointer().restore(directory / str(newest) / "default", _on(mesh, like))
     feedback = check("11.4", with_checkpointer)
     assert feedback, feedback.message
 
@@ -174,3 +175,101 @@ def test_11_4_skipping_the_target_is_caught():
     assert lesson11._orbax_reads                  # the checker put Orbax's handlers back
     from orbax.checkpoint._src.serialization import jax_array_handlers
     assert jax_array_handlers.ArrayHandler.deserialize.__qualname__.startswith("ArrayHandler")
+
+
+# ---- beginner review: feedback that names the mistake the learner made
+
+
+def test_11_1_names_the_first_devices_and_the_saved_ones():
+    first = wrong("11.1", lambda d, like, devs: checkpoint.restore(d, like, devices=jax.devices()[:len(devs)])[0])
+    assert "the first 4 device(s), not the ones you were given" in first
+
+    def orbax_without_target(d, like, devs):
+        with ocp.CheckpointManager(d) as manager:
+            return manager.restore(manager.latest_step())["state"]
+    assert "all the devices it was saved from" in wrong("11.1", orbax_without_target)
+    assert "exactly the devices you were given" in wrong(
+        "11.1", lambda d, like, devs: checkpoint.restore(d, like, devices=devs[:1])[0])
+
+
+def test_11_2_one_device_compute_and_in_place_changes_are_named():
+    one = wrong("11.2", lambda t: profile.summarise(t)[0]["collective_us"] / profile.summarise(t)[0]["busy_us"])
+    assert "share of device 0 alone" in one
+    by_compute = wrong("11.2", lambda t: sum(v["collective_us"] for v in profile.summarise(t).values())
+                       / sum(v["compute_us"] for v in profile.summarise(t).values()))
+    assert "divides the collectives' time by the compute time" in by_compute
+
+    def empties(t):
+        value = solution_collective_fraction(t)
+        t.ops.clear()
+        return value
+    assert "changed the trace it was given in place (ops)" in wrong("11.2", empties)
+    # computing from the ops directly (no summarise) is right too
+    assert check("11.2", lambda t: sum(o.dur_us for o in t.ops if o.collective) / sum(o.dur_us for o in t.ops))
+
+
+def test_11_3_integer_arrays_pass_floats_and_sorting_in_place_are_named():
+    assert check("11.3", lambda t: t.markers[0].step + jnp.argmax(jnp.array([m.dur_us for m in t.markers])))
+    assert check("11.3", lambda t: t.markers[0].step + np.argmax([m.dur_us for m in t.markers]))
+    assert "floating-point number 103.0" in wrong("11.3", lambda t: float(solution_stalled_step(t)))
+    assert "an int" in wrong("11.3", lambda t: jnp.float32(solution_stalled_step(t)))
+    assert "an int" in wrong("11.3", lambda t: t.markers[0].step > 0)          # a bool is not a step
+
+    def sorts(t):
+        t.markers.sort(key=lambda m: m.dur_us)
+        return t.markers[-1].step
+    assert "changed the trace it was given in place (markers)" in wrong("11.3", sorts)
+    assert "host's step marks" in wrong("11.3", lambda t: min(t.markers, key=lambda m: m.dur_us).step)
+
+
+def test_11_4_one_rule_for_every_leaf_fails():
+    every_leaf_split = lambda d, like, mesh: _restore(d, jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=NamedSharding(mesh, P("data") if x.ndim else P())), like))
+    assert "Keep each leaf's PartitionSpec" in wrong("11.4", every_leaf_split)
+
+    def notebook_rule(d, like, mesh):          # lesson 11's fsdp_shardings: split where the first axis divides
+        size = mesh.shape["data"]
+        return _restore(d, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(
+            mesh, P("data") if x.ndim and x.shape[0] % size == 0 else P())), like))
+    assert "Keep each leaf's PartitionSpec" in wrong("11.4", notebook_rule)
+
+
+def test_11_4_the_newest_step_not_a_number_read_in_the_text():
+    def step_seven(d, like, mesh):
+        with ocp.CheckpointManager(d) as manager:
+            return manager.restore(7, args=ocp.args.StandardRestore(_on(mesh, like)))
+    message = wrong("11.4", step_seven)
+    assert "values of step 7" in message and "newer step, 9" in message
+
+    def newest_by_none(d, like, mesh):         # restore(None) is Orbax's "newest" too
+        with ocp.CheckpointManager(d) as manager:
+            return manager.restore(None, args=ocp.args.StandardRestore(_on(mesh, like)))
+    assert check("11.4", newest_by_none)
+
+
+def test_11_4_course_lib_other_layouts_and_device_order_are_named():
+    through = wrong("11.4", lambda d, like, mesh: checkpoint.restore(d, like, devices=list(mesh.devices.flat))[0])
+    assert "called course_lib's checkpoint.restore" in through and "Orbax itself" in through
+    assert checkpoint.restore.__name__ == "restore"          # the checker put course_lib back
+    step_dir = wrong("11.4", lambda d, like, mesh: ocp.StandardCheckpointer().restore(d / "7", _on(mesh, like)))
+    assert "named 'default'" in step_dir
+
+    def composite(d, like, mesh):              # section 1's layout, state and extra, copied here
+        with ocp.CheckpointManager(d) as manager:
+            return manager.restore(manager.latest_step(), args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(_on(mesh, like))))["state"]
+    assert "no Composite" in wrong("11.4", composite)
+
+    reversed_mesh = lambda d, like, mesh: _restore(d, _on(jax.make_mesh(
+        (mesh.size,), ("data",), devices=list(mesh.devices.flat)[::-1]), like))
+    assert "another order than the mesh you were given" in wrong("11.4", reversed_mesh)
+
+    def mutates(d, like, mesh):
+        for k in like:
+            like[k] = _on(mesh, {k: like[k]})[k]
+        return _restore(d, like)
+    assert "changed its input like in place" in wrong("11.4", mutates)
+    renamed = lambda d, like, mesh: _restore(d, jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+        x.shape, x.dtype, sharding=NamedSharding(jax.sharding.Mesh(mesh.devices, ("x",)),
+                                                 P(*["x" if a == "data" else a for a in x.sharding.spec]))), like))
+    assert check("11.4", renamed)                               # the same placement under another axis name

@@ -2,6 +2,7 @@
 restore a sharded state with Orbax straight onto a mesh of another size."""
 
 import contextlib
+import copy
 import pathlib
 import tempfile
 
@@ -88,8 +89,21 @@ def check_restore_onto(restore_onto):
                 if not isinstance(leaf, jax.Array):
                     raise Mismatch(f"{what}: leaf {name} is {describe(leaf)}, not a jax.Array on the devices.")
                 if set(leaf.devices()) != set(target):
-                    raise Mismatch(f"{what}: leaf {name} lives on devices {sorted(d.id for d in leaf.devices())}; "
-                                   f"expected ids {[d.id for d in target]}. Pass the devices to the restore.")
+                    ids = sorted(d.id for d in leaf.devices())
+                    like_devices = {d for x in jax.tree.leaves(like) for d in x.devices()}
+                    if set(leaf.devices()) == like_devices and like_devices != set(target):
+                        why = (" Those are the devices of like='s arrays: given like= alone, the restore puts each "
+                               "array where like='s array is. Pass the devices to the restore.")
+                    elif set(leaf.devices()) == set(devs) and count < len(devs):
+                        why = (" Those are all the devices it was saved from: with no placement asked for, the "
+                               "restore puts each array back where it was saved.")
+                    elif ids == sorted(d.id for d in devs[:count]) and set(devs[:count]) != set(target):
+                        why = (f" Those are the first {count} device(s), not the ones you were given (the checker "
+                               "gives you the last ones): use the devices argument itself.")
+                    else:
+                        why = " Put every leaf on exactly the devices you were given, all of them."
+                    raise Mismatch(f"{what}: leaf {name} lives on devices {ids}; expected ids "
+                                   f"{[d.id for d in target]}.{why}")
                 if not leaf.sharding.is_fully_replicated:
                     raise Mismatch(f"{what}: leaf {name} is split over the devices; the saved state is replicated.")
             for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(saved)):
@@ -131,6 +145,19 @@ def _synthetic(n_devices=4, steps=3, compute=(30.0, 50.0), wait=(10.0, 70.0), ga
     return profile.from_ops(ops, markers)
 
 
+def _call_on_trace(fn, trace, name):
+    """``fn(trace)`` through ``call``; a ``Mismatch`` if it changed the trace in place (a Trace is not a pytree,
+    so ``call`` cannot see inside it)."""
+    before = copy.deepcopy(trace)
+    got = call(fn, trace, name=name)
+    if trace != before:
+        changed = [f for f in ("ops", "dispatches", "markers", "host_reads") if getattr(trace, f) != getattr(before, f)]
+        raise Mismatch(f"{name}(trace) changed the trace it was given in place ({', '.join(changed)}): a list was "
+                       "sorted, emptied or edited. Read the trace without changing it (sorted() returns a new list; "
+                       "list.sort changes the one you have), so that the caller can still use it.")
+    return got
+
+
 def solution_collective_fraction(trace):
     per_device = profile.summarise(trace)
     collective = sum(v["collective_us"] for v in per_device.values())
@@ -143,9 +170,12 @@ def solution_collective_fraction(trace):
 def check_collective_fraction(collective_fraction):
     for seed, wait in [(0, (10.0, 70.0)), (1, (100.0, 300.0))]:
         trace = _synthetic(wait=wait, seed=seed)
+        expected = profile.collective_fraction(trace)   # everything expected is computed before the answer runs
+        s = profile.summarise(trace)
+        span = max(o.end_us for o in trace.ops) - min(o.start_us for o in trace.ops)
         shortcut = []
         with _watch(profile, "collective_fraction", shortcut):
-            got = call(collective_fraction, trace, name="collective_fraction")
+            got = _call_on_trace(collective_fraction, trace, "collective_fraction")
         if shortcut:
             raise Mismatch("collective_fraction(trace) calls profile.collective_fraction, the function this exercise "
                            "asks you to write. Compute it yourself from what profile.summarise reports per device.")
@@ -161,13 +191,10 @@ def check_collective_fraction(collective_fraction):
         except Exception:
             raise Mismatch(f"collective_fraction(trace) should return one number between 0 and 1; "
                            f"got {describe(got)}.") from None
-        expected = profile.collective_fraction(trace)
-        s = profile.summarise(trace)
         compute = sum(v["compute_us"] for v in s.values()) / sum(v["busy_us"] for v in s.values())
         if abs(value - compute) < 1e-6 and abs(compute - expected) > 1e-3:
             raise Mismatch(f"collective_fraction(trace) = {value:.3f} is the share of compute; the exercise asks for "
                            f"the share of collectives ({expected:.3f}).")
-        span = max(o.end_us for o in trace.ops) - min(o.start_us for o in trace.ops)
         coll = sum(v["collective_us"] for v in s.values())
         if abs(value - coll / (span * len(s))) < 1e-6:
             raise Mismatch(f"collective_fraction(trace) = {value:.3f} divides by the whole trace, idle gaps "
@@ -176,6 +203,14 @@ def check_collective_fraction(collective_fraction):
         if abs(value - 100 * expected) < 1e-4:
             raise Mismatch(f"collective_fraction(trace) = {value:.2f} is a percentage; return the fraction, a number "
                            "between 0 and 1 (format it as a percentage only when you print it).")
+        compute_total = sum(v["compute_us"] for v in s.values())
+        if abs(value - coll / compute_total) < 1e-6:
+            raise Mismatch(f"collective_fraction(trace) = {value:.3f} divides the collectives' time by the compute "
+                           "time; the busy time it should be divided by holds both, compute and collectives.")
+        single = [d for d, v in s.items() if abs(value - v["collective_us"] / v["busy_us"]) < 1e-6]
+        if single and abs(value - expected) > 1e-6:
+            raise Mismatch(f"collective_fraction(trace) = {value:.4f} is the share of device {single[0]} alone; the "
+                           f"trace holds {len(s)} devices, and the exercise asks for the share over all of them.")
         per_device = float(np.mean([v["collective_us"] / v["busy_us"] for v in s.values()]))
         if abs(value - per_device) < 1e-6 and abs(per_device - expected) > 1e-6:
             raise Mismatch(f"collective_fraction(trace) = {value:.4f} averages the devices' own fractions; a device "
@@ -207,16 +242,24 @@ def check_stalled_step(stalled_step):
                 ops.append(profile.Op(d, f"run{i}", "all-reduce", t + 300, 100.0, True))
             t += dur + 50
         trace = profile.from_ops(ops, markers)
-        got = call(stalled_step, trace, name="stalled_step")
+        got = _call_on_trace(stalled_step, trace, "stalled_step")
         want = first + stalled
+        dtype = getattr(got, "dtype", None)
+        if (isinstance(got, (jax.Array, np.ndarray)) and got.ndim == 0 and dtype is not None
+                and np.issubdtype(dtype, np.integer)):
+            got = int(got)      # one integer, e.g. from an argmax: a step number all the same
         if isinstance(got, (bool, np.bool_)) or not isinstance(got, (int, np.integer)):
+            shown = describe(got)
+            if isinstance(got, (float, np.floating)) or (dtype is not None and np.issubdtype(dtype, np.floating)):
+                shown = f"the floating-point number {float(np.asarray(got).reshape(-1)[0])!r} ({shown})"
             raise Mismatch(f"stalled_step(trace) should return a step number (an int, like {want}); "
-                           f"got {describe(got)}.")
+                           f"got {shown}.")
         if int(got) == stalled:
             raise Mismatch(f"stalled_step(trace) returned {int(got)}, the marker's position in the list; the runs "
                            "here do not start at step 0: return the step number the marker carries.")
         if int(got) != want:
-            raise Mismatch(f"stalled_step(trace) returned {int(got)}; the longest step is step {want}.")
+            raise Mismatch(f"stalled_step(trace) returned {int(got)}; the longest step is step {want}. Compare "
+                           "the host's step marks by how long each took.")
     return "the longest host step, named by its own step number."
 
 
@@ -268,6 +311,15 @@ def _orbax_reads(reads):
             setattr(cls, "deserialize", original)
 
 
+# Orbax errors a learner meets when opening the manager's directory another way, and what they mean.
+_ORBAX_LAYOUT = {
+    "subdirectory not found": "A CheckpointManager that saved one unnamed item keeps it in a sub-directory of the "
+                              "step, named 'default'; open the directory with a CheckpointManager, as it was saved, "
+                              "and it finds the item itself.",
+    "Composite": "The checker saved one unnamed item (StandardSave alone, no Composite): restore it the same way.",
+}
+
+
 @exercise("11.4", "Restore a state saved sharded on 8 devices straight onto a mesh of another size",
           solution=solution_restore_resharded)
 def check_restore_resharded(restore_resharded):
@@ -278,21 +330,49 @@ def check_restore_resharded(restore_resharded):
     n = len(devs)
     saved_mesh = jax.make_mesh((n,), ("data",), devices=devs)
     values = {"w": np.arange(16 * 8, dtype=np.float32).reshape(16, 8) / 7, "b": np.linspace(-1, 1, 16, dtype=np.float32),
+              "scale": np.linspace(0.5, 2.0, 16, dtype=np.float32), "v": np.arange(4 * 16, dtype=np.float32).reshape(4, 16),
               "count": np.int32(12)}
-    specs = {"w": P("data", None), "b": P("data"), "count": P()}
-    saved = {k: jax.device_put(v, NamedSharding(saved_mesh, specs[k])) for k, v in values.items()}
-    like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), saved)
+    # split along the first axis, along the second, and whole: one rule for every leaf cannot pass
+    specs = {"w": P("data", None), "b": P("data"), "scale": P(), "v": P(None, "data"), "count": P()}
+
+    def save(manager, step, values):
+        state = {k: jax.device_put(v, NamedSharding(saved_mesh, specs[k])) for k, v in values.items()}
+        manager.save(step, args=ocp.args.StandardSave(state))
+        manager.wait_until_finished()
+        return state
+
+    counts = [c for c in (4, 2) if c < n] or [n]
     with tempfile.TemporaryDirectory() as tmp:
         directory = pathlib.Path(tmp) / "run"
         with ocp.CheckpointManager(directory) as manager:
-            manager.save(7, args=ocp.args.StandardSave(saved))
-            manager.wait_until_finished()
-        for count in [c for c in (4, 2) if c < n] or [n]:
+            saved = save(manager, 7, values)
+        like_of = lambda: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), saved)
+        older, newest = None, 7
+        for i, count in enumerate(counts):
+            if i and i == len(counts) - 1:
+                # a newer step with other values: "the newest step" is whatever the directory holds last
+                older, newest = values, 9
+                values = {k: (v * 3 + 1).astype(v.dtype) for k, v in values.items()}
+                with ocp.CheckpointManager(directory) as manager:
+                    save(manager, newest, values)
             mesh = jax.make_mesh((count,), ("data",), devices=devs[n - count:])   # the last devices: "first n" fails
             what = f"restore_resharded(directory, like, mesh of {count} devices)"
-            reads = []
-            with _orbax_reads(reads) as watching:
-                got = call(restore_resharded, directory, like, mesh, name="restore_resharded")
+            reads, through_course_lib = [], []
+            with _orbax_reads(reads) as watching, _watch(checkpoint, "restore", through_course_lib), \
+                    _watch(checkpoint.Checkpoints, "restore", through_course_lib):
+                try:
+                    got = call(restore_resharded, directory, like_of(), mesh, name="restore_resharded",
+                               hints=_ORBAX_LAYOUT)
+                except Mismatch as e:
+                    if through_course_lib:
+                        raise Mismatch(f"{what} called course_lib's checkpoint.restore; this exercise asks for Orbax "
+                                       "itself, as you would write it in your own project (course_lib's restore "
+                                       "reads only checkpoints that course_lib's save wrote; here it raised "
+                                       f"{str(e).split(' raised ', 1)[-1].split(':', 1)[0]}).") from None
+                    raise
+            if through_course_lib:
+                raise Mismatch(f"{what} called course_lib's checkpoint.restore; this exercise asks for Orbax itself, "
+                               "as you would write it in your own project.")
             if isinstance(got, tuple) and len(got) == 2:
                 raise Mismatch(f"{what} returned a pair; return only the restored state (a dict like like=).")
             if not isinstance(got, dict) or set(got) != set(values):
@@ -311,16 +391,25 @@ def check_restore_resharded(restore_resharded):
                                    f"{want.shape} (a sharding changes where the parts live, not the shape).")
                 ids = sorted(d.id for d in leaf.devices())
                 if ids != sorted(d.id for d in mesh.devices.flat):
-                    hint = (" Those are the devices it was saved from: the checkpoint's stored sharding, and like='s, "
-                            "name the old mesh; the target must name the new one." if len(ids) == n else "")
+                    hint = (" Those are the devices it was saved from: the sharding stored in the checkpoint and "
+                            "the shardings in like= both name the old mesh; the target must name the new one."
+                            if len(ids) == n else "")
                     raise Mismatch(f"{what}: leaf {name!r} lives on devices {ids}; the mesh you were given holds "
                                    f"{sorted(d.id for d in mesh.devices.flat)}.{hint}")
                 expected = NamedSharding(mesh, specs[name])
                 if not leaf.sharding.is_equivalent_to(expected, leaf.ndim):
                     shown = getattr(leaf.sharding, "spec", leaf.sharding)
+                    if getattr(leaf.sharding, "spec", None) == specs[name] and leaf.sharding.mesh != mesh:
+                        raise Mismatch(f"{what}: leaf {name!r} is split as it was saved, {specs[name]}, but over "
+                                       "a mesh of your own whose devices are in another order than the mesh you "
+                                       "were given: device i holds another part. Use the mesh you were given.")
                     raise Mismatch(f"{what}: leaf {name!r} is placed as {shown}; it was saved split as "
                                    f"{specs[name]}. Keep each leaf's PartitionSpec and change only the mesh.")
                 if np.asarray(leaf).tobytes() != want.tobytes():
+                    if older is not None and np.asarray(leaf).tobytes() == older[name].tobytes():
+                        raise Mismatch(f"{what}: leaf {name!r} holds the values of step 7, but the directory now "
+                                       f"holds a newer step, {newest} (the checker saved it before this call). "
+                                       "Restore the newest step, whatever its number: ask the manager which it is.")
                     raise Mismatch(f"{what}: leaf {name!r} holds other values than the checkpoint: restore the "
                                    "saved step, not a fresh state.")
             if watching:
