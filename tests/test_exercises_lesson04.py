@@ -247,3 +247,8 @@ def test_04_5_summed_pieces_in_the_wrong_places():
     assert not fb and "every device holds all 8 fully summed pieces, but not in their places" in fb.message
     wrong_sums = check("04.5", lambda x, a: x * 2)
     assert not wrong_sums and "fully summed pieces" not in wrong_sums.message
+
+
+def test_a_string_returned_from_pmap_is_explained():
+    fb = check("04.1", lambda x, a: "3")
+    assert not fb and "not a valid JAX type" in fb.message and "returns arrays" in fb.message

@@ -293,3 +293,8 @@ def test_05_3_a_nan_hidden_in_the_value_but_not_in_the_gradient_is_caught(hide):
     fb = check("05.3", lambda p, y, m: hide(jnp.sum(m * (p - y) ** 2) / jnp.sum(m)))
     assert not fb and "its gradient there is [nan nan nan nan]" in fb.message
     assert check("05.3", lambda p, y, m: jnp.sum(m * (p - y) ** 2) / (jnp.sum(m) + 1e-8))
+
+
+def test_05_1_a_string_returned_from_pmap_is_explained():
+    fb = check("05.1", lambda *args: "3")
+    assert not fb and "returns arrays (or pytrees of them)" in fb.message

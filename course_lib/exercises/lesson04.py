@@ -25,7 +25,9 @@ def _run(fn, xs, name):
     mapped = jax.pmap(lambda x: fn(x, AXIS), axis_name=AXIS, devices=jax.devices()[:n])
     try:
         got = call(mapped, jnp.asarray(xs), name=f"pmap({name})", hints={
-            "unbound axis name": "Use the axis_name argument your function receives for every collective."})
+            "unbound axis name": "Use the axis_name argument your function receives for every collective.",
+            "not a valid JAX type": "A function run under pmap returns arrays (or tuples of them), not strings or "
+                                    "other Python objects: return the jax.numpy result itself."})
     except Mismatch as e:
         message = str(e)
         if "must be unique" in message or "perm" in message:

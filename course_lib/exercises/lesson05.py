@@ -79,6 +79,8 @@ def check_dp_step(dp_step):
                    name="pmap(dp_step)", hints={
                        "has no attribute 'tree_map'": "jax.tree_map was removed from JAX: use jax.tree.map.",
                        "unbound axis name": f"The axis is named {AXIS!r}: use that name in the collective.",
+                       "not a valid JAX type": "A function run under pmap returns arrays (or pytrees of them), not "
+                                               "strings or other Python objects: return the jax.numpy results.",
                    })
         if not isinstance(out, (tuple, list)) or len(out) != 3:
             raise Mismatch(f"dp_step should return a triple (new_params, new_opt_state, loss), as single_step "
