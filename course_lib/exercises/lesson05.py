@@ -131,7 +131,7 @@ def check_dp_step(dp_step):
         want_size = np.asarray(params["w"]) - np.asarray(want["w"])
         if name == "SGD" and n > 1 and np.allclose(step_size, n * want_size, rtol=1e-4, atol=1e-6):
             raise Mismatch(f"{on} the update is {n} times too large: psum adds the {n} gradients; the "
-                           "mean of per-device mean losses needs pmean.")
+                           "gradient of the global batch's mean loss is their mean, which pmean gives.")
         for key in params:
             dtype = np.asarray(got[key]).dtype
             if dtype != np.float32:
