@@ -19,7 +19,7 @@ def ring(axis_name, shift=1):
 def test_04_1_ring_allreduce():
     assert check("04.1", solution_ring_allreduce)
     uses_psum = check("04.1", lambda x, a: jax.lax.psum(x, a))
-    assert "must be built from jax.lax.ppermute, not psum" in uses_psum.message
+    assert "the program uses psum: the sum must be built from jax.lax.ppermute alone" in uses_psum.message
 
     def n_hops(x, a):
         total, passing = x, x
@@ -197,3 +197,58 @@ def test_no_hint_or_wrong_answer_feedback_of_lesson_04_holds_solution_code():
             for snippet in re.findall(r"`([^`]*)`", text):
                 assert "(" not in snippet or re.fullmatch(r"[\w.]+\(\)", snippet), (id_, snippet)
         assert len(ex.hints) >= 3, f"{id_}: a ladder: nudge, API or section, steps in words"
+
+
+def test_04_1_names_the_collective_it_found():
+    gathered = check("04.1", lambda x, a: jax.lax.all_gather(x, a).sum(0))
+    assert not gathered and "the program uses all_gather" in gathered.message and "psum" not in gathered.message
+    scattered = check("04.1", lambda x, a: jax.lax.psum(x, a) * 1.0)
+    assert not scattered and "the program uses psum" in scattered.message
+
+
+def test_04_1_reports_the_bytes_the_ring_actually_sent():
+    def both_ways(x, a):                              # 7 hops right and 7 left: twice the traffic, still right
+        n = jax.lax.psum(1, a)
+        total, right, left = x, x, x
+        for _ in range(n - 1):
+            right = jax.lax.ppermute(right, a, ring(a))
+            left = jax.lax.ppermute(left, a, ring(a, -1))
+            total = total + right
+        return total + 0 * left
+
+    fb = check("04.1", both_ways)
+    assert fb and "224 bytes for a 16-byte x: 14 x V" in fb.message
+    assert "(N - 1) x V" in check("04.1", solution_ring_allreduce).message
+
+
+def test_04_2_psum_instead_of_pmean_is_named():
+    def summed(x, a):
+        mean = jax.lax.psum(jnp.mean(x), a)
+        return mean, jax.lax.psum(jnp.mean((x - mean) ** 2), a)
+
+    fb = check("04.2", summed)
+    assert not fb and "8 times the mean of all the data" in fb.message and "psum adds, pmean averages" in fb.message
+
+
+def test_04_5_summed_pieces_in_the_wrong_places():
+    def misfiled(x, a):                                # right reduce-scatter, result filed one piece off
+        n, me = jax.lax.psum(1, a), jax.lax.axis_index(a)
+        chunks = x.reshape(n, -1)
+        passing = chunks[me]
+        for step in range(1, n):
+            passing = jax.lax.ppermute(passing, a, ring(a)) + chunks[(me - step) % n]
+        total = jnp.zeros_like(chunks).at[me].set(passing)
+        for step in range(1, n):
+            passing = jax.lax.ppermute(passing, a, ring(a))
+            total = total.at[(me - step) % n].set(passing)
+        return total.reshape(x.shape)
+
+    fb = check("04.5", misfiled)
+    assert not fb and "every device holds all 8 fully summed pieces, but not in their places" in fb.message
+    wrong_sums = check("04.5", lambda x, a: x * 2)
+    assert not wrong_sums and "fully summed pieces" not in wrong_sums.message
+
+
+def test_a_string_returned_from_pmap_is_explained():
+    fb = check("04.1", lambda x, a: "3")
+    assert not fb and "not a valid JAX type" in fb.message and "returns arrays" in fb.message

@@ -45,7 +45,7 @@ def test_05_1_dp_step():
         loss, grads = jax.value_and_grad(loss_fn)(params, batch)
         return *update(optimizer, jax.lax.pmean(grads, "devices"), opt_state, params), loss
 
-    assert "the loss returned on 8 devices with SGD" in check("05.1", local_loss).message
+    assert "each device returned the loss of its own shard" in check("05.1", local_loss).message
 
 
 def test_05_1_averaging_the_parameters_after_the_update_is_rejected_with_the_reason():
@@ -227,3 +227,74 @@ def test_05_1_parameters_in_another_dtype_are_named(dtype):
 
     fb = check("05.1", cast)
     assert not fb and f"is {jnp.dtype(dtype).name}; params are float32" in fb.message
+
+
+def test_05_1_returning_the_old_optimizer_state_is_caught_with_adam():
+    def stale(loss_fn, optimizer, params, opt_state, batch):
+        new_params, _, loss = solution_dp_step(loss_fn, optimizer, params, opt_state, batch)
+        return new_params, opt_state, loss
+
+    fb = check("05.1", stale)
+    assert not fb and "with Adam" in fb.message and "the one dp_step was given, unchanged" in fb.message
+
+
+def test_05_1_a_loss_not_averaged_or_summed_is_named():
+    def own_loss(loss_fn, optimizer, params, opt_state, batch):
+        new_params, new_state, _ = solution_dp_step(loss_fn, optimizer, params, opt_state, batch)
+        return new_params, new_state, loss_fn(params, batch)
+
+    fb = check("05.1", own_loss)
+    assert not fb and "each device returned the loss of its own shard" in fb.message
+
+    def summed_loss(loss_fn, optimizer, params, opt_state, batch):
+        new_params, new_state, loss = solution_dp_step(loss_fn, optimizer, params, opt_state, batch)
+        return new_params, new_state, jax.lax.psum(loss_fn(params, batch), "devices")
+
+    fb = check("05.1", summed_loss)
+    assert not fb and "8 times the loss of the global batch" in fb.message
+
+
+def _max_divergence_in(dtype, as_float):
+    def max_divergence(replicated):
+        worst = 0.0
+        for leaf in jax.tree.leaves(replicated):
+            copies = [np.asarray(s.data).astype(dtype) for s in leaf.addressable_shards]
+            for c in copies[1:]:
+                worst = max(worst, np.max(np.abs(c - copies[0])))
+        return float(worst) if as_float else worst
+    return max_divergence
+
+
+def test_05_2_lower_precision_is_named():
+    fb = check("05.2", _max_divergence_in(np.float16, as_float=False))
+    assert not fb and "returned a float16 number" in fb.message
+    fb = check("05.2", _max_divergence_in(np.float16, as_float=True))
+    assert not fb and "compared in a lower precision than their own (float32)" in fb.message
+    assert check("05.2", _max_divergence_in(np.float32, as_float=True))
+    assert check("05.2", _max_divergence_in(np.float64, as_float=True))
+
+
+def test_05_3_a_loss_that_cannot_be_traced_is_named():
+    boolean_index = check("05.3", lambda p, y, m: jnp.mean(((p - y) ** 2)[m]))
+    assert not boolean_index and "indexing with a boolean mask" in boolean_index.message
+    python_float = check("05.3", lambda p, y, m: float(solution_masked_mse(p, y, m)))
+    assert not python_float and "float(), int(), bool() or a Python if" in python_float.message
+
+    def python_if(p, y, m):
+        if jnp.sum(m) == 0:
+            return jnp.float32(0.0)
+        return jnp.sum(m * (p - y) ** 2) / jnp.sum(m)
+
+    assert "float(), int(), bool() or a Python if" in check("05.3", python_if).message
+
+
+@pytest.mark.parametrize("hide", [lambda v: jnp.nan_to_num(v), lambda v: jnp.where(jnp.isnan(v), 0.0, v)])
+def test_05_3_a_nan_hidden_in_the_value_but_not_in_the_gradient_is_caught(hide):
+    fb = check("05.3", lambda p, y, m: hide(jnp.sum(m * (p - y) ** 2) / jnp.sum(m)))
+    assert not fb and "its gradient there is [nan nan nan nan]" in fb.message
+    assert check("05.3", lambda p, y, m: jnp.sum(m * (p - y) ** 2) / (jnp.sum(m) + 1e-8))
+
+
+def test_05_1_a_string_returned_from_pmap_is_explained():
+    fb = check("05.1", lambda *args: "3")
+    assert not fb and "returns arrays (or pytrees of them)" in fb.message

@@ -25,7 +25,9 @@ def _run(fn, xs, name):
     mapped = jax.pmap(lambda x: fn(x, AXIS), axis_name=AXIS, devices=jax.devices()[:n])
     try:
         got = call(mapped, jnp.asarray(xs), name=f"pmap({name})", hints={
-            "unbound axis name": "Use the axis_name argument your function receives for every collective."})
+            "unbound axis name": "Use the axis_name argument your function receives for every collective.",
+            "not a valid JAX type": "A function run under pmap returns arrays (or tuples of them), not strings or "
+                                    "other Python objects: return the jax.numpy result itself."})
     except Mismatch as e:
         message = str(e)
         if "must be unique" in message or "perm" in message:
@@ -121,15 +123,23 @@ def check_ring_allreduce(ring_allreduce):
                            "what arrived. Add the result of the hop, and pass that result on in the next one.")
         expect_array(got, C.psum(xs), what=what)
         _same_dtype(got, xs, what)
-    if _uses(ring_allreduce, xs, "psum") or not _uses(ring_allreduce, xs, "ppermute"):
-        raise Mismatch("right values, but the sum must be built from jax.lax.ppermute, not psum.")
+    for banned in ("psum", "all_gather", "reduce_scatter", "all_to_all"):
+        if _uses(ring_allreduce, xs, banned):
+            shown = "psum_scatter" if banned == "reduce_scatter" else banned
+            raise Mismatch(f"right values, but the program uses {shown}: the sum must be built from "
+                           "jax.lax.ppermute alone (and +).")
+    if not _uses(ring_allreduce, xs, "ppermute"):
+        raise Mismatch("right values, but the program has no ppermute: the sum must be built from "
+                       "jax.lax.ppermute (and +).")
     xs = np.ones((len(jax.devices()), 4), np.float32)     # report the traffic for every device, 16-byte x
     n = xs.shape[0]
     hops, sent = _ppermute_bytes(ring_allreduce, xs)
     v = xs[0].nbytes
+    optimal = 2 * (n - 1) * v // n
+    how = "(N - 1) x V" if sent == (n - 1) * v else f"{sent / v:g} x V"
     return (f"every device holds the total: an all-reduce. On {n} devices your ring made {hops} hops and each "
-            f"device sent {sent} bytes for a {v}-byte x: (N - 1) x V. Section 4's ring sends 2 (N - 1) / N x V = "
-            f"{2 * (n - 1) * v // n} bytes, because it passes pieces of x, not all of it: optional exercise 04.5.")
+            f"device sent {sent} bytes for a {v}-byte x: {how}. Section 4's ring sends 2 (N - 1) / N x V = "
+            f"{optimal} bytes, because it passes pieces of x, not all of it: optional exercise 04.5.")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -170,6 +180,10 @@ def check_global_mean_var(global_mean_var):
             raise Mismatch(f"{what}: the variance is the mean of the per-device variances, "
                            f"{xs.var(axis=1).mean():.4f}; the variance of all the data is {xs.var():.4f}. Measure "
                            "each value's deviation from the global mean, not from its shard's mean.")
+        if not np.isclose(xs.mean(), 0) and np.allclose(mean, n * xs.mean(), rtol=1e-4):
+            raise Mismatch(f"{what}: the mean is {float(mean[0]):.4f}, {n} times the mean of all the data "
+                           f"({xs.mean():.4f}): it adds the {n} shard means instead of averaging them. psum adds, "
+                           "pmean averages (section 2).")
         expect_array(mean, np.full(n, xs.mean()), what=f"{what}: the mean", rtol=1e-4, atol=1e-4)
         if np.allclose(var, np.sqrt(xs.var()), rtol=1e-4):
             raise Mismatch(f"{what}: the variance is {float(var[0]):.4f}, the standard deviation of all the data; "
@@ -314,6 +328,16 @@ def check_ring_allreduce_chunked(ring_allreduce):
         xs = rng.integers(-9, 10, size=(n, 3 * n)).astype(np.float32)
         what = f"the ring all-reduce on {n} devices, each x a vector of {3 * n}"
         got = as_array(_run(ring_allreduce, xs, "ring_allreduce_chunked"), what=what, expected_shape=xs.shape)
+        if got.shape == xs.shape and not np.allclose(got, C.psum(xs)):
+            pieces = xs.sum(axis=0).reshape(n, -1)                 # the n fully summed pieces
+            mine = got.reshape(n, n, -1)                           # device, piece, values
+            shuffled = all(any(np.allclose(row, p) for p in pieces) for dev in mine for row in dev)
+            if shuffled and all(len({min(range(n), key=lambda k: np.abs(row - pieces[k]).sum()) for row in dev}) == n
+                                for dev in mine):
+                raise Mismatch(f"{what}: every device holds all {n} fully summed pieces, but not in their places "
+                               "(piece k is the k-th of the n equal slices of the result). The sums are right; the bookkeeping of "
+                               "which piece a device finishes the reduce-scatter with, or which one arrives at "
+                               "each hop of the all-gather, is off: work it out by hand for 2 devices.")
         expect_array(got, C.psum(xs), what=what)
         _same_dtype(got, xs, what)
         for banned in ("psum", "psum_scatter", "reduce_scatter", "all_gather", "all_to_all"):

@@ -79,6 +79,8 @@ def check_dp_step(dp_step):
                    name="pmap(dp_step)", hints={
                        "has no attribute 'tree_map'": "jax.tree_map was removed from JAX: use jax.tree.map.",
                        "unbound axis name": f"The axis is named {AXIS!r}: use that name in the collective.",
+                       "not a valid JAX type": "A function run under pmap returns arrays (or pytrees of them), not "
+                                               "strings or other Python objects: return the jax.numpy results.",
                    })
         if not isinstance(out, (tuple, list)) or len(out) != 3:
             raise Mismatch(f"dp_step should return a triple (new_params, new_opt_state, loss), as single_step "
@@ -129,7 +131,7 @@ def check_dp_step(dp_step):
         want_size = np.asarray(params["w"]) - np.asarray(want["w"])
         if name == "SGD" and n > 1 and np.allclose(step_size, n * want_size, rtol=1e-4, atol=1e-6):
             raise Mismatch(f"{on} the update is {n} times too large: psum adds the {n} gradients; the "
-                           "mean of per-device mean losses needs pmean.")
+                           "gradient of the global batch's mean loss is their mean, which pmean gives.")
         for key in params:
             dtype = np.asarray(got[key]).dtype
             if dtype != np.float32:
@@ -151,8 +153,27 @@ def check_dp_step(dp_step):
                                "gradients show this bug. Average them with pmean.")
         expect_array(got["w"], want["w"], what=f"w after one step {on}", rtol=1e-4, atol=1e-6)
         expect_array(got["b"], want["b"], what=f"b after one step {on}", rtol=1e-4, atol=1e-6)
-        expect_array(np.asarray(loss)[0], regression_loss(params, {"x": x, "y": y}),
+        global_loss = float(regression_loss(params, {"x": x, "y": y}))
+        losses = np.asarray(loss, np.float64)
+        own = np.array([float(regression_loss(params, s)) for s in shards])
+        if not np.allclose(losses, global_loss, rtol=1e-4) and np.allclose(losses, own, rtol=1e-4):
+            raise Mismatch(f"{on} the update is right, but each device returned the loss of its own shard "
+                           f"(device 0: {losses[0]:.4f}, device 1: {losses[1]:.4f}), not the loss of the global "
+                           f"batch, {global_loss:.4f}: the loss needs the same average over the devices as the "
+                           "gradients.")
+        if np.allclose(losses, n * global_loss, rtol=1e-4):
+            raise Mismatch(f"{on} the loss returned is {losses[0]:.4f}, {n} times the loss of the global batch "
+                           f"({global_loss:.4f}): psum adds the {n} per-device losses; their mean needs pmean.")
+        expect_array(losses[0], global_loss,
                      what=f"the loss returned {on} (the mean over the whole global batch)", rtol=1e-4)
+        if not _close(got_state, want_state, rtol=1e-4, atol=1e-7):
+            unchanged = _close(got_state, opt_state, rtol=0, atol=0)
+            raise Mismatch(f"{on} the parameters and the loss are right, but the optimizer state returned is "
+                           + ("the one dp_step was given, unchanged: " if unchanged else "not the one the update "
+                              "gives: ")
+                           + "Adam advances its step count and its running averages of the gradients at every "
+                           "update, so the next step would use stale ones. Return the new state the optimizer's "
+                           "update gives back, as single_step does.")
     return ("gradients averaged with pmean before the update, with SGD and with Adam: the same update and the same "
             "optimizer state everywhere, so the copies stay identical.")
 
@@ -213,15 +234,24 @@ def check_max_divergence(max_divergence):
                                "addressable_shards, brought to the host and compared there.") from None
             raise
 
-    got = expect_scalar(run(same), what="max_divergence(replicated)", per=one_number)
+    def number(tree):
+        result = run(tree)
+        dtype = getattr(result, "dtype", None)
+        if dtype is not None and np.ndim(result) == 0 and np.dtype(dtype) in (np.float16, jnp.bfloat16):
+            raise Mismatch(f"max_divergence returned a {np.dtype(dtype).name} number: copies that differ by less "
+                           f"than {np.dtype(dtype).name}'s precision would look identical. Compare the copies in "
+                           "their own dtype (float32 here) and return a Python float.")
+        return expect_scalar(result, what="max_divergence(replicated)", per=one_number)
+
+    got = number(same)
     if got != 0.0:
         raise Mismatch(f"for identical copies max_divergence returned {float(got)}; expected 0.0.")
     last = len(devs) - 1
-    for device, leaf, delta in [(last, "w", 0.25), (1, "b", -2.0), (last, "w", -0.5)]:
+    for device, leaf, delta in [(last, "w", 0.25), (1, "b", -2.0), (last, "w", -0.5), (last // 2, "b", 1e-3)]:
         copies = [{k: base[k] + (delta if (i == device and k == leaf) else 0.0) for k in base}
                   for i in range(len(devs))]
         drifted = jax.tree.map(lambda *xs: _stack_on_devices(xs, devs), *copies)
-        got = expect_scalar(run(drifted), what="max_divergence(replicated)", per=one_number)
+        got = number(drifted)
         how = f"{abs(delta)} {'below' if delta < 0 else 'above'} the first device's"
         if delta < 0 and (np.isclose(got, 0.0) or np.isclose(got, delta)):
             raise Mismatch(f"device {device}'s copy of {leaf!r} is {how}, but max_divergence returned {got}: a "
@@ -230,9 +260,16 @@ def check_max_divergence(max_divergence):
         if np.isclose(got, 0.0):
             raise Mismatch(f"device {device}'s copy of {leaf!r} is {how}, but max_divergence returned 0.0: compare "
                            "every device's copy (and every leaf), not only the first two.")
-        if not np.isclose(got, abs(delta)):
+        # The difference as float32 copies give it (1.0 + 1e-3 is not exact in float32, less so in float16).
+        exact = max(float(np.max(np.abs(np.asarray(c[leaf], np.float32) - np.asarray(copies[0][leaf], np.float32))))
+                    for c in copies)
+        if not np.isclose(got, exact) and np.isclose(got, exact, rtol=5e-2):
+            raise Mismatch(f"device {device}'s copy of {leaf!r} is {how}; max_divergence returned {got}, close but "
+                           "not exact: the copies were compared in a lower precision than their own (float32). "
+                           "Look for a cast (astype, dtype=) before the subtraction.")
+        if not np.isclose(got, exact):
             raise Mismatch(f"device {device}'s copy of {leaf!r} is {how}; max_divergence returned {got}. Return "
-                           f"the largest absolute difference from the first device's copy, here {abs(delta)}.")
+                           f"the largest absolute difference from the first device's copy, here {exact:g}.")
     return "it finds the largest difference between any device's copy and the first one, read where each lives."
 
 
@@ -278,10 +315,27 @@ def check_masked_mse(masked_mse):
             raise Mismatch(f"{what} divides by all {b} rows; divide by the number of real rows, {real} "
                            "(the sum of the mask).")
         expect_array(got, expected, what=what, rtol=1e-5)
+    # A loss runs inside jax.grad and a compiled step: its values are tracers there, not numbers.
+    traced = "A loss runs inside jax.grad and a compiled (pmap/jit) step, where its inputs are tracers: "
+    python_value = traced + ("float(), int(), bool() or a Python if on a value need a concrete number. Return the "
+                             "jax.numpy result itself, and choose with jax.numpy functions (jnp.where, jnp.maximum), "
+                             "not Python ones.")
+    call(jax.jit(jax.grad(masked_mse)), jnp.ones(4), jnp.zeros(4), jnp.arange(4) < 2,
+         name="jax.jit(jax.grad(masked_mse))",
+         hints={"boolean indices": traced + "indexing with a boolean mask would give a shape that depends on the "
+                                   "values, which a compiled program cannot have. Keep every row and let the mask "
+                                   "weight them instead.",
+                "Concretization": python_value, "boolean conversion": python_value})
     got = expect_scalar(call(masked_mse, jnp.ones(4), jnp.zeros(4), jnp.zeros(4, bool), name="masked_mse"),
                         what="masked_mse with no real rows")
     if not np.isfinite(got):
         raise Mismatch(f"with no real rows at all (a device that got only padding) masked_mse returned {float(got)}; "
                        "it must stay finite (0.0), or the NaN spreads to every device through the gradient average. "
                        "Divide by max(number of real rows, 1).")
+    grad = np.asarray(jax.grad(masked_mse)(jnp.ones(4), jnp.zeros(4), jnp.zeros(4, bool)))
+    if not np.all(np.isfinite(grad)):
+        raise Mismatch(f"with no real rows masked_mse returns {float(got)}, but its gradient there is {grad}: the "
+                       "0 / 0 is still computed, and choosing 0.0 afterwards (jnp.where, jnp.nan_to_num) hides it "
+                       "in the value, not in the gradient. The NaN gradient reaches every device through the "
+                       "gradient average. Make the division itself safe: a count that is never 0.")
     return "padding rows count for nothing, and a device with only padding gives 0, not NaN."
