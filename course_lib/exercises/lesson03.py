@@ -17,10 +17,15 @@ def _data(shape, seed):
 
 # Fragments of JAX's messages for the typical mistakes, and what they mean.
 SCALAR_MAPPED = ("rank at least 1", "A scalar was mapped: pmap maps every argument over axis 0 unless told "
-                 "otherwise. Broadcast it: in_axes has an entry for each positional argument, and None sends "
-                 "that argument whole to every device.")
+                 "otherwise, and an argument passed by keyword always (section 3). Broadcast it: in_axes has an "
+                 "entry for each positional argument, and None sends that argument whole to every device.")
 TOO_MANY_SLICES = ("squeeze out", "That is pmap's message for more slices than devices: reshape the leading "
                    "axis to the number of devices first.")
+DEVICE_IDS = ("no attribute 'process_index'", "pmap's devices argument takes Device objects (entries of "
+              "jax.devices()), not the devices' numbers.")
+LEAF_MAPPED = ("squeeze out", "pmap takes the number of slices from the first mapped argument and cuts the "
+               "others to match, so a mapped argument whose axis 0 is not the device count breaks it: was a "
+               "leaf of the parameters mapped? Every leaf of params goes whole to every device.")
 PARAMS_MAPPED = ("is partitioned", "An argument was split over the devices along axis 0 but its axis 0 is not "
                  "the device axis: were the parameters mapped? Broadcast them: None in in_axes for the "
                  "parameters sends them whole to every device.")
@@ -87,9 +92,11 @@ def check_scale_on_two(scale_on_two):
     two = jax.devices()[:2]
     for shape, s in [((4, 3), 2.0), ((8, 2), -0.5), ((6, 5), 3.0)]:
         x = jnp.asarray(_data(shape, seed=shape[0] * shape[1]))
-        got = _quiet_call(scale_on_two, x, s, name="scale_on_two", hints=dict([SCALAR_MAPPED, TOO_MANY_SLICES]),
+        got = _quiet_call(scale_on_two, x, s, name="scale_on_two",
+                          hints=dict([SCALAR_MAPPED, TOO_MANY_SLICES, DEVICE_IDS]),
                           summaries={"rank at least 1": "pmap was asked to split a scalar (rank 0) over the "
                                                         "devices.",
+                                     DEVICE_IDS[0]: "pmap looked for a Device and found an int.",
                                      "is partitioned": "pmap could not cut an argument's mapped axis into equal "
                                                        "blocks, one per device."})
         what = f"scale_on_two(x {shape}, {s})"
@@ -135,12 +142,14 @@ def check_predict(predict):
     for n, b, d, k in [(len(devices), 2, 3, 2), (4, 3, 2, 5)]:
         params = {"w": jnp.asarray(_data((d, k), seed=d * k)), "b": jnp.asarray(_data((k,), seed=k))}
         xs = jnp.asarray(_data((n, b, d), seed=n * b))
-        got = _quiet_call(predict, dict(params), xs, name=name, hints=dict([PARAMS_MAPPED, SCALAR_MAPPED]),
+        got = _quiet_call(predict, dict(params), xs, name=name, hints=dict([PARAMS_MAPPED, SCALAR_MAPPED, LEAF_MAPPED]),
                           summaries={"is partitioned": f"pmap tried to cut axis 0 of every mapped argument into {n} "
                                                        f"equal blocks, one per device, and could not (params: "
                                                        f"{_leading_sizes(params)}; xs {tuple(xs.shape)}).",
                                      "rank at least 1": "pmap was asked to split a scalar (rank 0) over the "
-                                                        "devices."})
+                                                        "devices.",
+                                     "squeeze out": "a mapped argument was cut into blocks of more than one "
+                                                    "slice each."})
         what = f"{name}(params w {params['w'].shape} b {params['b'].shape}, xs {xs.shape})"
         if isinstance(got, (tuple, list, dict)):
             raise Mismatch(f"{what} should return one array of shape {(n, b, k)}, the predictions; got "
@@ -194,6 +203,10 @@ def check_device_axis_last(device_axis_last):
         expected = (2.0 * np.asarray(xs)).T
         expect_dtype(got, xs.dtype, what=what)
         as_array(got, what=what, expected_shape=(b, n))
+        if tuple(np.shape(got)) == (n * b, 1):
+            raise Mismatch(f"{what} has shape {(n * b, 1)}; expected {(b, n)}. That is what pmap does with a "
+                           "negative out_axes: its documentation asks for a non-negative axis number, and a "
+                           "negative one is not checked. Count the output's axes from 0 (section 4).")
         if n != b and tuple(np.shape(got)) == (n, b):
             raise Mismatch(f"{what} has shape {(n, b)}: the device axis is still first. Expected {(b, n)}: "
                            "pmap's out_axes chooses the axis the per-device results are stacked along (section 4).")
