@@ -227,3 +227,25 @@ def test_progress_bad_lesson_is_a_clear_error_not_a_bare_key_error(lesson, fragm
     with pytest.raises(ValueError, match=re.escape(fragment)) as info:
         ex.progress(lesson)
     assert "progress(" in str(info.value) and not str(info.value).startswith(("'", '"'))
+
+
+def _headings(lesson: str) -> list[str]:
+    import json
+    from pathlib import Path
+
+    [path] = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob(f"{lesson}_*.ipynb"))
+    cells = json.loads(path.read_text())["cells"]
+    return [line.lstrip("#").strip() for c in cells if c["cell_type"] == "markdown"
+            for line in "".join(c["source"]).splitlines() if line.startswith("#")]
+
+
+@pytest.mark.parametrize("id_", IDS)
+def test_the_sections_a_hint_sends_the_learner_to_exist_in_the_lesson(id_):
+    # A hint that says 'section 3, "Reading one device's result"' is useless if the lesson renames the heading.
+    headings = _headings(id_.split(".")[0])
+    for h in ex.exercises()[id_].hints:
+        for number in re.findall(r"[Ss]ection (\d+)", h):
+            assert any(t.startswith(f"{number}. ") for t in headings), (id_, number, h)
+        for quoted in re.findall(r'"([^"]{4,})"', h):
+            assert any(t.startswith(quoted) or t.split(". ", 1)[-1].startswith(quoted) for t in headings), (
+                id_, quoted, headings)
