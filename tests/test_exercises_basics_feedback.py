@@ -109,6 +109,9 @@ WRONG = {
          lambda x: jax.device_put(jnp.linalg.norm(x, axis=1), jax.sharding.NamedSharding(
              jax.sharding.Mesh(np.array(jax.devices()[:x.shape[0]]), ("d",)), jax.sharding.PartitionSpec("d"))),
          "its program has no jax.pmap"),
+        ("pmap, then gathered on device 0",
+         lambda x: jax.device_put(jax.pmap(lambda v: jnp.sqrt(jnp.sum(v ** 2)))(x), jax.devices()[0]),
+         "or brought there afterwards"),
     ],
     "02.1": [
         ("interleaved", lambda x, n: x.reshape((x.shape[0] // n, n) + x.shape[1:]).swapaxes(0, 1),

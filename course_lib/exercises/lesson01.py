@@ -148,9 +148,9 @@ def check_norms_on_devices(norms_on_devices):
         as_array(got, what=what, expected_shape=(n,))
         expect_array(got, np.sqrt((x**2).sum(axis=1)), what=what, rtol=1e-4)
         if isinstance(got, jax.Array) and len(got.devices()) == 1:
-            raise Mismatch(f"{what} has the right values but lives on one device: that is vmap's (or plain "
-                           f"NumPy's) answer. The exercise is jax.pmap, so that each of the {n} rows is computed on "
-                           "its own device.")
+            raise Mismatch(f"{what} has the right values but lives on one device: computed there (vmap, plain "
+                           "jnp) or brought there afterwards. The exercise is jax.pmap, so that each of the "
+                           f"{n} rows is computed on its own device, and the result returned as pmap gives it.")
         expect_placed_on(got, devices[:n], what=what)
         if not pmap_specs(norms_on_devices, jnp.asarray(x), name="norms_on_devices"):
             raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap (the rows were "

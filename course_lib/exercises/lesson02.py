@@ -86,7 +86,8 @@ def check_sum_of_squares(sum_of_squares):
         expect_array(got, (xs**2).sum(axis=(1, 2)), what=what, rtol=1e-4)
         if isinstance(got, jax.Array) and len(got.devices()) == 1 and n > 1:
             raise Mismatch(f"{what} has the right values but lives on one device (jnp or vmap on the whole "
-                           "stack): the exercise is jax.pmap, each device summing its own block.")
+                           "stack, or the results brought to one device afterwards): the exercise is jax.pmap, "
+                           "each device summing its own block, and the result returned as pmap gives it.")
         expect_placed_on(got, devices[:n], what=what)
         if not pmap_specs(sum_of_squares, jnp.asarray(xs), name="sum_of_squares"):
             raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap (it was placed "
