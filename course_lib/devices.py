@@ -4,7 +4,7 @@ Lesson 00. JAX decides how many CPU devices exist once, when its first operation
 starts the backends. ``simulate_devices`` sets that number beforehand;
 ``lesson_devices`` is what every multi-device lesson calls first: it returns 8
 devices on any machine, falling back to simulated CPU devices where the machine
-has fewer accelerators than that (a laptop, a single GPU, Colab's TPU v5e-1), and
+has fewer accelerators than that (a laptop, a single GPU, a one-chip TPU runtime), and
 says which it chose.
 
 Simulated CPU devices are real XLA devices that share one process and the
@@ -133,7 +133,7 @@ def lesson_devices(n: int = 8, *, verbose: bool = True) -> list[jax.Device]:
     """The ``n`` devices a multi-device lesson runs on, wherever it runs.
 
     * ``n`` or more accelerators (a TPU slice, a multi-GPU machine): the first ``n`` of them.
-    * Fewer accelerators (a laptop, one GPU, Colab's TPU v5e-1): ``n`` simulated CPU
+    * Fewer accelerators (a laptop, one GPU, a one-chip TPU runtime): ``n`` simulated CPU
       devices, and JAX's default platform becomes the CPU for the rest of the process.
 
     Call it first in a notebook, before any other JAX operation. It prints which

@@ -40,7 +40,7 @@ def _leaks(id_, text):
 
 
 def test_every_exercise_of_lessons_00_to_03_is_covered():
-    assert IDS == ["00.1", "00.2", "01.1", "01.2", "01.3", "02.1", "02.2", "02.3", "03.1", "03.2", "03.3"]
+    assert IDS == ["00.1", "00.2", "01.1", "01.2", "01.3", "02.1", "02.2", "02.3", "03.1", "03.2", "03.3", "03.4"]
 
 
 @pytest.mark.parametrize("id_", IDS)
@@ -65,6 +65,7 @@ WRONG = {
         ("float16", lambda x: jax.device_put(jnp.asarray(x, jnp.float16), jax.devices()[3]), "dtype float16"),
         ("bfloat16", lambda x: jax.device_put(jnp.asarray(x, jnp.bfloat16), jax.devices()[3]), "dtype bfloat16"),
         ("device 2", lambda x: jax.device_put(x, jax.devices()[2]), "lives on device 2"),
+        ("the device's name", lambda x: jax.device_put(x, "cpu:3"), "not the device's number or name"),
         ("in place", lambda x: (x.__setitem__(Ellipsis, 0) if isinstance(x, np.ndarray) else None,
                                 jax.device_put(x, jax.devices()[3]))[1], "changed its input x in place"),
     ],
@@ -89,6 +90,10 @@ WRONG = {
         ("not placed", lambda x, ds: np.split(x, len(ds)), "still in host memory"),
         ("float16", lambda x, ds: [jax.device_put(p.astype(np.float16), d) for p, d in zip(np.split(x, len(ds)), ds)],
          "dtype float16"),
+        ("pieces stacked", lambda x, ds: jnp.stack([jax.device_put(p, d) for p, d in zip(np.split(x, len(ds)), ds)]),
+         "cannot combine them: return them as they are, in a list"),
+        ("8 pieces hard-coded", lambda x, ds: [jax.device_put(p, d) for p, d in zip(np.split(x, 8), ds)],
+         "This call gives 4 devices"),
     ],
     "01.2": [
         ("no vmap", lambda x: jnp.linalg.norm(x, axis=1), "no jax.vmap ran"),
@@ -96,6 +101,7 @@ WRONG = {
         ("mapped over columns", lambda x: jax.vmap(lambda c: jnp.sqrt(jnp.sum(c ** 2)), in_axes=1)(x), "axis 0"),
         ("bfloat16", lambda x: jax.vmap(lambda v: jnp.sqrt(jnp.sum(v.astype(jnp.bfloat16) ** 2)))(x),
          "dtype bfloat16"),
+        ("pmap instead of vmap", jax.pmap(lambda v: jnp.sqrt(jnp.sum(v ** 2))), "that is jax.pmap's answer"),
     ],
     "01.3": [
         ("vmap", jax.vmap(lambda v: jnp.sqrt(jnp.sum(v ** 2))), "lives on one device"),
@@ -103,12 +109,18 @@ WRONG = {
          lambda x: jax.device_put(jnp.linalg.norm(x, axis=1), jax.sharding.NamedSharding(
              jax.sharding.Mesh(np.array(jax.devices()[:x.shape[0]]), ("d",)), jax.sharding.PartitionSpec("d"))),
          "its program has no jax.pmap"),
+        ("pmap, then gathered on device 0",
+         lambda x: jax.device_put(jax.pmap(lambda v: jnp.sqrt(jnp.sum(v ** 2)))(x), jax.devices()[0]),
+         "or brought there afterwards"),
     ],
     "02.1": [
         ("interleaved", lambda x, n: x.reshape((x.shape[0] // n, n) + x.shape[1:]).swapaxes(0, 1),
          "rows were interleaved"),
         ("device axis second", lambda x, n: x.reshape((x.shape[0] // n, n) + x.shape[1:]), "comes first"),
         ("float16", lambda x, n: x.reshape((n, x.shape[0] // n) + x.shape[1:]).astype(np.float16), "dtype float16"),
+        ("B / n", lambda x, n: x.reshape((n, x.shape[0] / n) + x.shape[1:]), "B / n is a float"),
+        ("one trailing axis", lambda x, n: x.reshape(n, x.shape[0] // n, x.shape[1]),
+         "Here x has shape (12, 2, 2), so 2 axis(es) after the batch axis"),
     ],
     "02.2": [
         ("last axis only", jax.pmap(lambda b: jnp.sum(b ** 2, axis=-1)), "whole block"),
@@ -119,6 +131,9 @@ WRONG = {
         ("global index moved back", lambda y, i: jax.device_put(y[i], jax.devices()[i]), "moved data"),
         ("through NumPy", lambda y, i: jax.device_put(np.asarray(y)[i], jax.devices()[i]), "moved data"),
         ("keeps the device axis", lambda y, i: y.addressable_shards[i].data, "index it with [0]"),
+        ("every axis of size 1 squeezed", lambda y, i: y.addressable_shards[i].data.squeeze(),
+         "Every axis of size 1 was dropped"),
+        ("device 0's shard", lambda y, i: y.addressable_shards[0].data[0], "holds device 0's block, not device 3's"),
     ],
     "03.1": [
         ("scalar mapped", lambda x, s: jax.pmap(lambda a, f: a * f, devices=TWO)(x.reshape(2, -1, x.shape[1]), s),
@@ -126,16 +141,24 @@ WRONG = {
         ("no reshape", lambda x, s: jax.pmap(lambda a, f: a * f, in_axes=(0, None), devices=TWO)(x, s),
          "more slices than devices"),
         ("no pmap", lambda x, s: x * s, "lives on 1 device(s)"),
+        ("device numbers", lambda x, s: jax.pmap(lambda a, f: a * f, in_axes=(0, None), devices=[0, 1])(
+            x.reshape(2, -1, x.shape[1]), s).reshape(x.shape), "takes Device objects"),
+        ("scalar by keyword", lambda x, s: jax.pmap(lambda a, f: a * f, in_axes=(0,), devices=TWO)(
+            x.reshape(2, -1, x.shape[1]), f=s).reshape(x.shape), "an argument passed by keyword always"),
     ],
     "03.2": [
         ("parameters mapped", lambda p, xs: jax.pmap(lambda q, x: x @ q["w"] + q["b"])(p, xs),
          "could not (params: w (3, 2), b (2,); xs (8, 2, 3))"),
         ("no bias", lambda p, xs: jax.pmap(lambda q, x: x @ q["w"], in_axes=(None, 0))(p, xs), "bias b is missing"),
         ("one device", lambda p, xs: xs @ p["w"] + p["b"], "lives on one device"),
+        ("one leaf mapped", lambda p, xs: jax.pmap(lambda q, x: x @ q["w"] + q["b"],
+                                                   in_axes=({"w": None, "b": 0}, 0))(p, xs),
+         "was a leaf of the parameters mapped?"),
     ],
     "03.3": [
         ("transpose after", lambda xs: jax.pmap(lambda r: 2.0 * r)(xs).T, "swapped afterwards"),
         ("device axis first", jax.pmap(lambda r: 2.0 * r), "the device axis is still first"),
+        ("negative out_axes", jax.pmap(lambda r: 2.0 * r, out_axes=-1), "has shape (40, 1); expected (5, 8)"),
     ],
 }
 CASES = [(id_, label, fn, fragment) for id_, rows in WRONG.items() for label, fn, fragment in rows]
@@ -207,3 +230,25 @@ def test_progress_bad_lesson_is_a_clear_error_not_a_bare_key_error(lesson, fragm
     with pytest.raises(ValueError, match=re.escape(fragment)) as info:
         ex.progress(lesson)
     assert "progress(" in str(info.value) and not str(info.value).startswith(("'", '"'))
+
+
+def _headings(lesson: str) -> list[str]:
+    import json
+    from pathlib import Path
+
+    [path] = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob(f"{lesson}_*.ipynb"))
+    cells = json.loads(path.read_text())["cells"]
+    return [line.lstrip("#").strip() for c in cells if c["cell_type"] == "markdown"
+            for line in "".join(c["source"]).splitlines() if line.startswith("#")]
+
+
+@pytest.mark.parametrize("id_", IDS)
+def test_the_sections_a_hint_sends_the_learner_to_exist_in_the_lesson(id_):
+    # A hint that says 'section 3, "Reading one device's result"' is useless if the lesson renames the heading.
+    headings = _headings(id_.split(".")[0])
+    for h in ex.exercises()[id_].hints:
+        for number in re.findall(r"[Ss]ection (\d+)", h):
+            assert any(t.startswith(f"{number}. ") for t in headings), (id_, number, h)
+        for quoted in re.findall(r'"([^"]{4,})"', h):
+            assert any(t.startswith(quoted) or t.split(". ", 1)[-1].startswith(quoted) for t in headings), (
+                id_, quoted, headings)

@@ -43,7 +43,21 @@ def test_02_3_block_on():
     on_host = check("02.3", lambda y, i: np.asarray(y)[i])
     assert "copied to the host" in on_host.message
     wrong_device = check("02.3", lambda y, i: y.addressable_shards[0].data[0])
-    assert "values differ" in wrong_device.message
+    assert "block_on(y (8, 3), 3) holds device 0's block, not device 3's" in wrong_device.message
+    off_by_one = check("02.3", lambda y, i: y.addressable_shards[i - 1].data[0])
+    assert "block_on(y (8, 3), 0) holds device 7's block, not device 0's" in off_by_one.message
+    doubled = check("02.3", lambda y, i: 2 * y.addressable_shards[i].data[0])
+    assert not doubled and "values differ" in doubled.message
+
+
+def test_02_3_squeeze_that_drops_the_arrays_own_axes_of_size_1_fails():
+    # y (8, 1, 2): device i's part is (1, 2); a squeeze with no axis named returns (2,), and passed before.
+    squeezed = check("02.3", lambda y, i: y.addressable_shards[i].data.squeeze())
+    assert not squeezed
+    assert "block_on(y (8, 1, 2), 0) has shape (2,); expected (1, 2)" in squeezed.message
+    assert "Every axis of size 1 was dropped" in squeezed.message
+    assert check("02.3", lambda y, i: y.addressable_shards[i].data.squeeze(0))
+    assert check("02.3", lambda y, i: y.addressable_shards[i].data.reshape(y.shape[1:]))
 
 
 @pytest.mark.filterwarnings("ignore:Setting the shape on a NumPy array:DeprecationWarning")

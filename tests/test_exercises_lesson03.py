@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from course_lib.exercises import check
 from course_lib.exercises.lesson03 import solution_device_axis_last, solution_predict, solution_scale_on_two
@@ -100,3 +101,117 @@ def test_03_3_raises_or_wrong_structure():
     assert not fb and "raised ValueError" in fb.message
     fb = check("03.3", lambda xs: [solution_device_axis_last(xs)])
     assert not fb and "should be an array of shape (5, 8), got list[Array float32[5, 8]]" in fb.message
+
+
+# ---- 03.4: the prediction with jax.smap on a mesh axis ----------------------------------------
+
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from course_lib.exercises.lesson03 import solution_smap_predict  # noqa: E402
+
+
+def _mm(a, b):
+    return a @ b
+
+
+def _smap(in_axes=(0, None), out_axes=0):
+    return jax.smap(_mm, in_axes=in_axes, out_axes=out_axes, axis_name="i")
+
+
+def test_03_4_reference_and_a_jitted_smap_pass():
+    assert check("03.4", solution_smap_predict)
+
+    def jitted(x, w, mesh):
+        with jax.set_mesh(mesh):
+            return jax.jit(_smap())(jax.device_put(x, P("i")), w)
+    fb = check("03.4", jitted)
+    assert fb, fb.message
+    # Run twice: a jit cache must not hide the smap from the checker.
+    assert check("03.4", jitted)
+
+
+def test_03_4_input_not_placed_is_named():
+    def unplaced(x, w, mesh):
+        with jax.set_mesh(mesh):
+            return _smap()(x, w)
+    fb = check("03.4", unplaced)
+    assert not fb and "smap does not move an input for you: x reached it unsplit" in fb.message
+
+
+def test_03_4_weight_mapped_is_named():
+    def w_mapped(x, w, mesh):
+        with jax.set_mesh(mesh):
+            return _smap(in_axes=0)(jax.device_put(x, P("i")), w)
+    fb = check("03.4", w_mapped)
+    assert not fb and 'w was mapped over "i" too' in fb.message and "None as its entry of in_axes" in fb.message
+
+
+def test_03_4_no_mesh_context_is_named():
+    fb = check("03.4", lambda x, w, mesh: _smap()(jax.device_put(x, P("i")), w))
+    assert not fb and "runs inside the mesh's context (section 6)" in fb.message
+
+
+def test_03_4_skipping_smap_is_named():
+    def sharded_jit(x, w, mesh):
+        with jax.set_mesh(mesh):
+            return jax.jit(_mm)(jax.device_put(x, P("i")), w)
+    fb = check("03.4", sharded_jit)
+    assert not fb and 'no smap over the mesh\'s axis "i" ran' in fb.message
+
+    def with_pmap(x, w, mesh):
+        devs = list(mesh.devices.flat)
+        blocks = jnp.asarray(x).reshape(len(devs), -1, x.shape[1])
+        return jax.pmap(_mm, in_axes=(0, None), devices=devs)(blocks, w).reshape(x.shape[0], -1)
+    fb = check("03.4", with_pmap)
+    assert not fb and 'not split over the mesh axis "i"' in fb.message
+
+    fb = check("03.4", lambda x, w, mesh: jnp.asarray(x) @ w)
+    assert not fb and "lives on one device: the exercise is jax.smap" in fb.message
+
+
+def test_03_4_works_on_8_devices_but_not_on_the_4_given():
+    def own_mesh(x, w, mesh):
+        with jax.set_mesh(jax.make_mesh((8,), ("i",))):
+            return _smap()(jax.device_put(x, P("i")), w)
+    fb = check("03.4", own_mesh)
+    assert not fb and "the mesh given has 4: use the mesh passed in" in fb.message
+
+    built_once = _smap()
+
+    def reused(x, w, mesh):
+        with jax.set_mesh(mesh):
+            return built_once(jax.device_put(x, P("i")), w)
+    fb = check("03.4", reused)
+    assert not fb and "keeps the mesh of its first call" in fb.message
+
+
+def test_03_4_out_axes_none_host_result_dtype_and_replication_are_named():
+    def out_none(x, w, mesh):
+        with jax.set_mesh(mesh):
+            return _smap(out_axes=None)(jax.device_put(x, P("i")), w)
+    fb = check("03.4", out_none)
+    assert not fb and "out_axes=None says every device holds the same result" in fb.message
+    fb = check("03.4", lambda x, w, mesh: np.asarray(solution_smap_predict(x, w, mesh)))
+    assert not fb and "should be a jax.Array on 8 devices, got ndarray" in fb.message
+    for dtype in (jnp.float16, jnp.bfloat16):
+        fb = check("03.4", lambda x, w, mesh: solution_smap_predict(x, w, mesh).astype(dtype))
+        assert not fb and f"has dtype {jnp.dtype(dtype).name}; expected float32" in fb.message
+
+    def replicated(x, w, mesh):
+        with jax.set_mesh(mesh):
+            return jax.device_put(solution_smap_predict(x, w, mesh), P())
+    fb = check("03.4", replicated)
+    assert not fb and "holds a full copy on every device" in fb.message
+
+
+def test_03_4_an_input_changed_in_place_is_named_and_the_checker_never_raises():
+    def in_place(x, w, mesh):
+        x *= 2.0
+        return solution_smap_predict(x / 2.0, w, mesh)
+    fb = check("03.4", in_place)
+    assert not fb and "changed its input x in place" in fb.message
+    for wrong in (None, 3, lambda x, w, mesh: "x @ w", lambda x, w, mesh: 1 / 0):
+        fb = check("03.4", wrong)
+        assert not fb
+    from jax._src import shard_map as _sm
+    assert "bind" not in vars(_sm.shard_map_p), "the checker leaves shard_map as it found it"

@@ -55,7 +55,7 @@ def check_on_device_3(on_device_3):
         what = f"on_device_3({describe(x)} on {'the host' if isinstance(x, np.ndarray) else x.devices()})"
         got = call(on_device_3, x.copy() if isinstance(x, np.ndarray) else x, name="on_device_3", hints={
             "Received invalid value": "jax.device_put wants a Device object as its target (an entry of "
-                                      "jax.devices()), not the device's number."})
+                                      "jax.devices()), not the device's number or name."})
         if isinstance(got, jax.Device):
             raise Mismatch(f"{what} returned the device itself ({got}); return the array, placed on that device.")
         expect_dtype(got, private.dtype, what=what)

@@ -40,7 +40,13 @@ def check_split_across(split_across):
         x = _batch(b, d, seed=n + b)
         ids = [dev.id for dev in devs]
         label = f"split_across(x {x.shape}, devices with ids {ids})"
-        pieces = call(split_across, x.copy(), list(devs), name="split_across")
+        pieces = call(split_across, x.copy(), list(devs), name="split_across", hints={
+            "incompatible devices": "The pieces already live on different devices, so one operation (a stack, a "
+                                    "concatenate) cannot combine them: return them as they are, in a list.",
+            "equal division": f"This call gives {n} devices (the checker also tries fewer than JAX has): the "
+                              "number of pieces is the length of the devices argument.",
+            "cannot reshape": f"This call gives {n} devices (the checker also tries fewer than JAX has): the "
+                              "number of pieces is the length of the devices argument."})
         if not isinstance(pieces, (list, tuple)):
             raise Mismatch(f"{label} should return a list of {n} arrays, got {describe_tree(pieces)}.")
         if len(pieces) != n:
@@ -101,6 +107,11 @@ def check_batched_norms(batched_norms):
             raise Mismatch(f"batched_norms(x {x.shape}) returned shape ({d},): one value per column. Map over "
                            "axis 0 (the rows), not axis 1.")
         expect_array(got, np.sqrt((x**2).sum(axis=1)), what=f"batched_norms(x {x.shape})", rtol=1e-4)
+        if b > 1 and isinstance(got, jax.Array) and len(got.devices()) > 1:
+            raise Mismatch(f"batched_norms(x {x.shape}) has the right values, but spread over "
+                           f"{len(got.devices())} devices: that is jax.pmap's answer, one row per device, which "
+                           "cannot take more rows than there are devices. The exercise is jax.vmap: the whole "
+                           "batch on one device (section 3).")
     if vmaps == 0:
         raise Mismatch("batched_norms has the right values, but no jax.vmap ran while it computed them: it works "
                        "on the whole batch at once (a norm or a sum over axis 1) or loops over the rows in Python. "
@@ -137,9 +148,9 @@ def check_norms_on_devices(norms_on_devices):
         as_array(got, what=what, expected_shape=(n,))
         expect_array(got, np.sqrt((x**2).sum(axis=1)), what=what, rtol=1e-4)
         if isinstance(got, jax.Array) and len(got.devices()) == 1:
-            raise Mismatch(f"{what} has the right values but lives on one device: that is vmap's (or plain "
-                           f"NumPy's) answer. The exercise is jax.pmap, so that each of the {n} rows is computed on "
-                           "its own device.")
+            raise Mismatch(f"{what} has the right values but lives on one device: computed there (vmap, plain "
+                           "jnp) or brought there afterwards. The exercise is jax.pmap, so that each of the "
+                           f"{n} rows is computed on its own device, and the result returned as pmap gives it.")
         expect_placed_on(got, devices[:n], what=what)
         if not pmap_specs(norms_on_devices, jnp.asarray(x), name="norms_on_devices"):
             raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap (the rows were "

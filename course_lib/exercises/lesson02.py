@@ -24,8 +24,9 @@ def solution_split_batch(x, n):
           returns="an array of shape (n, B // n, ...) with x's values, device i's block the rows "
                   "i * B // n to (i + 1) * B // n",
           hints=["Only the shape changes, not the order of the values: no transpose, no copy by hand.",
-                 "One `reshape` does it (section 5, \"By hand\"). The new shape is built from n, B // n and "
-                 "x.shape[1:], whatever the number of trailing axes.",
+                 "One `reshape` does it (section 5, \"By hand\"). The new shape is built from n, B // n and the "
+                 "sizes of all of x's axes after the first (its `shape` attribute holds them), whatever their "
+                 "number.",
                  "In words: the new shape is the device axis first, then the rows of each block, then every other "
                  "axis of x unchanged; reshape x to it and return it."])
 def check_split_batch(split_batch):
@@ -34,7 +35,11 @@ def check_split_batch(split_batch):
         x = original.copy()
         b = shape[0]
         expected = original.reshape((n, b // n) + shape[1:]).copy()
-        got = call(split_batch, x, n, name="split_batch")
+        got = call(split_batch, x, n, name="split_batch", hints={
+            "cannot be interpreted as an integer": "A shape needs whole numbers, and B / n is a float even when n "
+                                                   "divides B: divide with integer division.",
+            "cannot reshape": f"Here x has shape {shape}, so {len(shape) - 1} axis(es) after the batch axis: keep "
+                              "each of them as it is, after the device axis and the rows of a block."})
         what = f"split_batch(x {shape}, n={n})"
         expect_dtype(got, original.dtype, what=what)
         got_shape = as_array(got, what=what, expected_shape=expected.shape).shape
@@ -81,7 +86,8 @@ def check_sum_of_squares(sum_of_squares):
         expect_array(got, (xs**2).sum(axis=(1, 2)), what=what, rtol=1e-4)
         if isinstance(got, jax.Array) and len(got.devices()) == 1 and n > 1:
             raise Mismatch(f"{what} has the right values but lives on one device (jnp or vmap on the whole "
-                           "stack): the exercise is jax.pmap, each device summing its own block.")
+                           "stack, or the results brought to one device afterwards): the exercise is jax.pmap, "
+                           "each device summing its own block, and the result returned as pmap gives it.")
         expect_placed_on(got, devices[:n], what=what)
         if not pmap_specs(sum_of_squares, jnp.asarray(xs), name="sum_of_squares"):
             raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap (it was placed "
@@ -114,13 +120,13 @@ def solution_block_on(y, i):
           returns="a jax.Array of shape y.shape[1:], living on device i only",
           hints=["Indexing y[i] is a computation on the global array, and its result is copied to every "
                  "device. Ask y for the piece device i already holds instead.",
-                 "Section 3, \"Reading one device's block\": `jax.Array.addressable_shards` lists each device's "
+                 "Section 3, \"Reading one device's result\": `jax.Array.addressable_shards` lists each device's "
                  "block, and a shard's `data` is that block, still on its device.",
                  "In words: take the shard of device i, take its data, and drop the leading axis of size 1 that "
                  "the block keeps from pmap's device axis."])
 def check_block_on(block_on):
     devices = jax.devices()
-    for shape in [(len(devices), 3), (len(devices), 2, 2)]:
+    for shape in [(len(devices), 3), (len(devices), 2, 2), (len(devices), 1, 2)]:
         def make_y():  # a fresh array each time: NumPy keeps a host copy of an array it has read once
             return jax.pmap(lambda x: x * 2)(jnp.asarray(_data(shape, seed=shape[-1])))
 
@@ -132,7 +138,19 @@ def check_block_on(block_on):
             if tuple(as_array(got, what=what, expected_shape=shape[1:]).shape) == (1,) + shape[1:]:
                 raise Mismatch(f"{what} has shape {(1,) + shape[1:]}; expected {shape[1:]}. A shard's data keeps "
                                "pmap's device axis, of size 1: index it with [0].")
-            expect_array(got, np.asarray(y)[i], what=what)
+            squeezed = tuple(size for size in shape[1:] if size != 1)
+            if squeezed != shape[1:] and tuple(np.shape(got)) == squeezed:
+                raise Mismatch(f"{what} has shape {squeezed}; expected {shape[1:]}. Every axis of size 1 was "
+                               "dropped, including y's own: only the leading axis of the shard's data, pmap's "
+                               "device axis, should go (a squeeze with no axis named removes them all).")
+            values = as_array(got, what=what)
+            rows = np.asarray(y)
+            if values.shape == shape[1:] and not np.allclose(values, rows[i]):
+                other = [j for j in range(shape[0]) if j != i and np.allclose(values, rows[j])]
+                if other:
+                    raise Mismatch(f"{what} holds device {other[0]}'s block, not device {i}'s: which shard "
+                                   f"belongs to device {i}? Each shard says which device holds it.")
+            expect_array(got, rows[i], what=what)
             if not isinstance(got, jax.Array):
                 raise Mismatch(f"{what} is a {describe(got)}, copied to the host; return the jax.Array that "
                                f"device {i} holds.")

@@ -17,10 +17,15 @@ def _data(shape, seed):
 
 # Fragments of JAX's messages for the typical mistakes, and what they mean.
 SCALAR_MAPPED = ("rank at least 1", "A scalar was mapped: pmap maps every argument over axis 0 unless told "
-                 "otherwise. Broadcast it: in_axes has an entry for each positional argument, and None sends "
-                 "that argument whole to every device.")
+                 "otherwise, and an argument passed by keyword always (section 3). Broadcast it: in_axes has an "
+                 "entry for each positional argument, and None sends that argument whole to every device.")
 TOO_MANY_SLICES = ("squeeze out", "That is pmap's message for more slices than devices: reshape the leading "
                    "axis to the number of devices first.")
+DEVICE_IDS = ("no attribute 'process_index'", "pmap's devices argument takes Device objects (entries of "
+              "jax.devices()), not the devices' numbers.")
+LEAF_MAPPED = ("squeeze out", "pmap takes the number of slices from the first mapped argument and cuts the "
+               "others to match, so a mapped argument whose axis 0 is not the device count breaks it: was a "
+               "leaf of the parameters mapped? Every leaf of params goes whole to every device.")
 PARAMS_MAPPED = ("is partitioned", "An argument was split over the devices along axis 0 but its axis 0 is not "
                  "the device axis: were the parameters mapped? Broadcast them: None in in_axes for the "
                  "parameters sends them whole to every device.")
@@ -87,9 +92,11 @@ def check_scale_on_two(scale_on_two):
     two = jax.devices()[:2]
     for shape, s in [((4, 3), 2.0), ((8, 2), -0.5), ((6, 5), 3.0)]:
         x = jnp.asarray(_data(shape, seed=shape[0] * shape[1]))
-        got = _quiet_call(scale_on_two, x, s, name="scale_on_two", hints=dict([SCALAR_MAPPED, TOO_MANY_SLICES]),
+        got = _quiet_call(scale_on_two, x, s, name="scale_on_two",
+                          hints=dict([SCALAR_MAPPED, TOO_MANY_SLICES, DEVICE_IDS]),
                           summaries={"rank at least 1": "pmap was asked to split a scalar (rank 0) over the "
                                                         "devices.",
+                                     DEVICE_IDS[0]: "pmap looked for a Device and found an int.",
                                      "is partitioned": "pmap could not cut an argument's mapped axis into equal "
                                                        "blocks, one per device."})
         what = f"scale_on_two(x {shape}, {s})"
@@ -135,12 +142,14 @@ def check_predict(predict):
     for n, b, d, k in [(len(devices), 2, 3, 2), (4, 3, 2, 5)]:
         params = {"w": jnp.asarray(_data((d, k), seed=d * k)), "b": jnp.asarray(_data((k,), seed=k))}
         xs = jnp.asarray(_data((n, b, d), seed=n * b))
-        got = _quiet_call(predict, dict(params), xs, name=name, hints=dict([PARAMS_MAPPED, SCALAR_MAPPED]),
+        got = _quiet_call(predict, dict(params), xs, name=name, hints=dict([PARAMS_MAPPED, SCALAR_MAPPED, LEAF_MAPPED]),
                           summaries={"is partitioned": f"pmap tried to cut axis 0 of every mapped argument into {n} "
                                                        f"equal blocks, one per device, and could not (params: "
                                                        f"{_leading_sizes(params)}; xs {tuple(xs.shape)}).",
                                      "rank at least 1": "pmap was asked to split a scalar (rank 0) over the "
-                                                        "devices."})
+                                                        "devices.",
+                                     "squeeze out": "a mapped argument was cut into blocks of more than one "
+                                                    "slice each."})
         what = f"{name}(params w {params['w'].shape} b {params['b'].shape}, xs {xs.shape})"
         if isinstance(got, (tuple, list, dict)):
             raise Mismatch(f"{what} should return one array of shape {(n, b, k)}, the predictions; got "
@@ -194,6 +203,10 @@ def check_device_axis_last(device_axis_last):
         expected = (2.0 * np.asarray(xs)).T
         expect_dtype(got, xs.dtype, what=what)
         as_array(got, what=what, expected_shape=(b, n))
+        if tuple(np.shape(got)) == (n * b, 1):
+            raise Mismatch(f"{what} has shape {(n * b, 1)}; expected {(b, n)}. That is what pmap does with a "
+                           "negative out_axes: its documentation asks for a non-negative axis number, and a "
+                           "negative one is not checked. Count the output's axes from 0 (section 4).")
         if n != b and tuple(np.shape(got)) == (n, b):
             raise Mismatch(f"{what} has shape {(n, b)}: the device axis is still first. Expected {(b, n)}: "
                            "pmap's out_axes chooses the axis the per-device results are stacked along (section 4).")
@@ -213,3 +226,138 @@ def check_device_axis_last(device_axis_last):
                            "were swapped afterwards (.T, transpose, swapaxes or moveaxis): an extra copy. Let pmap "
                            "put the device axis last itself, with out_axes (section 4).")
     return "each device's result is a column: the device axis is axis 1."
+
+
+# ----------------------------------------------------------------------------------------------
+# 03.4 The prediction with jax.smap on a mesh axis
+
+
+def solution_smap_predict(x, w, mesh):
+    from jax.sharding import PartitionSpec as P
+
+    def block_predict(xb, wb):
+        return xb @ wb
+
+    with jax.set_mesh(mesh):
+        x_split = jax.device_put(x, P("i"))
+        return jax.smap(block_predict, in_axes=(0, None), out_axes=0, axis_name="i")(x_split, w)
+
+
+def _shard_maps_run(fn, *args):
+    """``[(axis names of the mesh, in_specs)]`` of every ``shard_map`` that ran while ``fn(*args)`` ran (``smap``
+    is one; so is ``pmap``), or ``None`` if JAX cannot tell. ``make_jaxpr`` cannot read an answer that enters
+    ``jax.set_mesh`` itself, so this watches the calls instead. A jit cache can hide a ``shard_map``: if none is
+    seen, JAX's caches are cleared and ``fn`` runs once more.
+    """
+    try:
+        from jax._src import shard_map as _sm
+        prim = _sm.shard_map_p
+    except (ImportError, AttributeError):
+        return None
+    seen = []
+    original = prim.bind
+
+    def watching_bind(*a, **params):
+        mesh = params.get("mesh")
+        seen.append((tuple(getattr(mesh, "axis_names", ())), tuple(params.get("in_specs", ()))))
+        return original(*a, **params)
+
+    def run():
+        prim.bind = watching_bind
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                fn(*args)
+        finally:
+            del prim.bind
+        return seen
+
+    try:
+        if not run():
+            jax.clear_caches()
+            run()
+    except Exception:
+        return None
+    return seen
+
+
+@exercise("03.4", "The prediction with jax.smap on a mesh axis", solution=solution_smap_predict,
+          returns='a jax.Array of shape (B, k), x @ w, split over the axis "i" of the mesh given',
+          hints=["smap works on blocks that keep their rank, so no reshape is needed; but it does not move an "
+                 "input for you, and it needs to know which mesh its axis name belongs to.",
+                 "Section 6 of the lesson: `jax.set_mesh` for the mesh, `jax.device_put` with a `PartitionSpec` "
+                 "naming the axis `i` for the batch, and `jax.smap` with `in_axes`, `out_axes` and `axis_name`.",
+                 "In words: inside the context of the mesh you were given, place x split along its axis 0 over the "
+                 "mesh axis `i`; then smap a function of (a block of rows, the weight) that multiplies them, with "
+                 "the batch mapped over axis 0, the weight not mapped, the outputs joined along axis 0, and `i` as "
+                 "the axis name."])
+def check_smap_predict(smap_predict):
+    devices = jax.devices()
+    name = getattr(smap_predict, "__name__", "smap_predict")
+    for n, B, d, k, host in [(len(devices), 16, 3, 2, True), (4, 12, 5, 3, False)]:
+        mesh = jax.make_mesh((n,), ("i",), devices=devices[:n])
+        x = _data((B, d), seed=B * d)
+        x = x if host else jnp.asarray(x)
+        w = jnp.asarray(_data((d, k), seed=d + k))
+        w_type = f"float32[{d},{k}]"
+        what = f"{name}(x {(B, d)}, w {(d, k)}, a mesh of {n} devices)"
+        not_placed = (f"smap does not move an input for you: x reached it unsplit, where in_axes asks for it split "
+                      "over \"i\". Place it first, inside the mesh's context (section 6).")
+        w_mapped = ("w was mapped over \"i\" too: the weight goes whole to every device, with None as its entry "
+                    "of in_axes (section 6).")
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                got = call(smap_predict, x, w, mesh, name=name)
+        except Mismatch as e:
+            message = str(e)
+            original = str(e.__context__ or "")
+            if "specs of the input" in original:
+                message += " " + (w_mapped if w_type in original.split("for arg")[1][:40] else not_placed)
+            elif f"partitioned {len(devices)} times" in original and n != len(devices):
+                message += (f" x was split for {len(devices)} devices, and the mesh given has {n}: use the mesh "
+                            "passed in, not one of your own.")
+            elif "not evenly divisible" in original or "evenly divide" in original:
+                message += " " + (w_mapped if f"[{d},{k}]" in original or f"({d}, {k})" in original
+                                  or "not evenly divisible" in original else
+                                  "Was the weight mapped, or the mesh given replaced by one of your own?")
+            elif "should match the mesh passed to shard_map" in original:
+                message += (" An smap built once and called again keeps the mesh of its first call: build it "
+                            "inside the function, where the mesh given is the context, not once outside it.")
+            elif "require replication" in original:
+                message += (" out_axes=None says every device holds the same result, and here each device holds a "
+                            "different block of rows: join the blocks along axis 0 instead (section 6).")
+            elif any(s in original for s in ("mesh context", "Auto or Manual", "empty mesh", "set a mesh")):
+                message += (" A PartitionSpec names mesh axes, so the call that uses it runs inside the mesh's "
+                            "context (section 6).")
+            raise Mismatch(message) from None
+        print(out.getvalue(), end="")
+        expect_dtype(got, jnp.float32, what=what)
+        values = as_array(got, what=what, expected_shape=(B, k))
+        if values.shape == (B // n, k):
+            raise Mismatch(f"{what} has shape {(B // n, k)}: one device's block. The blocks should be joined "
+                           "along axis 0 of the result (out_axes, section 6).")
+        expect_array(got, np.asarray(x) @ np.asarray(w), what=what, rtol=1e-4, atol=1e-5)
+        if isinstance(got, jax.Array) and len(got.devices()) != n and len(got.devices()) > 1:
+            raise Mismatch(f"{what} is spread over {len(got.devices())} devices; the mesh given has {n}. Use the "
+                           "mesh passed in, not one of your own.")
+        if isinstance(got, jax.Array) and len(got.devices()) == 1:
+            raise Mismatch(f"{what} has the right values but lives on one device: the exercise is jax.smap, the "
+                           "batch split over the mesh's axis \"i\".")
+        expect_placed_on(got, devices[:n], what=what)
+        spec = tuple(getattr(got.sharding, "spec", ()))
+        if not spec or spec[0] != "i":
+            raise Mismatch(f"{what} has the right values, but its axis 0 is not split over the mesh axis \"i\" "
+                           f"(its sharding: {got.sharding}). smap's result is split over the axis it maps.")
+        maps = _shard_maps_run(smap_predict, x, w, mesh)
+        if maps is not None:
+            on_i = [specs for axes, specs in maps if "i" in axes]
+            if not on_i:
+                raise Mismatch(f"{what} has the right values, but no smap over the mesh's axis \"i\" ran"
+                               + (": that is pmap's program, on pmap's own mesh. The exercise is jax.smap on the "
+                                  "mesh given (section 6)." if maps else
+                                  ": the exercise is jax.smap itself, not a sharded computation JAX splits for "
+                                  "you (section 6)."))
+            if not any(len(specs) >= 2 and tuple(specs[1]) == () for specs in on_i):
+                raise Mismatch(f"{what} has the right values, but w was split over \"i\" and put back together: "
+                               "it goes whole to every device, with None as its entry of in_axes (section 6).")
+    return 'the batch was split over "i", w went whole to every device, and each device\'s block kept its rank.'
