@@ -355,3 +355,11 @@ def test_check_prints_nothing_outside_ipython(capsys):
 
     feedback = check("00.1", lambda x: x)
     assert not feedback and capsys.readouterr().out == ""
+
+
+def test_a_failing_call_shows_small_arguments_by_value():
+    def split(x, n):
+        raise ValueError("no")
+
+    with pytest.raises(Mismatch, match=r"split\(Array float32\[4\], 4\) raised ValueError"):
+        call(split, jnp.zeros(4), 4)

@@ -374,6 +374,13 @@ def _changed(before, args) -> str | None:
     return None
 
 
+def _argument(x) -> str:
+    """An argument as feedback shows it: a number or a short string by value (``4``), anything else described."""
+    if isinstance(x, (bool, int, float)) or (isinstance(x, str) and len(x) <= 20):
+        return repr(x)
+    return describe(x)
+
+
 def call(fn, *args, name: str | None = None, hints: dict[str, str] | None = None, **kwargs):
     """Call the learner's ``fn``; if it raises, say so in a ``Mismatch`` naming the inputs.
 
@@ -384,7 +391,7 @@ def call(fn, *args, name: str | None = None, hints: dict[str, str] | None = None
     if not callable(fn):
         raise Mismatch(f"expected a function, got {describe_tree(fn)}.")
     name = name or getattr(fn, "__name__", "your function")
-    shown = ", ".join([describe(a) for a in args] + [f"{k}={describe(v)}" for k, v in kwargs.items()])
+    shown = ", ".join([_argument(a) for a in args] + [f"{k}={_argument(v)}" for k, v in kwargs.items()])
     before = [_snapshot(a) for a in args]
     try:
         result = fn(*args, **kwargs)
