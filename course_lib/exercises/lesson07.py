@@ -273,8 +273,9 @@ def check_make_sharded_step(make_sharded_step):
                                 f"the gradients your step feeds the optimizer are {label} too large {where} (Adam's "
                                 f"first moment after step 1 is {ratio:.3g} times the pmap step's). The losses "
                                 "would barely show it: Adam's update divides by the gradient's own scale, so the "
-                                "parameters move almost as they should. Under shard_map the gradient of a replicated (P()) "
-                                "parameter comes back already summed over the devices (lesson 06, section 3): "
+                                "parameters move almost as they should. Under shard_map the gradient of a "
+                                "replicated (P()) parameter comes back already summed over the devices (lesson 06, "
+                                "section 3): "
                                 "look at what your step does with that sum, and compare with the one-device "
                                 "gradient.")
                     if ratio < 1e-6:
