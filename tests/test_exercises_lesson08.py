@@ -152,3 +152,21 @@ def test_08_3_global_shape_not_a_tuple_or_a_bare_spec():
     assert not fb and "number of processes (not of devices)" in fb.message
     # After a non-tuple shape, the next check starts clean.
     assert check("08.3", solution_global_batch)
+
+
+def test_08_3_names_imported_from_jax_are_named_not_called_missing():
+    # The simulated job replaces jax.make_array_from_process_local_data and jax.process_count in the jax module;
+    # a name imported before cannot be reached. The feedback says so instead of "without calling".
+    from jax import make_array_from_process_local_data, process_count
+
+    def imported(rows, mesh):
+        return make_array_from_process_local_data(NamedSharding(mesh, P("data")), rows,
+                                                  (rows.shape[0] * process_count(),) + rows.shape[1:])
+    fb = check("08.3", imported)
+    assert not fb and "make_array_from_process_local_data and process_count by a name imported" in fb.message
+
+    def count_imported(rows, mesh):
+        return jax.make_array_from_process_local_data(NamedSharding(mesh, P("data")), rows,
+                                                      (rows.shape[0] * process_count(),) + rows.shape[1:])
+    fb = check("08.3", count_imported)
+    assert not fb and "uses process_count by a name imported" in fb.message

@@ -1,6 +1,7 @@
 """Lesson 08 exercises: which part of a global batch each process loads, and the global array built from it."""
 
 import contextlib
+import dis
 
 import jax
 import numpy as np
@@ -128,6 +129,20 @@ def solution_global_batch(local_rows, mesh):
     return jax.make_array_from_process_local_data(split, local_rows, global_shape)
 
 
+def _names(fn) -> set:
+    """jax's own functions that ``fn`` calls by an imported global name rather than as jax.<name>."""
+    code, glb = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
+    if code is None:
+        return set()
+    found, todo = set(), [code]
+    while todo:                                        # fn's code and the functions and lambdas nested in it
+        c = todo.pop()
+        todo += [k for k in c.co_consts if hasattr(k, "co_code")]
+        found |= {i.argval for i in dis.get_instructions(c) if i.opname == "LOAD_GLOBAL"}
+    return {name for name in found & {"make_array_from_process_local_data", "process_count"}
+            if getattr(glb.get(name), "__module__", "").startswith("jax")}
+
+
 class _Recorder:
     """Stands in for jax.make_array_from_process_local_data: records each call, then builds the real array."""
 
@@ -194,6 +209,11 @@ def check_global_batch(global_batch):
 
 
 def _check_global_batch(global_batch, real):
+    by_name = _names(global_batch)
+    if by_name:
+        raise Mismatch(f"global_batch uses {' and '.join(sorted(by_name))} by a name imported from jax. The checker "
+                       "simulates a 2-process job by replacing them in the jax module, where it cannot reach a name "
+                       "imported before: write them as jax.<name>, as the exercise's text says.")
     for n in (len(jax.devices()), 4):
         devices = jax.devices()[:n]
         mesh = jax.make_mesh((n,), (DATA,), axis_types=(jax.sharding.AxisType.Explicit,), devices=devices)
