@@ -131,16 +131,22 @@ def solution_global_batch(local_rows, mesh):
 
 def _names(fn) -> set:
     """jax's own functions that ``fn`` calls by an imported global name rather than as jax.<name>."""
-    code, glb = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
+    code = getattr(fn, "__code__", None)
     if code is None:
         return set()
+    names = dict(getattr(fn, "__globals__", {}))
+    for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
+        try:
+            names[name] = cell.cell_contents
+        except ValueError:                             # an empty cell
+            pass
     found, todo = set(), [code]
     while todo:                                        # fn's code and the functions and lambdas nested in it
         c = todo.pop()
         todo += [k for k in c.co_consts if hasattr(k, "co_code")]
-        found |= {i.argval for i in dis.get_instructions(c) if i.opname == "LOAD_GLOBAL"}
+        found |= {i.argval for i in dis.get_instructions(c) if i.opname in ("LOAD_GLOBAL", "LOAD_DEREF")}
     return {name for name in found & {"make_array_from_process_local_data", "process_count"}
-            if getattr(glb.get(name), "__module__", "").startswith("jax")}
+            if getattr(names.get(name), "__module__", "").startswith("jax")}
 
 
 class _Recorder:
