@@ -44,7 +44,8 @@ def test_06_1_swapped_or_wrong_structure_or_raises():
 
 def test_06_2_raises_or_wrong_structure():
     fb = check("06.2", lambda: (P("j"), P()))
-    assert not fb and "out_specs (P('j',), P()) raised ValueError" in fb.message
+    assert not fb and "out_specs (P('j',), P()) names a mesh axis that the mesh does not have" in fb.message
+    assert "its only axis is 'i'" in fb.message
     fb = check("06.2", lambda: {"local": P("i"), "total": P()})
     assert not fb and "a pair of PartitionSpecs" in fb.message and "got dict{'local'" in fb.message
     fb = check("06.2", lambda: (P("i"), P(), P()))
@@ -92,3 +93,21 @@ def test_06_1_works_on_8_devices_but_not_on_4():
     eight = jax.make_mesh((len(jax.devices()),), ("i",))
     fb = check("06.1", lambda p, b, m: solution_place(p, b, eight))     # ignores the mesh it was given
     assert not fb and "the mesh you were given" in fb.message
+
+
+def test_06_beginner_mistakes_name_the_cause():
+    # P(None) names no axis: the feedback must say so rather than speak of a P() the learner never wrote.
+    fb = check("06.2", lambda: (P(None), P()))
+    assert not fb and "P(None,) (it names no mesh axis: the same as P())" in fb.message
+    # The lesson's mesh axis is "data"; the exercise's is "i".
+    fb = check("06.1", lambda p, b, m: (jax.device_put(p, NamedSharding(m, P())),
+                                        jax.device_put(b, NamedSharding(m, P("data")))))
+    assert not fb and "names its axis 'i'" in fb.message
+    # A bare PartitionSpec outside a mesh context: JAX suggests jax.set_mesh; the feedback names the NamedSharding idea.
+    fb = check("06.1", lambda p, b, m: (jax.device_put(p, P()), jax.device_put(b, P("i"))))
+    assert not fb and "pair it with the mesh you were given" in fb.message
+    # Entering the given mesh's context and passing bare specs is a right answer.
+    def with_context(p, b, m):
+        with jax.set_mesh(m):
+            return jax.device_put(p, P()), jax.device_put(b, P("i"))
+    assert check("06.1", with_context)

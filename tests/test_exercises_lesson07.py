@@ -136,3 +136,53 @@ def test_07_1_dtype_and_four_devices():
     eight = jax.make_mesh((len(jax.devices()),), ("i",))
     fb = check("07.1", lambda x, w, m: solution_ported(x, w, eight))   # right on 8 devices only
     assert not fb and "on 4 devices" in fb.message
+
+
+def test_07_1_pmap_kept_or_check_vma_off_are_named():
+    # pmap left in the port: on arrays placed on an Explicit mesh JAX raises a bare KeyError naming the axis.
+    def kept_pmap(x, w, m):
+        stacked = x.reshape(m.size, -1, x.shape[1])
+        return jax.pmap(lambda a, c: jnp.tanh(a @ c), in_axes=(0, None))(stacked, w).reshape(x.shape[0], -1)
+    fb = check("07.1", kept_pmap)
+    assert not fb and "KeyError: 'i'" in fb.message and "replaces pmap" in fb.message
+    # out_specs P() with the check switched off returns one device's block.
+    fb = check("07.1", lambda x, w, m: jax.shard_map(lambda a, c: jnp.tanh(a @ c), mesh=m, in_specs=(P("i"), P()),
+                                                     out_specs=P(), check_vma=False)(x, w))
+    assert not fb and "one device's block" in fb.message
+    # The lesson's axis name instead of the exercise's.
+    fb = check("07.1", lambda x, w, m: jax.shard_map(lambda a, c: jnp.tanh(a @ c), mesh=m,
+                                                     in_specs=(P("data"), P()), out_specs=P("data"))(x, w))
+    assert not fb and "its only axis is 'i'" in fb.message
+
+
+def test_07_2_beginner_mistakes_and_a_step_that_sets_its_own_mesh():
+    # A pmean under plain jit: JAX's NameError says "call psum under shard_map", which leads to the 8x port.
+    fb = check("07.2", _jit_step(transform_grads=lambda g, mesh: jax.lax.pmean(g, "i")))
+    assert not fb and "unbound axis name" in fb.message and "Under plain jit each value is a global one" in fb.message
+    # The shard_map port that returns the per-device loss with a split out_spec.
+    def loss_split(loss_fn, optimizer, mesh):
+        def body(params, opt_state, x, y):
+            local = jax.tree.map(lambda p: jax.lax.pcast(p, "i", to="varying"), params)
+            loss, grads = jax.value_and_grad(loss_fn)(local, x, y)
+            updates, opt_state = optimizer.update(jax.lax.pmean(grads, "i"), opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, loss
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P("i"), P("i")),
+                                     out_specs=(P(), P(), P("i"))))
+    fb = check("07.2", loss_split)
+    assert not fb and "the loss is a scalar" in fb.message
+    # A loss computed in bfloat16 is named by its dtype (not "should be an array of shape ()").
+    def bf16_loss(loss_fn, optimizer, mesh):
+        step = solution_make_sharded_step(loss_fn, optimizer, mesh)
+        return jax.jit(lambda *a: (lambda p, s, l: (p, s, l.astype(jnp.bfloat16)))(*step(*a)))
+    fb = check("07.2", bf16_loss)
+    assert not fb and "the loss of step 1 is bfloat16" in fb.message
+    # A right step that enters jax.set_mesh itself around its jitted step is not "not jitted".
+    def own_context(loss_fn, optimizer, mesh):
+        step = solution_make_sharded_step(loss_fn, optimizer, mesh)
+        def run(*args):
+            with jax.set_mesh(mesh):
+                return step(*args)
+        return run
+    fb = check("07.2", own_context)
+    assert fb, fb.message
+    assert "could not be read from outside" in fb.message

@@ -128,3 +128,45 @@ def test_08_2_dtype_and_strings_for_numbers():
     assert not fb and "float32 rows" in fb.message and "int64" in fb.message
     fb = check("08.1", lambda b, n, p: slice(str(p * (b // n)), str((p + 1) * (b // n))))
     assert not fb and "must be ints" in fb.message
+
+
+def test_08_2_device_ids_used_as_positions_are_named():
+    # Lesson 08: ids are labels (process 1's CPU devices start at 2048), not positions. The fake devices say so too.
+    fb = check("08.2", lambda batch, devices, p: batch[[d.id for d in devices if d.process_index == p]])
+    assert not fb and "index 2048 is out of bounds" in fb.message and "id is a label, not its position" in fb.message
+
+
+def test_08_3_global_shape_not_a_tuple_or_a_bare_spec():
+    fb = check("08.3", lambda rows, mesh: jax.make_array_from_process_local_data(
+        NamedSharding(mesh, P("data")), rows, rows.shape[0] * jax.process_count()))
+    assert not fb and "the global shape as int; it is a tuple of ints" in fb.message
+    fb = check("08.3", lambda rows, mesh: jax.make_array_from_process_local_data(
+        NamedSharding(mesh, P("data")), rows, [rows.shape[0] * jax.process_count(), rows.shape[1]]))
+    assert not fb and "the global shape as list[int, int]" in fb.message
+    fb = check("08.3", lambda rows, mesh: jax.make_array_from_process_local_data(
+        P("data"), rows, (rows.shape[0] * jax.process_count(),) + rows.shape[1:]))
+    assert not fb and "pair it with the mesh you were given" in fb.message
+    # Devices, not processes: the feedback names the difference.
+    fb = check("08.3", lambda rows, mesh: jax.make_array_from_process_local_data(
+        NamedSharding(mesh, P("data")), rows, (rows.shape[0] * jax.device_count(),) + rows.shape[1:]))
+    assert not fb and "number of processes (not of devices)" in fb.message
+    # After a non-tuple shape, the next check starts clean.
+    assert check("08.3", solution_global_batch)
+
+
+def test_08_3_names_imported_from_jax_are_named_not_called_missing():
+    # The simulated job replaces jax.make_array_from_process_local_data and jax.process_count in the jax module;
+    # a name imported before cannot be reached. The feedback says so instead of "without calling".
+    from jax import make_array_from_process_local_data, process_count
+
+    def imported(rows, mesh):
+        return make_array_from_process_local_data(NamedSharding(mesh, P("data")), rows,
+                                                  (rows.shape[0] * process_count(),) + rows.shape[1:])
+    fb = check("08.3", imported)
+    assert not fb and "make_array_from_process_local_data and process_count by a name imported" in fb.message
+
+    def count_imported(rows, mesh):
+        return jax.make_array_from_process_local_data(NamedSharding(mesh, P("data")), rows,
+                                                      (rows.shape[0] * process_count(),) + rows.shape[1:])
+    fb = check("08.3", count_imported)
+    assert not fb and "uses process_count by a name imported" in fb.message

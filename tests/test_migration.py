@@ -119,3 +119,48 @@ def test_a_classifier_gradient_on_an_explicit_mesh_needs_set_mesh(mesh):
     assert g["w"].shape == (2, 4) and g["w"].sharding.is_fully_replicated
     reference = jax.grad(xent)({"w": jnp.zeros((2, 4))}, np.asarray(X), np.arange(8) % 4)
     np.testing.assert_allclose(g["w"], reference["w"], rtol=1e-6)
+
+
+def test_with_sharding_constraint_asserts_under_set_mesh_and_is_ignored_outside(mesh):
+    # Lesson 07, section 2: on an Explicit mesh the constraint is an assertion under jax.set_mesh; outside a mesh
+    # context it is neither checked nor applied (the value keeps its sharding), while jax.reshard changes it.
+    xs = jax.device_put(jnp.ones((16, 3)), NamedSharding(mesh, P("i")))
+    constrained = jax.jit(lambda v: jax.lax.with_sharding_constraint(v * 2, NamedSharding(mesh, P())))
+    with jax.set_mesh(mesh):
+        with pytest.raises(AssertionError, match="acts as an assert"):
+            constrained(xs)
+    assert constrained(xs).sharding.spec == P("i", None)
+    assert jax.jit(lambda v: jax.reshard(v * 2, NamedSharding(mesh, P())))(xs).sharding.is_fully_replicated
+
+
+def test_grad_of_a_shard_map_loss_runs_under_jit_and_fails_eagerly_without_a_mesh_context(mesh):
+    # Lesson 06, idiom 2: grad outside shard_map of a pmean-ed loss; jitted it needs no mesh context, eagerly it does.
+    w = jax.device_put(jnp.float32(1.0), NamedSharding(mesh, P()))
+    xb = jax.device_put(jnp.arange(16.0), NamedSharding(mesh, P("i")))
+    loss = jax.shard_map(lambda w, b: jax.lax.pmean(jnp.mean((w * b) ** 2), "i"), mesh=mesh,
+                         in_specs=(P(), P("i")), out_specs=P())
+    want = float(jax.grad(lambda w, b: jnp.mean((w * b) ** 2))(jnp.float32(1.0), jnp.arange(16.0)))
+    assert float(jax.jit(jax.grad(loss))(w, xb)) == pytest.approx(want)
+    with pytest.raises(ValueError, match="set_mesh"):
+        jax.grad(loss)(w, xb)
+    with jax.set_mesh(mesh):
+        assert float(jax.grad(loss)(w, xb)) == pytest.approx(want)
+
+
+def test_slurm_auto_detection_gives_each_process_one_gpu(monkeypatch):
+    # Lesson 08, section 4: under SLURM, initialize() without arguments sets local_device_ids to the task's local id
+    # (one GPU per process), so one task per node would drive only its node's first GPU.
+    clusters = pytest.importorskip("jax._src.clusters")
+    env = {"SLURM_JOB_ID": "1", "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_NTASKS": "16", "SLURM_PROCID": "11",
+           "SLURM_LOCALID": "3", "SLURM_STEP_NUM_NODES": "2"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    for name in ("KUBERNETES_SERVICE_HOST", "OMPI_MCA_orte_hnp_uri", "PMIX_SERVER_URI2", "TPU_WORKER_HOSTNAMES"):
+        monkeypatch.delenv(name, raising=False)
+    detect = clusters.ClusterEnv.auto_detect_unset_distributed_params
+    try:
+        address, count, pid, local_ids = detect(None, None, None, None, None, None)
+    except TypeError:
+        pytest.skip("this JAX's cluster detection has another signature")
+    assert (count, pid, list(local_ids)) == (16, 11, [3])
+    assert address.startswith("node1:")

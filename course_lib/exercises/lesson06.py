@@ -48,6 +48,10 @@ def check_place(place):
                                       "device (a spec that splits nothing).",
             "must be >= the product of mesh_shape": "Use the mesh you were given (the argument mesh); do not "
                                                     "build another one.",
+            "is not found in mesh": "The mesh you were given names its axis 'i': a spec can only name the axes "
+                                    "of that mesh.",
+            "if a PartitionSpec is passed": "A PartitionSpec alone does not say which mesh it refers to: pair it "
+                                            "with the mesh you were given (lesson 06, section 1).",
         })
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise Mismatch(f"place should return a pair (params, batch); got {describe_tree(out)}.")
@@ -127,8 +131,13 @@ def check_stats_out_specs(stats_out_specs):
         local, total = jax.shard_map(stats, mesh=mesh, in_specs=P(AXIS), out_specs=tuple(specs))(x)
     except Exception as e:
         if "can't be statically inferred" in str(e):
-            raise Mismatch(f"out_specs {tuple(specs)}: check_vma rejects P() for the per-device sums, which differ "
-                           "from device to device. Only the psum total is known to be the same everywhere.") from None
+            label = "P()" if specs[0] == P() else f"{specs[0]} (it names no mesh axis: the same as P())"
+            raise Mismatch(f"out_specs {tuple(specs)}: check_vma rejects {label} for the per-device sums, which "
+                           "differ from device to device. Only the psum total is known to be the same "
+                           "everywhere.") from None
+        if "marked as manual" in str(e) or "not found in mesh" in str(e):
+            raise Mismatch(f"out_specs {tuple(specs)} names a mesh axis that the mesh does not have: its only axis "
+                           f"is {AXIS!r}.") from None
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         raise Mismatch(f"out_specs {tuple(specs)} raised {type(e).__name__}: {first}. Each spec names, per axis "
                        f"of that output, the mesh axis it is split over: {AXIS!r} or nothing.") from None

@@ -35,6 +35,8 @@ def _call_ported(ported, x, w, mesh):
                                             "'i' stacks the blocks; P() would claim they are all the same.",
             "does not match the specs of the input": "in_specs must match how the inputs are placed: x split "
                                                      "over 'i', w whole on every device.",
+            "marked as manual": "A spec names a mesh axis that this mesh does not have: its only axis is 'i'.",
+            "not found in mesh": "A spec names a mesh axis that this mesh does not have: its only axis is 'i'.",
     })
 
 
@@ -57,6 +59,12 @@ def check_ported(ported):
         try:
             got = _call_ported(ported, x, w, mesh)
         except Mismatch as e:
+            if "raised KeyError: 'i'" in str(e):
+                raise Mismatch(f"ported(x {x.shape}, w {w.shape}) on {n} devices raised KeyError: 'i'. That is "
+                               "what jax.pmap does with arrays already placed on a mesh with an Explicit axis, as "
+                               "x and w are here. The port replaces pmap: the per-device function runs under "
+                               "jax.shard_map on the given mesh, on the global x with no reshape (lesson 07, "
+                               "migration table).") from None
             if "evenly divi" not in str(e):
                 raise
             raise Mismatch(f"ported(x {x.shape}, w {w.shape}) on {n} devices raised ValueError: an array is split "
@@ -67,6 +75,11 @@ def check_ported(ported):
         if hasattr(got, "dtype") and hasattr(got, "shape") and np.dtype(got.dtype) != np.float32:
             raise Mismatch(f"{what} is {np.dtype(got.dtype).name}; x and w are float32, and so is the pmap version's "
                            "result. Keep the dtype: no cast.")
+        if hasattr(got, "shape") and tuple(got.shape) == (b, k):
+            raise Mismatch(f"{what} has shape {tuple(got.shape)}, one device's block; expected ({n * b}, {k}). An "
+                           "out_specs entry that names no axis returns a single block, as if all were the same "
+                           "(with check_vma=False nothing checks that claim): name the axis the rows are split "
+                           "over.")
         as_array(got, what=what, expected_shape=(n * b, k))
         expect_array(got, np.tanh(np.asarray(x) @ np.asarray(w)), what=what, rtol=1e-5)
         if not isinstance(got, jax.Array) or _spec(got) is None or tuple(_spec(got))[:1] != (AXIS,):
@@ -134,6 +147,16 @@ def _collectives(hlo: str) -> dict:
 _STEPS = 3
 
 
+def _wraps_one_jit(step, *args) -> bool:
+    """Whether ``step`` (no ``.lower`` of its own) wraps jitted code: it only calls jitted functions, or it enters
+    ``jax.set_mesh`` itself (which cannot be traced, so such a step is taken as a wrapper around its jitted step)."""
+    try:
+        eqns = jax.make_jaxpr(step)(*args).jaxpr.eqns
+    except Exception as e:
+        return "set_mesh` can only be used outside" in str(e)
+    return bool(eqns) and all(e.primitive.name in ("pjit", "jit") for e in eqns)
+
+
 @exercise("07.2", "Port lesson 05's training step, optimizer and all, to a mesh",
           solution=solution_make_sharded_step,
           returns="a function step(params, opt_state, x, y) -> (params, opt_state, loss) on global arrays: params "
@@ -178,7 +201,7 @@ def check_make_sharded_step(make_sharded_step):
         where = f"on a mesh of {n} devices"
         with jax.set_mesh(mesh):
             x, y = jax.device_put(batches[0], split)
-            if not hasattr(step, "lower"):
+            if not hasattr(step, "lower") and not _wraps_one_jit(step, params, opt_state, x, y):
                 raise Mismatch(f"the step make_sharded_step returns is not jitted ({type(step).__name__}): outside "
                                "jit, JAX runs it one operation at a time, each its own dispatch. Wrap the step in "
                                "jax.jit, as lesson 07, section 2 does.")
@@ -198,6 +221,14 @@ def check_make_sharded_step(make_sharded_step):
                                             "use the mesh make_sharded_step was given.",
                     "can't be statically inferred": "Under shard_map, a P() output must be visibly the same on "
                                                     "every device (lesson 06, section 3).",
+                    "unbound axis name": "A collective (pmean, psum) names a mesh axis, and only per-device code "
+                                         "under shard_map has one. Under plain jit each value is a global one: "
+                                         "the gradient of the loss on the global batch already is the mean over "
+                                         "all rows, and the compiler adds the sum over the devices itself (lesson "
+                                         "07, section 2).",
+                    "too long to be compatible": "An out_specs entry splits an axis that its output does not have: "
+                                                 "the loss is a scalar. Make it the same on every device and "
+                                                 "return it once, like the state.",
                 })
                 if not isinstance(out, (tuple, list)) or len(out) != 3:
                     raise Mismatch(f"step should return a triple (params, opt_state, loss); step {i + 1} returned "
@@ -227,6 +258,10 @@ def check_make_sharded_step(make_sharded_step):
                         raise Mismatch(f"{name} after step {i + 1} {where} has sharding {_spec(leaf)} on "
                                        f"{len(leaf.devices())} device(s): the new state should be replicated on "
                                        f"all {n} devices of the mesh, as it came in, ready for the next step.")
+                if hasattr(loss, "dtype") and np.dtype(loss.dtype) != np.float32:
+                    raise Mismatch(f"the loss of step {i + 1} is {np.dtype(loss.dtype).name}; the parameters and the "
+                                   "batch are float32, and so is the pmap step's loss. Compute in their dtype: no "
+                                   "cast in the step.")
                 loss = expect_scalar(loss, what=f"the loss of step {i + 1}")
                 ref_params, ref_state, ref_loss = ref[i]
                 mine, theirs = _moments(new_state), _moments(ref_state)
@@ -238,8 +273,11 @@ def check_make_sharded_step(make_sharded_step):
                                 f"the gradients your step feeds the optimizer are {label} too large {where} (Adam's "
                                 f"first moment after step 1 is {ratio:.3g} times the pmap step's). The losses "
                                 "would barely show it: Adam's update divides by the gradient's own scale, so the "
-                                "parameters move almost as they should. Look at how the gradient of a replicated parameter is summed "
-                                "over the devices (lesson 06, section 3) and what your step adds on top.")
+                                "parameters move almost as they should. Under shard_map the gradient of a "
+                                "replicated (P()) parameter comes back already summed over the devices (lesson 06, "
+                                "section 3): "
+                                "look at what your step does with that sum, and compare with the one-device "
+                                "gradient.")
                     if ratio < 1e-6:
                         raise Mismatch(f"the optimizer state after step 1 {where} holds no gradient (Adam's first "
                                        "moment is zero): return the state that the optimizer's update gives back, "
@@ -267,6 +305,7 @@ def check_make_sharded_step(make_sharded_step):
             if not counts["all-reduce"] and not counts["reduce-scatter"]:
                 raise Mismatch(f"the step's compiled program {where} has no all-reduce: its devices never combine "
                                "their gradients, so it cannot be data parallel.")
+    combined = (" and the gradients combined by an all-reduce in the compiled program" if hlo is not None else
+                "; your step enters jax.set_mesh itself, so its compiled program could not be read from outside")
     return (f"the same losses, parameters and Adam state as lesson 05's pmap step for {_STEPS} steps, on "
-            f"{len(jax.devices())} and on 4 devices, with the state replicated and the gradients combined by an "
-            "all-reduce in the compiled program.")
+            f"{len(jax.devices())} and on 4 devices, with the state replicated{combined}.")

@@ -1,6 +1,7 @@
 """Lesson 08 exercises: which part of a global batch each process loads, and the global array built from it."""
 
 import contextlib
+import dis
 
 import jax
 import numpy as np
@@ -79,10 +80,19 @@ def solution_local_part(batch, devices, process_index):
                  "In words: walk through the devices with their positions, keep the positions whose device "
                  "belongs to the given process, and return the rows of batch at those positions."])
 def check_local_part(local_part):
+    def job(owners):
+        """Devices with ids as the CPU backend numbers them (lesson 08): process p's k-th device has id 2048 p + k."""
+        seen = {}
+        devices = []
+        for p in owners:
+            devices.append(FakeDevice(2048 * p + seen.get(p, 0), p))
+            seen[p] = seen.get(p, 0) + 1
+        return devices
+
     layouts = {
-        "2 processes x 4 devices, in order": [FakeDevice(i, i // 4) for i in range(8)],
-        "2 processes, devices interleaved": [FakeDevice(i, i % 2) for i in range(8)],
-        "4 processes x 2 devices": [FakeDevice(i, i // 2) for i in range(8)],
+        "2 processes x 4 devices, in order": job([i // 4 for i in range(8)]),
+        "2 processes, devices interleaved": job([i % 2 for i in range(8)]),
+        "4 processes x 2 devices": job([i // 2 for i in range(8)]),
     }
     reference = np.arange(8 * 3 * 2).reshape(8, 3, 2)  # private: each call gets its own copy
     for name, devices in layouts.items():
@@ -91,7 +101,10 @@ def check_local_part(local_part):
             expected = reference[owned].copy()
             contiguous = reference[pid * len(owned):(pid + 1) * len(owned)].copy()
             what = f"local_part for process {pid} ({name})"
-            got = call(local_part, reference.copy(), list(devices), pid, name="local_part")
+            ids_as_positions = ("A device's id is a label, not its position: here process 1's devices have ids "
+                                "from 2048 on (lesson 08, section 3). Use each device's position in the list.")
+            got = call(local_part, reference.copy(), list(devices), pid, name="local_part",
+                       hints={"out of bounds": ids_as_positions})
             got = as_array(got, what=what, expected_shape=expected.shape)
             if got.dtype != expected.dtype:
                 raise Mismatch(f"{what} returns {got.dtype.name} rows; the batch holds {expected.dtype.name}. Select "
@@ -116,14 +129,39 @@ def solution_global_batch(local_rows, mesh):
     return jax.make_array_from_process_local_data(split, local_rows, global_shape)
 
 
+def _names(fn) -> set:
+    """jax's own functions that ``fn`` calls by an imported global name rather than as jax.<name>."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return set()
+    names = dict(getattr(fn, "__globals__", {}))
+    for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
+        try:
+            names[name] = cell.cell_contents
+        except ValueError:                             # an empty cell
+            pass
+    found, todo = set(), [code]
+    while todo:                                        # fn's code and the functions and lambdas nested in it
+        c = todo.pop()
+        todo += [k for k in c.co_consts if hasattr(k, "co_code")]
+        found |= {i.argval for i in dis.get_instructions(c) if i.opname in ("LOAD_GLOBAL", "LOAD_DEREF")}
+    return {name for name in found & {"make_array_from_process_local_data", "process_count"}
+            if getattr(names.get(name), "__module__", "").startswith("jax")}
+
+
 class _Recorder:
     """Stands in for jax.make_array_from_process_local_data: records each call, then builds the real array."""
+
+    last_bad_shape = None  # a global_shape that is not a tuple, for the feedback
 
     def __init__(self, real, simulate=None):
         self.real, self.simulate, self.calls = real, simulate, []
 
     def __call__(self, sharding, local_data, global_shape=None):
         self.calls.append((sharding, local_data, global_shape))
+        if global_shape is not None and not isinstance(global_shape, tuple):
+            _Recorder.last_bad_shape = global_shape
+            raise TypeError("global_shape is not a tuple")
         if self.simulate is None:
             return self.real(sharding, local_data, global_shape)
         return self.simulate(sharding, local_data, global_shape)
@@ -164,6 +202,24 @@ def _patched(recorder, process=None, processes=1, devices=None):
                  "jax.make_array_from_process_local_data and return what it gives."])
 def check_global_batch(global_batch):
     real = jax.make_array_from_process_local_data
+    _Recorder.last_bad_shape = None
+    try:
+        return _check_global_batch(global_batch, real)
+    except Mismatch:
+        if _Recorder.last_bad_shape is not None:
+            bad, _Recorder.last_bad_shape = _Recorder.last_bad_shape, None
+            raise Mismatch(f"global_batch passed the global shape as {describe_tree(bad)}; it is a tuple of ints, "
+                           "like an array's .shape: the whole batch's row count, then the other axes "
+                           "unchanged.") from None
+        raise
+
+
+def _check_global_batch(global_batch, real):
+    by_name = _names(global_batch)
+    if by_name:
+        raise Mismatch(f"global_batch uses {' and '.join(sorted(by_name))} by a name imported from jax. The checker "
+                       "simulates a 2-process job by replacing them in the jax module, where it cannot reach a name "
+                       "imported before: write them as jax.<name>, as the exercise's text says.")
     for n in (len(jax.devices()), 4):
         devices = jax.devices()[:n]
         mesh = jax.make_mesh((n,), (DATA,), axis_types=(jax.sharding.AxisType.Explicit,), devices=devices)
@@ -178,8 +234,11 @@ def check_global_batch(global_batch):
                 "does not evenly divide": "Split the batch's rows (axis 0) over 'data', nothing else.",
                 "should be None or equal to local_data.shape": f"Here one process holds all {rows} rows: the "
                                                                "global shape must follow from this process's rows "
-                                                               "and the number of processes, not be a fixed "
-                                                               "number.",
+                                                               "and the number of processes (not of devices), not "
+                                                               "be a fixed number.",
+                "pytree structure error": "The global shape is a tuple of ints, like an array's .shape.",
+                "if a PartitionSpec is passed": "A PartitionSpec alone does not say which mesh it refers to: pair "
+                                                "it with the mesh you were given (lesson 06, section 1).",
             })
         if not isinstance(got, jax.Array):
             raise Mismatch(f"global_batch {where} returned {describe_tree(got)}; expected a jax.Array on the "
