@@ -340,6 +340,7 @@ def test_check_prints_its_verdict_in_a_notebook_once_whatever_follows_it(capsys)
         shell.run_cell("check('00.1', lambda x: x)\nprint('after')", store_history=True)
         out = capsys.readouterr().out
         assert out.count("[00.1] ✘ Not yet") == 1 and out.rstrip().endswith("after"), out
+        assert max(len(line) for line in out.splitlines()) <= 100, out  # wrapped between words, not by the browser
         shell.run_cell("check('00.1', lambda x: x)", store_history=True)
         assert capsys.readouterr().out.count("[00.1] ✘ Not yet") == 1
         shell.run_cell("fb = check('00.1', lambda x: x)", store_history=True)

@@ -41,6 +41,7 @@ import dataclasses
 import importlib
 import inspect
 import pkgutil
+import textwrap
 from typing import Any, Callable
 
 import jax
@@ -72,7 +73,12 @@ class Feedback:
         # ``check`` has already printed this verdict in the cell that is running: show it once, not twice.
         if _shown_in_cell.get(id(self)) == _cell_number():
             return
-        print(self)
+        print(self.wrapped())
+
+    def wrapped(self, width: int = 100) -> str:
+        """The verdict as a notebook shows it: lines of at most ``width`` characters, broken between words."""
+        return "\n".join(textwrap.fill(line, width, subsequent_indent="    ", break_long_words=False,
+                                        break_on_hyphens=False) for line in str(self).splitlines())
 
 
 # Which Feedback objects ``check`` printed, and in which cell (IPython's execution count).
@@ -220,7 +226,7 @@ def check(id: str, answer) -> Feedback:
         if feedback.passed:
             _passed.add(id)
     if _cell_number() is not None:
-        print(feedback)
+        print(feedback.wrapped())
         _shown_in_cell.clear()  # only the newest verdicts matter; ids of freed objects may be reused
         _shown_in_cell[builtins.id(feedback)] = _cell_number()
     return feedback
