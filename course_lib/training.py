@@ -170,8 +170,8 @@ def psum_per_leaf(tree, axis_name=AXIS):
     size threshold (``--xla_gpu_all_reduce_combine_threshold_bytes`` on GPU, about 30 MiB by default); a merged
     one waits for all its buffers. On GPUs each remaining all-reduce is asynchronous (a start/done pair) and can
     start as soon as its buffers are ready, during the backward pass (the latency-hiding scheduler, opt-in there,
-    orders the program for that overlap). On the CPU backend a tuple all-reduce measured about as costly as one
-    all-reduce per buffer (lesson 09), so ``make_train_step`` uses ``psum_bucketed`` there.
+    orders the program for that overlap). On the CPU backend a tuple all-reduce measured two to four times one flat
+    buffer (lesson 09), so ``make_train_step`` uses ``psum_bucketed`` there.
     """
     return jax.tree.map(lambda v: jax.lax.psum(v, axis_name), tree)
 
@@ -349,7 +349,7 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
       allreduce: how the ``"pmap"`` and ``"shard_map"`` steps send their gradients across the devices.
         ``"one_buffer"``: everything in one flat all-reduce at the end of the step (``psum_bucketed``), the
         cheapest on the CPU backend, where each collective is a rendezvous of threads and a tuple all-reduce
-        costs about one per buffer; it cannot overlap the backward pass. ``"per_leaf"``: one psum per gradient
+        costs a multiple of one buffer; it cannot overlap the backward pass. ``"per_leaf"``: one psum per gradient
         (``psum_per_leaf``), which XLA's combiner groups and, on GPUs and TPUs, its scheduler can run during the
         backward pass. ``"auto"`` (default): ``"one_buffer"`` on CPU devices, ``"per_leaf"`` elsewhere. The
         ``"jit"`` backend has no per-device code: its compiler places the all-reduces itself, as ``"per_leaf"``.
