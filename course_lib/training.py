@@ -168,10 +168,12 @@ def psum_bucketed(tree, axis_name=AXIS):
 def psum_per_leaf(tree, axis_name=AXIS):
     """``psum`` of each leaf of ``tree`` on its own: one all-reduce per leaf in the program you write.
 
-    XLA's all-reduce combiner may merge independent ones into one instruction carrying a tuple of buffers (up to a
-    size threshold), and on GPUs and TPUs the latency-hiding scheduler can start each one as soon as its gradient
-    is ready, during the backward pass. On the CPU backend a tuple all-reduce measured about as costly as one
-    all-reduce per buffer (lesson 09), so ``make_train_step`` uses ``psum_bucketed`` there.
+    XLA's all-reduce combiner merges independent ones into one instruction carrying a tuple of buffers, up to a
+    size threshold (``--xla_gpu_all_reduce_combine_threshold_bytes`` on GPU, about 30 MiB by default); a merged
+    one waits for all its buffers. On GPUs each remaining all-reduce is asynchronous (a start/done pair) and can
+    start as soon as its buffers are ready, during the backward pass (the latency-hiding scheduler, opt-in there,
+    orders the program for that overlap). On the CPU backend a tuple all-reduce measured two to four times one flat
+    buffer (lesson 09), so ``make_train_step`` uses ``psum_bucketed`` there.
     """
     return jax.tree.map(lambda v: jax.lax.psum(v, axis_name), tree)
 
@@ -349,7 +351,7 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
       allreduce: how the ``"pmap"`` and ``"shard_map"`` steps send their gradients across the devices.
         ``"one_buffer"``: everything in one flat all-reduce at the end of the step (``psum_bucketed``), the
         cheapest on the CPU backend, where each collective is a rendezvous of threads and a tuple all-reduce
-        costs about one per buffer; it cannot overlap the backward pass. ``"per_leaf"``: one psum per gradient
+        costs a multiple of one buffer; it cannot overlap the backward pass. ``"per_leaf"``: one psum per gradient
         (``psum_per_leaf``), which XLA's combiner groups and, on GPUs and TPUs, its scheduler can run during the
         backward pass. ``"auto"`` (default): ``"one_buffer"`` on CPU devices, ``"per_leaf"`` elsewhere. The
         ``"jit"`` backend has no per-device code: its compiler places the all-reduces itself, as ``"per_leaf"``.
