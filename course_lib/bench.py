@@ -1,6 +1,6 @@
 """What data parallelism costs, measured: one training step per global batch, ten ways, two workloads.
 
-Lesson 09 runs it at a small size; the instructors' notes (CONTRIBUTING.md, *Benchmark*) give its full results.
+Lesson 09 runs it at a small size; the instructors' notes (.github/CONTRIBUTING.md, *Benchmark*) give its full results.
 ``python -m course_lib.bench`` prints tables, writes JSON, and names the machine, the device kind and the JAX
 version. It runs on whatever devices exist (simulated CPU devices, one GPU, a TPU slice); with ``--devices N`` on a
 CPU-only machine it simulates N devices.
@@ -46,7 +46,7 @@ The variants and device counts of a workload take turns, one run each per round,
 machine hits them all alike. The batches are on the devices before timing starts, and so is each run's initial
 state.
 
-``goals(report)`` checks the course's performance targets for the default path on 8 devices (CONTRIBUTING.md): on
+``goals(report)`` checks the course's performance targets for the default path on 8 devices (.github/CONTRIBUTING.md): on
 the MLP an overhead of at most 1.25x at global batch 512 and 1.5x at 256, and on the linear regression at least 3x
 faster than ``naive_pmap``.
 """

@@ -563,7 +563,7 @@ def fit(step: Callable, state: TrainState, batches: Iterable, *, num_steps: int 
         batches to the devices this many dispatches before the one that uses it (1: double buffering), so that
         host-to-device copies can overlap the steps before. 0 (the default) sends a group with its own dispatch:
         on simulated CPU devices the copies run on the same cores as the steps, and placing ahead measured no
-        faster (CONTRIBUTING.md, *Benchmark*).
+        faster (.github/CONTRIBUTING.md, *Benchmark*).
       progress: show a progress bar: in a notebook a line of text updated in place (it is stored as text, so it
         reads the same in a trusted or untrusted notebook, on GitHub and in an HTML export), in a terminal tqdm's.
       allow_nonfinite: by default the first NaN or infinite loss or metric read back raises
