@@ -48,6 +48,8 @@ def test_09_1_more_wrong_answers_are_named():
     fb = check("09.1", lambda d, s, k: str(d / k + s))
     assert not fb and "one number" in fb.message
     assert check("09.1", lambda d, s, k: np.float32(d / k + s)), "float32 is precise enough"
+    fb = check("09.1", lambda d, s, k: d // k + s)
+    assert not fb and "Floor division" in fb.message
 
 
 def test_09_2_more_wrong_answers_are_named():
@@ -59,6 +61,13 @@ def test_09_2_more_wrong_answers_are_named():
     assert not fb and "changed its input ms in place" in fb.message
     fb = check("09.2", lambda ks, ms: tuple(np.float16(v) for v in solution_fit_dispatch_and_step(ks, ms)))
     assert not fb and "float16" in fb.message
+
+    def per_dispatch(ks, ms):                     # fits k * ms against k: least squares of other residuals
+        ks = np.asarray(ks, float)
+        step, dispatch = np.polyfit(ks, ks * np.asarray(ms), 1)
+        return dispatch, step
+    fb = check("09.2", per_dispatch)
+    assert not fb and "time per dispatch" in fb.message and "as measured" in fb.message
 
 
 def _solution_lines(fn):

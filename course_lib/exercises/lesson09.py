@@ -51,6 +51,9 @@ def check_ms_per_step(ms_per_step):
         if np.isclose(got, dispatch * k + step, rtol=1e-6) or np.isclose(got, dispatch + k * step, rtol=1e-6):
             raise Mismatch(f"{what} = {got:.4g}: that grows with k. One dispatch now carries k steps, so each step "
                            "carries a smaller share of the dispatch's cost as k grows.")
+        if np.isclose(got, dispatch // k + step, rtol=1e-6) or np.isclose(got, dispatch // k + step // 1, rtol=1e-6):
+            raise Mismatch(f"{what} = {got:.4g}; expected {want:.4g}. Floor division (//) dropped the fraction of "
+                           "the dispatch's share: a share of a millisecond is a fraction, so divide with /.")
         if np.isclose(got, dispatch + step, rtol=1e-6):
             raise Mismatch(f"{what} = {got:.4g}: k has no effect. The fixed cost is paid once per dispatch, and "
                            "one dispatch now runs k steps.")
@@ -106,6 +109,12 @@ def check_fit_dispatch_and_step(fit_dispatch_and_step):
                                                                                   rtol=1e-3):
             raise Mismatch(f"{what} fitted a straight line in k itself; the model of 09.1 is not linear in k. "
                            "Look again at how k enters that formula.")
+        per_dispatch = np.polyfit(np.asarray(ks, float), np.asarray(ks, float) * ms, 1)      # k*ms = step*k + dispatch
+        if np.allclose([d, s], per_dispatch[::-1], rtol=1e-3, atol=1e-6):
+            raise Mismatch(f"{what} returned ({d:.4g}, {s:.4g}), a least-squares fit of the time per dispatch "
+                           f"(k times ms) against k. That fits other errors: the point at k={ks[-1]} weighs "
+                           f"{ks[-1] ** 2} times the point at k=1. Fit the times per step, ms, as measured: the "
+                           f"least-squares answer is ({want[0]:.4g}, {want[1]:.4g}).")
         raise Mismatch(f"{what} returned ({d:.4g}, {s:.4g}); the least-squares fit over all {len(ks)} points "
                        f"is ({want[0]:.4g}, {want[1]:.4g}). Fit every measurement, against 1 / k.")
     return "a straight line in 1 / k: the slope is the cost of a dispatch, the intercept the cost of a step."
