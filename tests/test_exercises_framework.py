@@ -364,3 +364,18 @@ def test_a_failing_call_shows_small_arguments_by_value():
 
     with pytest.raises(Mismatch, match=r"split\(Array float32\[4\], 4\) raised ValueError"):
         call(split, jnp.zeros(4), 4)
+
+
+def test_a_learners_error_is_quoted_without_file_paths_or_a_dangling_colon():
+    def fails(x):
+        raise ValueError("the shapes disagree:\n(4,) against (8,)\nThis error occurs at source: /home/me/nb.py:12")
+
+    def fails_with_path(x):
+        raise TypeError("bad input in /tmp/ipykernel_123/456.py:7 here")
+
+    with pytest.raises(Mismatch) as info:
+        call(fails, 1)
+    assert "the shapes disagree: (4,) against (8,)" in str(info.value) and "/home" not in str(info.value)
+    with pytest.raises(Mismatch) as info:
+        call(fails_with_path, 1)
+    assert "bad input in <file> here" in str(info.value) and "/tmp" not in str(info.value)

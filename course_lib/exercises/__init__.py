@@ -41,6 +41,7 @@ import dataclasses
 import importlib
 import inspect
 import pkgutil
+import re
 import textwrap
 from typing import Any, Callable
 
@@ -380,6 +381,18 @@ def _changed(before, args) -> str | None:
     return None
 
 
+_SOURCE_FILE = re.compile(r"(?:[A-Za-z]:)?[/\\][^\s:'\"]+\.py(?::\d+)?")
+
+
+def _error_text(error: Exception) -> str:
+    """An error's message as feedback quotes it: its first line (with the next, if it ends in a colon), without
+    the location JAX appends ("This error occurs at source: /path/file.py:12") or any other file path."""
+    lines = [ln.strip() for ln in str(error).strip().splitlines()
+             if ln.strip() and not ln.strip().startswith("This error occurs at source")]
+    text = " ".join(lines[:2]) if len(lines) > 1 and lines[0].endswith(":") else (lines[0] if lines else "")
+    return _SOURCE_FILE.sub("<file>", text)
+
+
 def _argument(x) -> str:
     """An argument as feedback shows it: a number or a short string by value (``4``), anything else described."""
     if isinstance(x, (bool, int, float)) or (isinstance(x, str) and len(x) <= 20):
@@ -402,7 +415,7 @@ def call(fn, *args, name: str | None = None, hints: dict[str, str] | None = None
     try:
         result = fn(*args, **kwargs)
     except Exception as e:  # the learner's error, reported rather than raised
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        first = _error_text(e)
         extra = [hint for fragment, hint in (hints or {}).items() if fragment in str(e)]
         shown_error = first if len(first) <= 300 else first[:300] + " ..."
         raise Mismatch(" ".join([f"{name}({shown}) raised {type(e).__name__}: {shown_error}", *extra])) from None
