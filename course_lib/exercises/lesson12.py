@@ -122,9 +122,10 @@ def solution_make_dp_step(loss_fn, optimizer):
     return jax.jit(step, donate_argnums=(0, 1))
 
 
-def _reference_step(optimizer):
-    def step(params, opt_state, x, y):             # the solution's step, without donation
+def _reference_step(optimizer, scale=1.0):
+    def step(params, opt_state, x, y):             # the solution's step, without donation (scale: a wrong gradient)
         loss, grads = jax.value_and_grad(_toy_loss)(params, x, y)
+        grads = jax.tree.map(lambda g: g * scale, grads)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
@@ -189,6 +190,8 @@ def check_make_dp_step(make_dp_step):
                     "Array has been deleted": "The step read an array that an earlier donation deleted.",
                     "incompatible devices": "The step names a mesh or devices of its own: let it follow its inputs, "
                                             "whatever mesh they are on.",
+                    "should match the mesh": "The step sets a mesh of its own, which is not the mesh its inputs are "
+                                             "on: let it follow its inputs (the caller sets the mesh).",
                 })
             except _NotStarted:
                 raise
@@ -229,6 +232,18 @@ def check_make_dp_step(make_dp_step):
                 raise Mismatch(f"{where}: the parameters{name} moved the wrong way. optax's updates already carry "
                                "the minus sign: add them to the parameters, do not subtract them.")
             if not np.allclose(value, np.asarray(want), rtol=1e-4, atol=1e-6):
+                for how, scale in ((f"{n} times too large", n), (f"{n} times too small", 1 / n)):
+                    with jax.set_mesh(mesh):                 # what a gradient scaled by n would have given
+                        wrong = jax.jit(_reference_step(optimizer, scale))(ref_params, ref_opt, xs, ys)[0]
+                    if all(np.allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6) for a, b in
+                           zip(jax.tree.leaves(new_params), jax.tree.leaves(wrong))):
+                        raise Mismatch(
+                            f"{where}: the new parameters are one Adam step with a gradient {how}: each device's "
+                            f"gradient was summed or averaged once too often, or not enough. In shard_map, a P() "
+                            f"parameter's gradient already arrives summed over the devices, so a pmean or psum on "
+                            f"top of it leaves it {n} times too large (lesson section 3, 'The same step with "
+                            f"jax.shard_map'). Sharded jit needs no collective at all. Adam hides most of this in "
+                            f"the loss curve; the parameters show it.")
                 raise Mismatch(f"{where}: the new parameters{name} differ from one Adam step on this batch (largest "
                                f"difference {np.abs(value - np.asarray(want)).max():.2e}). Use the gradients of "
                                "loss_fn at the given parameters, and the optimizer you were given.")
@@ -315,6 +330,12 @@ def _fsdp_grads(gather, mesh, specs=SPECS):
                 raise _Bad(f"gather_layer returned layer[{key!r}] as {np.dtype(out[key].dtype).name}; it came in as "
                            f"{np.dtype(layer[key].dtype).name}. A gather moves the numbers as they are: cast "
                            "nothing (a lower precision belongs in the model's compute, not in the gather).")
+            size = int(np.prod(whole))
+            if len(out[key].shape) == len(whole) + 1 and int(np.prod(out[key].shape)) == size:
+                raise _Bad(f"gather_layer returned layer[{key!r}] with shape {tuple(out[key].shape)}: the "
+                           f"{jax.lax.axis_size(AXIS)} slices came back stacked along a new axis instead of joined "
+                           f"into the whole leaf {whole}. See all_gather's tiled option (hint 2, and lesson section "
+                           "4).")
             if tuple(out[key].shape) != whole:
                 raise _Bad(f"gather_layer returned layer[{key!r}] with shape {tuple(out[key].shape)}; the whole leaf "
                            f"is {whole} (the slices are joined along the last axis, the one that was split).")
@@ -362,6 +383,8 @@ def check_gather_layer(gather_layer):
         try:
             got = call(f, params, xs, ts, name="the checker's FSDP step with your gather_layer", hints={
                 "unbound axis name": f"The mesh axis is named {AXIS!r}: use that name in the collective.",
+                "cannot reshape": f"Your gather assumes a number of devices; this run has {n}. Inside shard_map, "
+                                  "jax.lax.axis_size gives it, or let the collective join the slices itself.",
             })
         except _NotStarted:
             raise
@@ -443,7 +466,7 @@ def measured_collectives(n_layers, arrays_per_layer, n_devices=None) -> dict[str
     return {kind: count for kind, (count, _) in found.items()}
 
 
-_CASES = [(2, 3), (3, 1), (1, 2)]
+_CASES = [(3, 1), (2, 3), (1, 2)]    # 3 layers first: a count per layer and a missing backward gather differ
 
 
 def _whole(value):
@@ -452,6 +475,8 @@ def _whole(value):
     if isinstance(value, (int, np.integer)):
         return int(value)
     if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return int(value)
+    if isinstance(value, jax.Array) and value.shape == () and jnp.issubdtype(value.dtype, jnp.integer):
         return int(value)
     return None
 
@@ -480,6 +505,11 @@ def check_predict(predict):
             continue
         lines = [f"{shown}: you predicted {numbers}; the compiled step runs {measured}."]
         ag, rs, ar = numbers["all-gather"], numbers["reduce-scatter"], numbers["all-reduce"]
+        if n_layers > 1 and (ag * n_layers, rs * n_layers) == (measured["all-gather"], measured["reduce-scatter"]):
+            lines.append(f"Those are one layer's collectives: the step runs the scan's body {n_layers} times in the "
+                         "forward pass and again in the backward, each time with its own collectives. Count per "
+                         "step, over all the layers.")
+            raise Mismatch(" ".join(lines))
         if ag * 2 == measured["all-gather"]:
             lines.append("Half the all-gathers: the forward pass gathers each layer's arrays, and jax.checkpoint "
                          "does not keep what the forward computed inside the layer. What must the backward pass "
