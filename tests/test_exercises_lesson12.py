@@ -254,6 +254,15 @@ def test_12_1_a_mesh_set_inside_the_step_is_named():
     feedback = check("12.1", own_mesh)
     assert not feedback
     assert "on 4 devices" in feedback.message and "a mesh of its own" in feedback.message, feedback.message
+    assert "occurs at source" not in feedback.message and "/" not in feedback.message.split("raised", 1)[1], \
+        feedback.message                                                  # no file path of this machine
+
+
+def test_12_1_batch_pinned_replicated_by_in_shardings_is_named():
+    def pinned(loss_fn, optimizer):
+        return jax.jit(_step_body(loss_fn, optimizer), donate_argnums=(0, 1), in_shardings=(P(), P(), P(), P()))
+    feedback = check("12.1", pinned)
+    assert not feedback and "in_shardings" in feedback.message, feedback.message
 
 
 @pytest.mark.parametrize("answer", [

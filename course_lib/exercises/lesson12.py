@@ -78,6 +78,11 @@ def compiled_collectives(text: str) -> dict[str, tuple[int, int]]:
     return {kind: (v[0], v[1]) for kind, v in sorted(found.items())}
 
 
+def _no_paths(error) -> str:
+    """An error's text without the file path some JAX errors name ('This error occurs at source: /path/...')."""
+    return re.sub(r"\s*This error occurs at source:\s*\S+", "", str(error))
+
+
 def _mesh(n: int):
     return jax.make_mesh((n,), (AXIS,), devices=jax.devices()[:n])
 
@@ -192,11 +197,14 @@ def check_make_dp_step(make_dp_step):
                                             "whatever mesh they are on.",
                     "should match the mesh": "The step sets a mesh of its own, which is not the mesh its inputs are "
                                              "on: let it follow its inputs (the caller sets the mesh).",
+                    "does not match the sharding on the respective arg": "The step pins its inputs' shardings "
+                        "(jit's in_shardings) to something other than what they came in with: the state replicated, "
+                        "the batch split over 'data'. Let jit follow its inputs' shardings.",
                 })
             except _NotStarted:
                 raise
             except Mismatch as e:
-                raise Mismatch(f"{where}: {e}") from None
+                raise Mismatch(f"{where}: {_no_paths(e)}") from None
         if not isinstance(got, (tuple, list)) or len(got) != 3:
             raise Mismatch(f"step(params, opt_state, x, y) returned {describe_tree(got)}; expected a tuple of three: "
                            "the new parameters, the new optimizer state, the loss.")
@@ -377,7 +385,7 @@ def check_gather_layer(gather_layer):
         except _NotStarted:
             raise
         except _Bad as e:
-            raise Mismatch(f"{where}: {e}") from None
+            raise Mismatch(f"{where}: {_no_paths(e)}") from None
         except Exception:
             text = None
         try:
@@ -389,7 +397,7 @@ def check_gather_layer(gather_layer):
         except _NotStarted:
             raise
         except Mismatch as e:
-            raise Mismatch(f"{where}: {e}") from None
+            raise Mismatch(f"{where}: {_no_paths(e)}") from None
         loss, grads = got
         if not np.isclose(float(loss), float(want_loss), rtol=1e-5, atol=1e-6):
             raise Mismatch(f"{where}: the loss is {float(loss):.6f}, expected {float(want_loss):.6f}: the layers ran "
