@@ -301,3 +301,19 @@ def test_12_3_accepts_jax_integer_scalars_not_jax_floats_with_a_fraction():
     feedback = check("12.3", lambda n, k: {"all-gather": jnp.float32(2 * n * k + 0.5), "reduce-scatter": n * k,
                                            "all-reduce": 1})
     assert not feedback and "whole number" in feedback.message, feedback.message
+
+
+def test_12_2_a_layer_edited_in_place_is_named_not_misread():
+    def in_place(layer):
+        for key in layer:
+            layer[key] = jax.lax.all_gather(layer[key], "data", axis=-1, tiled=True)
+        return layer
+    feedback = check("12.2", in_place)
+    assert not feedback and "in place" in feedback.message and "still split" not in feedback.message, \
+        feedback.message
+
+
+def test_12_2_leaves_that_are_not_arrays_are_named():
+    feedback = check("12.2", lambda layer: {key: 0 for key in layer})
+    assert not feedback and "not an array" in feedback.message and "AttributeError" not in feedback.message, \
+        feedback.message

@@ -321,14 +321,23 @@ class _Bad(Exception):
 
 def _fsdp_grads(gather, mesh, specs=SPECS):
     def checked(layer):
+        given = dict(layer)                             # the slices as they came in, kept from an in-place edit
         out = gather(layer)
         if out is None:
             raise _NotStarted("gather_layer(layer) returned None: write the function's body, and `return` the dict "
                               "of whole leaves.")
+        if not isinstance(layer, dict) or set(layer) != set(given) or any(layer[k] is not given[k] for k in given):
+            raise _Bad("gather_layer changed the dict it was given in place: leave `layer` as it came and build "
+                       "a new dict of whole leaves to return (the caller, or another transformation, may still "
+                       "read the slices).")
+        layer = given
         if jax.tree.structure(out) != jax.tree.structure(layer):
             raise _Bad(f"gather_layer(layer) should return a dict like the layer it was given (keys "
                        f"{sorted(layer)}); got {describe_tree(out)}.")
         for key in layer:
+            if not hasattr(out[key], "shape") or not hasattr(out[key], "dtype"):
+                raise _Bad(f"gather_layer returned layer[{key!r}] as {describe(out[key])}, not an array: each "
+                           "leaf must come back as the whole weight array.")
             whole = tuple(layer[key].shape[:-1]) + (layer[key].shape[-1] * jax.lax.axis_size(AXIS),)
             if tuple(out[key].shape) == tuple(layer[key].shape):
                 raise _Bad(f"gather_layer returned layer[{key!r}] with the shape of this device's slice, "
