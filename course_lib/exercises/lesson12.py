@@ -32,13 +32,13 @@ HINTS = {
              "jitted step from make_dp_step, donating arguments 0 and 1."],
     "12.2": ["Inside shard_map, each device holds a slice of every leaf. Which collective hands every device all the "
              "slices, in order, as one array?",
-             "jax.lax.all_gather, with tiled=True (so the slices are joined, not stacked), along the axis that was "
-             "split: here the last one, which differs between the matrices and the vector. Apply it to every leaf "
-             "with jax.tree.map.",
-             "In words: for each leaf, all-gather it over the 'data' axis, tiled, along the leaf's last axis; return "
-             "the dict of whole leaves."],
-    "12.3": ["Count per layer and per weight array, then multiply: a scan over n_layers runs its body n_layers times, "
-             "in the forward pass and again in the backward pass.",
+             "jax.lax.all_gather (lesson section 4's gather_layer uses it). Read its axis and tiled options: along "
+             "which axis were these leaves split, and should the slices come back joined or stacked?",
+             "In words: for each leaf (jax.tree.map), all-gather it over the 'data' axis, tiled so the slices are "
+             "joined rather than stacked, along the leaf's last axis (its index is 1 for a matrix slice, 0 for the "
+             "vector); return the dict of whole leaves."],
+    "12.3": ["Count for one layer and one weight array, then multiply: a scan over n_layers runs its body n_layers "
+             "times. How many passes over the layers does one step make, and which collectives does each need?",
              "Lesson section 4, 'FSDP': the forward gathers each array once; jax.checkpoint drops the gathered "
              "weights, so the backward gathers them again; the transpose of each gather is one reduce-scatter; the "
              "loss's pmean is an all-reduce.",
