@@ -95,3 +95,5 @@ def test_stored_outputs_show_what_the_text_claims():
     # the four gradient idioms: three right, pmean on top 8x
     assert "pmean on top: norm 8.0000 x the reference's; equal to it: False" in out
     assert out.count("x the reference's; equal to it: True") == 3
+    # a NumPy batch is replicated: the compiled step has no collective at all
+    assert "sharded jit, NumPy batch: no collectives" in out
