@@ -208,3 +208,112 @@ def test_compiled_collectives_counts_loop_iterations():
     # bytes: each all-gather returns a whole (16, 16) float32 matrix
     assert found["all-gather"][1] == 8 * 16 * 16 * 4
     assert L.compiled_collectives("") == {}
+
+
+# ---------------------------------------------------------------------------------------------- beginner review
+
+
+def _shard_map_dp_step(correction):
+    """12.1 written with shard_map: `correction` is what the step does to the gradient of the P() parameters."""
+    def make(loss_fn, optimizer):
+        def one_device(params, opt_state, x, y):
+            loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+            grads = correction(grads)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, jax.lax.pmean(loss, "data")
+        return jax.jit(jax.shard_map(one_device, in_specs=(P(), P(), P("data"), P("data")),
+                                     out_specs=(P(), P(), P())), donate_argnums=(0, 1))
+    return make
+
+
+@pytest.mark.parametrize("correction", [
+    lambda g: jax.lax.pmean(g, "data"),     # a pmean on top of a gradient already summed over the devices
+    lambda g: g,                            # the summed gradient used as it is
+], ids=["pmean-on-summed", "summed-unscaled"])
+def test_12_1_shard_map_gradient_n_times_too_large_is_named(correction):
+    feedback = check("12.1", _shard_map_dp_step(correction))
+    assert not feedback
+    assert "8 times too large" in feedback.message and "already arrives summed" in feedback.message, feedback.message
+
+
+def test_12_1_shard_map_with_the_mean_gradient_passes():
+    feedback = check("12.1", _shard_map_dp_step(lambda g: jax.tree.map(lambda a: a / jax.lax.axis_size("data"), g)))
+    assert feedback, feedback.message
+
+
+def test_12_1_a_mesh_set_inside_the_step_is_named():
+    def own_mesh(loss_fn, optimizer):
+        inner = jax.jit(_step_body(loss_fn, optimizer), donate_argnums=(0, 1))
+        mesh8 = jax.make_mesh((8,), ("data",))
+
+        def step(*args):
+            with jax.set_mesh(mesh8):
+                return inner(*args)
+        step.lower = inner.lower
+        return step
+    feedback = check("12.1", own_mesh)
+    assert not feedback
+    assert "on 4 devices" in feedback.message and "a mesh of its own" in feedback.message, feedback.message
+    assert "occurs at source" not in feedback.message and "/" not in feedback.message.split("raised", 1)[1], \
+        feedback.message                                                  # no file path of this machine
+
+
+def test_12_1_batch_pinned_replicated_by_in_shardings_is_named():
+    def pinned(loss_fn, optimizer):
+        return jax.jit(_step_body(loss_fn, optimizer), donate_argnums=(0, 1), in_shardings=(P(), P(), P(), P()))
+    feedback = check("12.1", pinned)
+    assert not feedback and "in_shardings" in feedback.message, feedback.message
+
+
+@pytest.mark.parametrize("answer", [
+    lambda layer: jax.tree.map(lambda w: jax.lax.all_gather(w, "data", axis=w.ndim - 1), layer),
+    lambda layer: jax.tree.map(lambda w: jax.lax.all_gather(w, "data"), layer),
+], ids=["last-axis", "axis-0"])
+def test_12_2_untiled_gather_is_named_as_stacked(answer):
+    feedback = check("12.2", answer)
+    assert not feedback
+    assert "stacked along a new axis" in feedback.message and "tiled" in feedback.message, feedback.message
+
+
+def test_12_2_device_count_written_in_works_on_8_not_on_4():
+    def eight(layer):
+        def whole(w):
+            slices = jax.lax.all_gather(w, "data")                     # (n, *w.shape)
+            return jnp.moveaxis(slices, 0, -2).reshape(w.shape[:-1] + (8 * w.shape[-1],))
+        return jax.tree.map(whole, layer)
+    feedback = check("12.2", eight)
+    assert not feedback
+    assert "on 4 devices" in feedback.message and "assumes a number of devices" in feedback.message, feedback.message
+
+
+def test_12_3_a_count_per_layer_is_named_not_taken_for_the_checkpoint():
+    feedback = check("12.3", lambda n, k: {"all-gather": 2 * k, "reduce-scatter": k, "all-reduce": 1})
+    assert not feedback
+    assert "one layer's collectives" in feedback.message and "Half" not in feedback.message, feedback.message
+    # without the backward's gathers it is still the checkpoint that is named
+    feedback = check("12.3", lambda n, k: {"all-gather": n * k, "reduce-scatter": n * k, "all-reduce": 1})
+    assert "Half the all-gathers" in feedback.message and "one layer's" not in feedback.message, feedback.message
+
+
+def test_12_3_accepts_jax_integer_scalars_not_jax_floats_with_a_fraction():
+    assert check("12.3", lambda n, k: {"all-gather": jnp.int32(2 * n * k), "reduce-scatter": jnp.asarray(n * k),
+                                        "all-reduce": jnp.int32(1)})
+    feedback = check("12.3", lambda n, k: {"all-gather": jnp.float32(2 * n * k + 0.5), "reduce-scatter": n * k,
+                                           "all-reduce": 1})
+    assert not feedback and "whole number" in feedback.message, feedback.message
+
+
+def test_12_2_a_layer_edited_in_place_is_named_not_misread():
+    def in_place(layer):
+        for key in layer:
+            layer[key] = jax.lax.all_gather(layer[key], "data", axis=-1, tiled=True)
+        return layer
+    feedback = check("12.2", in_place)
+    assert not feedback and "in place" in feedback.message and "still split" not in feedback.message, \
+        feedback.message
+
+
+def test_12_2_leaves_that_are_not_arrays_are_named():
+    feedback = check("12.2", lambda layer: {key: 0 for key in layer})
+    assert not feedback and "not an array" in feedback.message and "AttributeError" not in feedback.message, \
+        feedback.message

@@ -67,3 +67,33 @@ def test_notebook_removes_its_temporary_directory():
     code = _cells("code")
     assert "tempfile.mkdtemp" in "\n".join(code)
     assert "shutil.rmtree(TMP)" in code[-1]
+
+
+def _outputs():
+    """Each code cell's stored text output (what the last run printed; nbval re-runs and compares it)."""
+    nb = json.loads(NOTEBOOK.read_text())
+    texts = []
+    for c in nb["cells"]:
+        if c["cell_type"] == "code":
+            texts.append("".join("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
+                                 for o in c.get("outputs", [])))
+    return "\n".join(texts)
+
+
+def test_stored_outputs_show_what_the_text_claims():
+    out = _outputs()
+    assert "at least 95%: True" in out                                   # the stated accuracy was reached
+    # the donation trap, both ways it happens, and the fix that copies
+    assert "device 0 -> P():       new array: True | same buffer on device 0: True  | original deleted by the step: True" in out
+    assert "already P() -> P():    new array: True | same buffer on device 0: True  | original deleted by the step: True" in out
+    assert "may_alias=False:       new array: True | same buffer on device 0: False | original deleted by the step: False" in out
+    # the async save is intact although the next step donates what it saved
+    assert "the step-20 checkpoint equals the state it saved (step 21, which donates, ran right after the save): True" in out
+    assert "every restored number equals the saved one, bit for bit: True" in out
+    assert "8 devices, resumed from the checkpoint, against uninterrupted: identical True" in out
+    assert "4 devices against uninterrupted: identical False" in out     # the text explains why not
+    # the four gradient idioms: three right, pmean on top 8x
+    assert "pmean on top: norm 8.0000 x the reference's; equal to it: False" in out
+    assert out.count("x the reference's; equal to it: True") == 3
+    # a NumPy batch is replicated: the compiled step has no collective at all
+    assert "sharded jit, NumPy batch: no collectives" in out

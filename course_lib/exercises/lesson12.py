@@ -32,13 +32,13 @@ HINTS = {
              "jitted step from make_dp_step, donating arguments 0 and 1."],
     "12.2": ["Inside shard_map, each device holds a slice of every leaf. Which collective hands every device all the "
              "slices, in order, as one array?",
-             "jax.lax.all_gather, with tiled=True (so the slices are joined, not stacked), along the axis that was "
-             "split: here the last one, which differs between the matrices and the vector. Apply it to every leaf "
-             "with jax.tree.map.",
-             "In words: for each leaf, all-gather it over the 'data' axis, tiled, along the leaf's last axis; return "
-             "the dict of whole leaves."],
-    "12.3": ["Count per layer and per weight array, then multiply: a scan over n_layers runs its body n_layers times, "
-             "in the forward pass and again in the backward pass.",
+             "jax.lax.all_gather (lesson section 4's gather_layer uses it). Read its axis and tiled options: along "
+             "which axis were these leaves split, and should the slices come back joined or stacked?",
+             "In words: for each leaf (jax.tree.map), all-gather it over the 'data' axis, tiled so the slices are "
+             "joined rather than stacked, along the leaf's last axis (its index is 1 for a matrix slice, 0 for the "
+             "vector); return the dict of whole leaves."],
+    "12.3": ["Count for one layer and one weight array, then multiply: a scan over n_layers runs its body n_layers "
+             "times. How many passes over the layers does one step make, and which collectives does each need?",
              "Lesson section 4, 'FSDP': the forward gathers each array once; jax.checkpoint drops the gathered "
              "weights, so the backward gathers them again; the transpose of each gather is one reduce-scatter; the "
              "loss's pmean is an all-reduce.",
@@ -76,6 +76,11 @@ def compiled_collectives(text: str) -> dict[str, tuple[int, int]]:
             found[hit.group(2)][0] += runs
             found[hit.group(2)][1] += runs * nbytes
     return {kind: (v[0], v[1]) for kind, v in sorted(found.items())}
+
+
+def _no_paths(error) -> str:
+    """An error's text without the file path some JAX errors name ('This error occurs at source: /path/...')."""
+    return re.sub(r"\s*This error occurs at source:\s*\S+", "", str(error))
 
 
 def _mesh(n: int):
@@ -122,9 +127,10 @@ def solution_make_dp_step(loss_fn, optimizer):
     return jax.jit(step, donate_argnums=(0, 1))
 
 
-def _reference_step(optimizer):
-    def step(params, opt_state, x, y):             # the solution's step, without donation
+def _reference_step(optimizer, scale=1.0):
+    def step(params, opt_state, x, y):             # the solution's step, without donation (scale: a wrong gradient)
         loss, grads = jax.value_and_grad(_toy_loss)(params, x, y)
+        grads = jax.tree.map(lambda g: g * scale, grads)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
@@ -189,11 +195,16 @@ def check_make_dp_step(make_dp_step):
                     "Array has been deleted": "The step read an array that an earlier donation deleted.",
                     "incompatible devices": "The step names a mesh or devices of its own: let it follow its inputs, "
                                             "whatever mesh they are on.",
+                    "should match the mesh": "The step sets a mesh of its own, which is not the mesh its inputs are "
+                                             "on: let it follow its inputs (the caller sets the mesh).",
+                    "does not match the sharding on the respective arg": "The step pins its inputs' shardings "
+                        "(jit's in_shardings) to something other than what they came in with: the state replicated, "
+                        "the batch split over 'data'. Let jit follow its inputs' shardings.",
                 })
             except _NotStarted:
                 raise
             except Mismatch as e:
-                raise Mismatch(f"{where}: {e}") from None
+                raise Mismatch(f"{where}: {_no_paths(e)}") from None
         if not isinstance(got, (tuple, list)) or len(got) != 3:
             raise Mismatch(f"step(params, opt_state, x, y) returned {describe_tree(got)}; expected a tuple of three: "
                            "the new parameters, the new optimizer state, the loss.")
@@ -229,6 +240,18 @@ def check_make_dp_step(make_dp_step):
                 raise Mismatch(f"{where}: the parameters{name} moved the wrong way. optax's updates already carry "
                                "the minus sign: add them to the parameters, do not subtract them.")
             if not np.allclose(value, np.asarray(want), rtol=1e-4, atol=1e-6):
+                for how, scale in ((f"{n} times too large", n), (f"{n} times too small", 1 / n)):
+                    with jax.set_mesh(mesh):                 # what a gradient scaled by n would have given
+                        wrong = jax.jit(_reference_step(optimizer, scale))(ref_params, ref_opt, xs, ys)[0]
+                    if all(np.allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6) for a, b in
+                           zip(jax.tree.leaves(new_params), jax.tree.leaves(wrong))):
+                        raise Mismatch(
+                            f"{where}: the new parameters are one Adam step with a gradient {how}: each device's "
+                            f"gradient was summed or averaged once too often, or not enough. In shard_map, a P() "
+                            f"parameter's gradient already arrives summed over the devices, so a pmean or psum on "
+                            f"top of it leaves it {n} times too large (lesson section 3, 'The same step with "
+                            f"jax.shard_map'). Sharded jit needs no collective at all. Adam hides most of this in "
+                            f"the loss curve; the parameters show it.")
                 raise Mismatch(f"{where}: the new parameters{name} differ from one Adam step on this batch (largest "
                                f"difference {np.abs(value - np.asarray(want)).max():.2e}). Use the gradients of "
                                "loss_fn at the given parameters, and the optimizer you were given.")
@@ -298,14 +321,23 @@ class _Bad(Exception):
 
 def _fsdp_grads(gather, mesh, specs=SPECS):
     def checked(layer):
+        given = dict(layer)                             # the slices as they came in, kept from an in-place edit
         out = gather(layer)
         if out is None:
             raise _NotStarted("gather_layer(layer) returned None: write the function's body, and `return` the dict "
                               "of whole leaves.")
+        if not isinstance(layer, dict) or set(layer) != set(given) or any(layer[k] is not given[k] for k in given):
+            raise _Bad("gather_layer changed the dict it was given in place: leave `layer` as it came and build "
+                       "a new dict of whole leaves to return (the caller, or another transformation, may still "
+                       "read the slices).")
+        layer = given
         if jax.tree.structure(out) != jax.tree.structure(layer):
             raise _Bad(f"gather_layer(layer) should return a dict like the layer it was given (keys "
                        f"{sorted(layer)}); got {describe_tree(out)}.")
         for key in layer:
+            if not hasattr(out[key], "shape") or not hasattr(out[key], "dtype"):
+                raise _Bad(f"gather_layer returned layer[{key!r}] as {describe(out[key])}, not an array: each "
+                           "leaf must come back as the whole weight array.")
             whole = tuple(layer[key].shape[:-1]) + (layer[key].shape[-1] * jax.lax.axis_size(AXIS),)
             if tuple(out[key].shape) == tuple(layer[key].shape):
                 raise _Bad(f"gather_layer returned layer[{key!r}] with the shape of this device's slice, "
@@ -315,6 +347,12 @@ def _fsdp_grads(gather, mesh, specs=SPECS):
                 raise _Bad(f"gather_layer returned layer[{key!r}] as {np.dtype(out[key].dtype).name}; it came in as "
                            f"{np.dtype(layer[key].dtype).name}. A gather moves the numbers as they are: cast "
                            "nothing (a lower precision belongs in the model's compute, not in the gather).")
+            size = int(np.prod(whole))
+            if len(out[key].shape) == len(whole) + 1 and int(np.prod(out[key].shape)) == size:
+                raise _Bad(f"gather_layer returned layer[{key!r}] with shape {tuple(out[key].shape)}: the "
+                           f"{jax.lax.axis_size(AXIS)} slices came back stacked along a new axis instead of joined "
+                           f"into the whole leaf {whole}. See all_gather's tiled option (hint 2, and lesson section "
+                           "4).")
             if tuple(out[key].shape) != whole:
                 raise _Bad(f"gather_layer returned layer[{key!r}] with shape {tuple(out[key].shape)}; the whole leaf "
                            f"is {whole} (the slices are joined along the last axis, the one that was split).")
@@ -356,17 +394,19 @@ def check_gather_layer(gather_layer):
         except _NotStarted:
             raise
         except _Bad as e:
-            raise Mismatch(f"{where}: {e}") from None
+            raise Mismatch(f"{where}: {_no_paths(e)}") from None
         except Exception:
             text = None
         try:
             got = call(f, params, xs, ts, name="the checker's FSDP step with your gather_layer", hints={
                 "unbound axis name": f"The mesh axis is named {AXIS!r}: use that name in the collective.",
+                "cannot reshape": f"Your gather assumes a number of devices; this run has {n}. Inside shard_map, "
+                                  "jax.lax.axis_size gives it, or let the collective join the slices itself.",
             })
         except _NotStarted:
             raise
         except Mismatch as e:
-            raise Mismatch(f"{where}: {e}") from None
+            raise Mismatch(f"{where}: {_no_paths(e)}") from None
         loss, grads = got
         if not np.isclose(float(loss), float(want_loss), rtol=1e-5, atol=1e-6):
             raise Mismatch(f"{where}: the loss is {float(loss):.6f}, expected {float(want_loss):.6f}: the layers ran "
@@ -443,7 +483,7 @@ def measured_collectives(n_layers, arrays_per_layer, n_devices=None) -> dict[str
     return {kind: count for kind, (count, _) in found.items()}
 
 
-_CASES = [(2, 3), (3, 1), (1, 2)]
+_CASES = [(3, 1), (2, 3), (1, 2)]    # 3 layers first: a count per layer and a missing backward gather differ
 
 
 def _whole(value):
@@ -452,6 +492,8 @@ def _whole(value):
     if isinstance(value, (int, np.integer)):
         return int(value)
     if isinstance(value, (float, np.floating)) and float(value).is_integer():
+        return int(value)
+    if isinstance(value, jax.Array) and value.shape == () and jnp.issubdtype(value.dtype, jnp.integer):
         return int(value)
     return None
 
@@ -480,6 +522,11 @@ def check_predict(predict):
             continue
         lines = [f"{shown}: you predicted {numbers}; the compiled step runs {measured}."]
         ag, rs, ar = numbers["all-gather"], numbers["reduce-scatter"], numbers["all-reduce"]
+        if n_layers > 1 and (ag * n_layers, rs * n_layers) == (measured["all-gather"], measured["reduce-scatter"]):
+            lines.append(f"Those are one layer's collectives: the step runs the scan's body {n_layers} times in the "
+                         "forward pass and again in the backward, each time with its own collectives. Count per "
+                         "step, over all the layers.")
+            raise Mismatch(" ".join(lines))
         if ag * 2 == measured["all-gather"]:
             lines.append("Half the all-gathers: the forward pass gathers each layer's arrays, and jax.checkpoint "
                          "does not keep what the forward computed inside the layer. What must the backward pass "
