@@ -32,7 +32,8 @@ donates the state (``donate_argnums=0``: the old state's buffers are reused for 
 a step cannot be used again). The batch's leading axis is split over the mesh. ``accumulate=K`` splits each
 device's part of the batch into ``K`` micro-batches and adds their gradients in a ``lax.scan`` (see above for what
 each stage keeps between them). ``compute_dtype=jnp.bfloat16`` runs forward and backward in bfloat16 (and
-sends the gradients, and for FSDP the gathered parameters, in bfloat16), while the parameters and the optimizer
+writes the gradients' and, for FSDP, the gathered parameters' collectives in bfloat16; XLA's CPU compiler makes
+them float32), while the parameters and the optimizer
 state stay float32 ("master weights").
 
 Measuring: ``live_bytes`` (what each device holds now, from ``addressable_shards``), ``compiled_memory`` (the
@@ -286,10 +287,14 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
         one device's part), for ``params`` the pytree ``init_state`` got, in ``compute_dtype``.
       optimizer: the optax optimizer given to ``init_state``.
       stage: one of ``STAGES``; must be the state's.
-      accumulate: ``K``, micro-batches per device per step. Their gradients are added locally (``lax.scan``) and
-        communicated once; the result is one step on the whole batch.
+      accumulate: ``K``, micro-batches per device per step, in a ``lax.scan``: ``"replicated"`` and ``"zero1"``
+        add whole local gradients and communicate once after the loop; ``"zero2"`` and ``"fsdp"`` reduce-scatter
+        every micro-batch's gradient and add their slices (``K`` times the gradient traffic). The result is one
+        step on the whole batch.
       compute_dtype: the dtype of the forward and backward pass and of the communicated gradients (and, for
-        ``"fsdp"``, of the gathered parameters). Parameters and optimizer state stay float32.
+        ``"fsdp"``, of the gathered parameters) as the program is written; XLA's CPU compiler turns bfloat16
+        collectives into float32 ones, so read ``step.compile(...).as_text()`` for what a backend sends.
+        Parameters and optimizer state stay float32.
 
     The step takes a global ``batch``, leaves ``(B, ...)`` with ``B`` a multiple of ``n * K``, splits it over the
     mesh, ``(B // n, ...)`` per device, and returns the loss averaged over the whole batch, ``()``. Each batch shape
