@@ -15,7 +15,9 @@ stage          parameters           gradient accumulator    optimizer state     
 "2x" is the parameters' bytes times ``2 (n-1)/n`` per device with ring algorithms: ZeRO-1 and ZeRO-2 send what
 data parallelism sends (a reduce-scatter and an all-gather are the two halves of an all-reduce); FSDP gathers the
 parameters again for the backward pass (its remat policy, ``FSDP_REMAT_POLICY``, keeps only matmul outputs), 1.5x
-data parallelism. ZeRO-1 and ZeRO-2 differ only with ``accumulate > 1``: ZeRO-1 adds whole local gradients over
+data parallelism. Gathering the whole flat vector, as here, that second gather gives FSDP's traffic but not a lower
+peak (the backward pass needs the whole vector again anyway); it saves memory when each gather is one layer, inside
+a ``lax.scan`` with ``jax.checkpoint`` per layer (lesson 10, section 3). ZeRO-1 and ZeRO-2 differ only with ``accumulate > 1``: ZeRO-1 adds whole local gradients over
 the micro-batches and reduce-scatters once; ZeRO-2 reduce-scatters each micro-batch's gradient and keeps only its
 slice. In one step without accumulation they compile to the same program.
 
@@ -30,7 +32,8 @@ donates the state (``donate_argnums=0``: the old state's buffers are reused for 
 a step cannot be used again). The batch's leading axis is split over the mesh. ``accumulate=K`` splits each
 device's part of the batch into ``K`` micro-batches and adds their gradients in a ``lax.scan`` (see above for what
 each stage keeps between them). ``compute_dtype=jnp.bfloat16`` runs forward and backward in bfloat16 (and
-sends the gradients, and for FSDP the gathered parameters, in bfloat16), while the parameters and the optimizer
+writes the gradients' and, for FSDP, the gathered parameters' collectives in bfloat16; XLA's CPU compiler makes
+them float32), while the parameters and the optimizer
 state stay float32 ("master weights").
 
 Measuring: ``live_bytes`` (what each device holds now, from ``addressable_shards``), ``compiled_memory`` (the
@@ -64,7 +67,8 @@ STAGES = ("replicated", "zero1", "zero2", "fsdp")
 AXIS = "data"
 # The dtypes the forward and backward pass may run in: float32, or bfloat16/float16 with float32 master weights.
 COMPUTE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-# FSDP's remat policy: keep the matmul outputs for the backward pass and recompute the rest, the gather included.
+# FSDP's remat policy: keep the matmul outputs for the backward pass and recompute the rest, the gather included
+# (the weights the backward pass multiplies by are not matmul outputs, so they are gathered again).
 FSDP_REMAT_POLICY = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
 
 
@@ -283,10 +287,14 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
         one device's part), for ``params`` the pytree ``init_state`` got, in ``compute_dtype``.
       optimizer: the optax optimizer given to ``init_state``.
       stage: one of ``STAGES``; must be the state's.
-      accumulate: ``K``, micro-batches per device per step. Their gradients are added locally (``lax.scan``) and
-        communicated once; the result is one step on the whole batch.
+      accumulate: ``K``, micro-batches per device per step, in a ``lax.scan``: ``"replicated"`` and ``"zero1"``
+        add whole local gradients and communicate once after the loop; ``"zero2"`` and ``"fsdp"`` reduce-scatter
+        every micro-batch's gradient and add their slices (``K`` times the gradient traffic). The result is one
+        step on the whole batch.
       compute_dtype: the dtype of the forward and backward pass and of the communicated gradients (and, for
-        ``"fsdp"``, of the gathered parameters). Parameters and optimizer state stay float32.
+        ``"fsdp"``, of the gathered parameters) as the program is written; XLA's CPU compiler turns bfloat16
+        collectives into float32 ones, so read ``step.compile(...).as_text()`` for what a backend sends.
+        Parameters and optimizer state stay float32.
 
     The step takes a global ``batch``, leaves ``(B, ...)`` with ``B`` a multiple of ``n * K``, splits it over the
     mesh, ``(B // n, ...)`` per device, and returns the loss averaged over the whole batch, ``()``. Each batch shape
@@ -329,7 +337,7 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
             # Gather inside the differentiated function: the transpose of a tiled all_gather is a psum_scatter,
             # so the gradient of the slice arrives summed and scattered. The remat policy keeps only the matmul
             # outputs for the backward pass, not the gathered vector: the backward gathers it again (FSDP's
-            # third collective) rather than hold it through the step.
+            # third collective). For one whole-vector gather that is FSDP's traffic, not a lower peak.
             def gathered_loss(my_slice, mb):
                 return micro(jax.lax.all_gather(my_slice, axis, tiled=True), mb)
 
@@ -550,7 +558,9 @@ def formula_sent(n_params: int, n_devices: int, stage: str, *, param_bytes: int 
     ``f N (grad_bytes + param_bytes)``; "fsdp" an all-gather for the forward, one again for the backward and a
     reduce-scatter, ``f N (2 param_bytes + grad_bytes)``. This is one micro-batch per step: with ``accumulate=K``,
     "zero2" and "fsdp" reduce-scatter every micro-batch (``K`` times the gradient term) to keep a ``1/n``
-    accumulator, while "replicated" and "zero1" still communicate once."""
+    accumulator, and "fsdp" also gathers for every micro-batch's backward pass (``K + 1`` all-gathers where XLA
+    moves the forward pass's gather out of the loop, as on the CPU), while "replicated" and "zero1" still
+    communicate once: count the collectives of ``step.compile(...)``, those with ``in_loop`` ``K`` times."""
     _check_stage(stage, "formula_sent")
     n_params = _checks.whole(n_params, "n_params", "formula_sent", minimum=0,
                              fix="It is the number of parameters, e.g. sum(p.size for p in jax.tree.leaves(params)).")

@@ -104,6 +104,25 @@ def test_10_2_zero2_sgd():
         return jax.lax.all_gather(p - lr * jax.lax.psum_scatter(grads, "data", tiled=True), "data", tiled=True)
 
     assert "8 times too large" in check("10.2", summed).message
+
+    def first_slice_everywhere(params, grads, lr):   # every device cuts slice 0 of the parameters
+        n = jax.lax.axis_size("data")
+        size = params.shape[0] // n
+        mine = jax.lax.psum_scatter(grads, "data", tiled=True) / n
+        return jax.lax.all_gather(params[:size] - lr * mine, "data", tiled=True)
+
+    feedback = check("10.2", first_slice_everywhere)
+    assert not feedback and "only the first slice is right" in feedback.message
+
+    def untiled(params, grads, lr):              # an all_gather without tiling stacks the slices: (n, P // n)
+        n = jax.lax.axis_size("data")
+        size = params.shape[0] // n
+        mine = jax.lax.psum_scatter(grads, "data", tiled=True) / n
+        p = jax.lax.dynamic_slice_in_dim(params, jax.lax.axis_index("data") * size, size)
+        return jax.lax.all_gather(p - lr * mine, "data")
+
+    feedback = check("10.2", untiled)
+    assert not feedback and "stacked on a new axis" in feedback.message and "tiled" in feedback.message
     wrong_axis = check("10.2", lambda params, grads, lr: jax.lax.psum_scatter(grads, "devices", tiled=True))
     assert "raised" in wrong_axis.message and "named 'data'" in wrong_axis.message
     assert not check("10.2", lambda params, grads, lr: params - lr * grads)
@@ -188,7 +207,41 @@ def test_10_4_fsdp_step():
         return step
 
     feedback = check("10.4", all_reduced)
-    assert not feedback and "all-reduces a whole" in feedback.message
+    assert not feedback and "all-reduces the gradient" in feedback.message
+
+    def gathered_invarying(loss_fn, optimizer):  # section 2's invarying gather copied into the loss: an all-reduce
+        def step(p, o, batch):                   # of the gradient (XLA drops the unread padding: under P bytes)
+            gather = lambda q: jax.lax.all_gather(q, "data", tiled=True, to="invarying")
+            loss, g = jax.value_and_grad(lambda q: loss_fn(gather(q), batch))(p)
+            u, o = optimizer.update(g / jax.lax.axis_size("data"), o, p)
+            return optax.apply_updates(p, u), o, jax.lax.pmean(loss, "data")
+        return step
+
+    feedback = check("10.4", gathered_invarying)
+    assert not feedback and "all-reduces the gradient" in feedback.message and "invarying" in feedback.message
+
+    def never_summed(loss_fn, optimizer):        # gathers outside grad, keeps its slice of its own local gradient
+        def step(p, o, batch):
+            full = jax.lax.all_gather(p, "data", tiled=True)
+            loss, g = jax.value_and_grad(loss_fn)(full, batch)
+            mine = jax.lax.dynamic_slice_in_dim(g, jax.lax.axis_index("data") * p.shape[0], p.shape[0])
+            u, o = optimizer.update(mine, o, p)
+            return optax.apply_updates(p, u), o, jax.lax.pmean(loss, "data")
+        return step
+
+    feedback = check("10.4", never_summed)
+    assert not feedback and "sums no gradient over the devices" in feedback.message
+
+    def scatters_itself(loss_fn, optimizer):     # gathers once outside grad, reduce-scatters by hand: right
+        def step(p, o, batch):
+            full = jax.lax.all_gather(p, "data", tiled=True)
+            loss, g = jax.value_and_grad(loss_fn)(full, batch)
+            g = jax.lax.psum_scatter(g, "data", tiled=True) / jax.lax.axis_size("data")
+            u, o = optimizer.update(g, o, p)
+            return optax.apply_updates(p, u), o, jax.lax.pmean(loss, "data")
+        return step
+
+    assert check("10.4", scatters_itself)
 
     def keeps_whole(loss_fn, optimizer):         # returns the gathered vector instead of the slice
         def step(p, o, batch):
@@ -205,7 +258,7 @@ def test_10_4_fsdp_step():
         return step
 
     feedback = check("10.4", never_gathers)
-    assert not feedback and "raised" in feedback.message
+    assert not feedback and "raised" in feedback.message and "needs the whole parameter vector" in feedback.message
 
     def local_loss(loss_fn, optimizer):          # the loss of this device's examples only, never averaged
         def step(p, o, batch):
@@ -255,6 +308,12 @@ def test_10_5_predict_collectives():
         return {"all-gather": 1, "reduce-scatter": 1} if stage == "fsdp" else solution_predict_collectives(stage)
 
     assert "backward" in check("10.5", fsdp_gathers_once).message
+
+    def per_layer(stage):                        # counted once per layer (2 layers) instead of once per step
+        return {op: 2 * k for op, k in solution_predict_collectives(stage).items()}
+
+    feedback = check("10.5", per_layer)
+    assert not feedback and "not once per layer" in feedback.message
     strings = check("10.5", lambda stage: {k: str(v) for k, v in solution_predict_collectives(stage).items()})
     assert not strings and "a Python int" in strings.message and "'1'" in strings.message
     assert "compiled program's names" in check("10.5", lambda stage: {"allreduce-ish": 1}).message

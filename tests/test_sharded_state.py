@@ -173,6 +173,26 @@ def test_zero1_and_zero2_compile_to_the_same_step_and_differ_with_accumulation(d
     assert programs["zero1", 4] != programs["zero2", 4]
 
 
+def test_with_accumulation_zero2_and_fsdp_send_k_times_the_gradient_and_zero1_sends_what_dp_sends(devices):
+    """formula_sent's docstring: with accumulate=K, ZeRO-2 and FSDP reduce-scatter every micro-batch (FSDP also
+    gathers for every micro-batch's backward pass), while replicated and ZeRO-1 communicate once."""
+    k, data = 4, batches(1, size=256)
+    sent = {}
+    for stage in ss.STAGES:
+        state, _, step = train(stage, data=data, accumulate=k)
+        found = [c for c in ss.collectives(step.compile(state, data[0]).as_text()) if c.shape]
+        sent[stage] = sum(c.sent_per_device * (k if c.in_loop else 1) for c in found)
+        if stage == "fsdp":
+            gathers = [c.in_loop for c in found if c.op == "all-gather"]
+            assert sum(k if looped else 1 for looped in gathers) in (k + 1, 2 * k), found
+    padded = 440
+    f = (N - 1) / N
+    assert sent["replicated"] == pytest.approx(ss.formula_sent(padded, N, "replicated"), abs=8)   # + the loss
+    assert sent["zero1"] == pytest.approx(ss.formula_sent(padded, N, "zero1"))
+    assert sent["zero2"] == pytest.approx(f * padded * 4 * (k + 1))            # K reduce-scatters, one all-gather
+    assert sent["fsdp"] > sent["zero2"]
+
+
 def test_every_step_donates_its_state_and_runs_under_the_vma_checker(devices):
     data = batches(1)
     opt = optax.adam(0.05)

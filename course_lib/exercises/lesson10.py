@@ -224,8 +224,13 @@ def check_zero2_sgd(zero2_sgd):
             raise Mismatch(problem)
         out = np.asarray(out)
         expected = params - lr * local.mean(axis=0)
+        if out.ndim == 3 and out.shape[1:] == (n, size):
+            raise Mismatch(f"{what}: each device returned shape {out.shape[1:]}, the {n} slices stacked on a new "
+                           f"axis; expected the whole vector, ({n * size},). An all_gather that is not tiled stacks "
+                           "what it gathers; a tiled one joins the slices end to end (lesson 04, section 2).")
         if out.ndim != 2 or out.shape[0] != n:
-            raise Mismatch(f"{what}: expected one vector per device.")
+            raise Mismatch(f"{what}: each device returned shape {out.shape[1:]}; expected the whole vector, "
+                           f"({n * size},), one per device.")
         if out.shape[1] == size:
             raise Mismatch(f"{what}: every device returned only its slice, shape ({size},). The forward pass of the "
                            "next step needs all the parameters: gather the updated slices.")
@@ -238,6 +243,13 @@ def check_zero2_sgd(zero2_sgd):
         if np.allclose(out[0], params - lr * local[0], rtol=1e-4, atol=1e-5):
             raise Mismatch(f"{what}: device 0 applied only its own gradient: the devices' gradients were never "
                            "summed.")
+        if (np.allclose(out[0][:size], expected[:size], rtol=1e-4, atol=1e-5)
+                and not np.allclose(out[0], expected, rtol=1e-4, atol=1e-5)
+                and np.allclose(out[0].reshape(n, size), np.tile(params[:size], (n, 1)) - lr
+                                * local.mean(axis=0).reshape(n, size), rtol=1e-4, atol=1e-5)):
+            raise Mismatch(f"{what}: only the first slice is right: every device updated the parameters "
+                           f"[0, {size}) with its own slice of the gradient. Device i owns the numbers from "
+                           f"i * {size}: cut its slice of the parameters where its index says (section 2).")
         for i in range(n):
             _expect_close(out[i], expected, f"{what}: the parameters on device {i}", f, whole, grads)
         # The mechanism, read from the compiled program: XLA removes a collective whose result is unused, so a
@@ -357,6 +369,20 @@ def _reference(loss_fn, optimizer, flat, data):
     return np.asarray(params), losses
 
 
+_NEEDS_WHOLE = ("loss_fn needs the whole parameter vector; each device holds only its slice. Gather it inside the "
+                "function you differentiate.")
+
+
+def _gradient_all_reduces(found, slice_bytes):
+    """The all-reduces of ``found`` that carry more than a scalar and a slice: a reduced gradient, whole or most of it
+    (XLA may drop the padding the loss never reads, so this is not required to be parameter-sized)."""
+    def non_scalar_bytes(c):
+        from .. import sharded_state
+        return sum(sharded_state._BYTES.get(dt, 4) * int(np.prod(shape)) for dt, shape in
+                   (c.operands or ((c.dtype, c.shape),)) if shape)
+    return [c for c in found if c.op == "all-reduce" and non_scalar_bytes(c) > slice_bytes]
+
+
 @exercise("10.4", "Write the FSDP step: gather for the loss, reduce-scatter the gradient, update your slice",
           solution=solution_fsdp_step,
           returns="a function step(my_params, opt_state, batch) -> (new my_params, new opt_state, mean loss)")
@@ -409,9 +435,8 @@ def check_fsdp_step(make_fsdp_step):
         for b in data:
             try:
                 p, o, loss = call(f, p, o, put(b, P(AXIS)), name="step", hints={
-                    **_vma_hints(), "dot_general requires contracting dimensions": "The loss needs the whole "
-                    "parameter vector; each device holds only its slice. Gather it inside the function you "
-                    "differentiate."})
+                    **_vma_hints(), "dot_general requires contracting dimensions": _NEEDS_WHOLE,
+                    "cannot reshape array": _NEEDS_WHOLE})
             except Mismatch as e:
                 raise Mismatch(f"On {n} devices with {opt_name}: {e}") from None
             losses.append(float(np.asarray(loss)))
@@ -419,6 +444,13 @@ def check_fsdp_step(make_fsdp_step):
         if problem:
             raise Mismatch(problem)
         got = np.asarray(p)
+        every = _big_collectives(f.lower(my_params, opt_state, batch).compile().as_text(), 1)
+        reduced = _gradient_all_reduces(every, 4 * n_params // n) + [c for c in every if c.op == "reduce-scatter"]
+        if not reduced and not np.allclose(got, want_params, rtol=1e-4, atol=1e-5):
+            raise Mismatch(f"{what}: the parameters differ from data parallelism's, and the compiled program sums no "
+                           f"gradient over the devices ({_listed(every)}): each device updated its slice with the "
+                           "gradient of its own examples only. The gradient of the slice must be summed over the "
+                           "devices, which the transpose of a gather inside the differentiated loss does (section 3).")
         if opt_name.startswith("optax.sgd"):
             summed, _ = _reference(loss_fn, optax.sgd(0.5 * n), flat, data)
             if np.allclose(got, summed, rtol=1e-4, atol=1e-5):
@@ -439,11 +471,14 @@ def check_fsdp_step(make_fsdp_step):
         if "all-gather" not in ops:
             raise Mismatch(f"{what}: the values are right, but the compiled program gathers no parameters "
                            f"({_listed(found)}).")
-        if "all-reduce" in ops:
-            raise Mismatch(f"{what}: the values are right, but the compiled program all-reduces a whole "
-                           f"parameter-sized buffer ({_listed(found)}): each device received the whole summed "
-                           "gradient and threw most of it away. FSDP hands each device only its slice of the sum: "
-                           "let jax.grad transpose the gather, or scatter the sum yourself (section 3).")
+        all_reduces = _gradient_all_reduces(every, 4 * n_params // n)
+        if all_reduces:
+            raise Mismatch(f"{what}: the values are right, but the compiled program all-reduces the gradient "
+                           f"({_listed(all_reduces)}): each device received the whole summed gradient and threw "
+                           "most of it away. FSDP hands each device only its slice of the sum: let jax.grad "
+                           "transpose the gather, or scatter the sum yourself (section 3). A gather whose result is "
+                           "declared the same on every device (invarying) does this too: jax.grad then sums its "
+                           "gradient everywhere before each device keeps its slice.")
         if not any(c.op == "reduce-scatter" for c in _big_collectives(
                 f.lower(my_params, opt_state, batch).compile().as_text(), 4 * n_params // n)):
             raise Mismatch(f"{what}: the values are right, but the compiled program has no reduce-scatter of the "
@@ -532,6 +567,10 @@ def check_predict_collectives(predict):
                         "backward pass needs after the remat policy dropped the gathered copy, and what the "
                         "gradient needs. Section 3.",
             }[stage]
+            if set(counts) == set(want) and all(counts[k] >= want[k] for k in want):
+                why += (" You counted more than one step runs: sharded_state ravels all the parameters into one "
+                        "flat vector (section 2), so each collective runs once per step for the whole vector, not "
+                        "once per layer or per array; the loss's scalar does not count.")
             raise Mismatch(f"{stage}: you predicted {shown}; the compiled program of sharded_state's {stage!r} step "
                            f"runs {_listed(found)}. {why}")
     return ("the compiled programs agree: data parallelism one all-reduce; ZeRO-1 and ZeRO-2 a reduce-scatter and "
