@@ -468,7 +468,7 @@ def expect_array(got, expected, *, what: str = "the result", rtol: float = 1e-5,
         is_nan = np.issubdtype(values.dtype, np.inexact) and bool(np.isnan(values[first]))
         nan = " (NaN where a number was expected)" if is_nan else ""
         raise Mismatch(
-            f"{what} has the right shape {expected.shape} but {int(wrong.sum())} of {wrong.size} values differ; "
+            f"{what}: the shape is right, {expected.shape}, but {int(wrong.sum())} of {wrong.size} values differ; "
             f"first at index {first}: expected {expected[first].tolist()!r}, got {values[first].tolist()!r}{nan}.")
 
 
