@@ -11,8 +11,10 @@ Whole numbers go through ``operator.index``, so NumPy integers are accepted; ``b
 from __future__ import annotations
 
 import operator
+import os
+import pathlib
 
-__all__ = ["shown", "whole", "optional_whole", "one_of", "device_list", "axis", "fail"]
+__all__ = ["shown", "whole", "optional_whole", "one_of", "device_list", "axis", "fail", "writable_directory"]
 
 
 def shown(value) -> str:
@@ -108,3 +110,22 @@ def axis(value, name: str, where: str, ndim: int) -> int:
         fail(where, name, f"an axis in {-ndim}..{ndim - 1} (the value has {ndim} axes per device)", value,
              f"Pass {name} between {-ndim} and {ndim - 1}.", ValueError)
     return number % ndim
+
+
+def writable_directory(directory: pathlib.Path, where: str, holds: str) -> None:
+    """Check, before any work, that ``directory`` (which need not exist yet) can be created and written to.
+
+    The nearest existing folder on its path must be a directory this user can write to: otherwise a
+    ``NotADirectoryError`` or ``PermissionError`` names the argument by its last part (no machine paths in a
+    notebook's output) and says what to pass. ``holds`` is what the directory is for, e.g. "a trace".
+    """
+    existing = pathlib.Path(directory)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise NotADirectoryError(f"{where}: directory={directory.name!r} cannot hold {holds}: {existing.name!r} is a "
+                                 "file. Pass a directory, e.g. pathlib.Path(tempfile.mkdtemp()) / 'run'.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(f"{where}: directory={directory.name!r} cannot be written ({existing.name!r} is not "
+                              "writable by this user). Pass a directory you can write to, e.g. under "
+                              "tempfile.mkdtemp().")

@@ -112,18 +112,6 @@ def _check_tree(tree, name: str, where: str) -> None:
                          leaf, "Keep other values in extra= (JSON), or convert them with np.asarray.", TypeError)
 
 
-def _writable(directory: pathlib.Path) -> None:
-    existing = directory
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise NotADirectoryError(f"directory={str(directory)!r}: {str(existing)!r} is a file, not a directory. "
-                                 "Pass a directory for the checkpoints.")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise PermissionError(f"directory={str(directory)!r} cannot be written ({str(existing)!r} is not writable "
-                              "by this user). Pass a directory you can write to, e.g. under tempfile.mkdtemp().")
-
-
 def replicated_on(devices) -> NamedSharding:
     """``NamedSharding(Mesh(devices, ("devices",)), P())``: a whole copy of an array on each of ``devices``."""
     devices = _checks.device_list(devices, "devices", "replicated_on", allow_none=False)
@@ -283,7 +271,7 @@ class Checkpoints:
                          "Pass asynchronous=True to write in a background thread.", TypeError)
         asynchronous = bool(asynchronous)
         self.directory = directory.absolute()
-        _writable(self.directory)
+        _checks.writable_directory(self.directory, "Checkpoints", "checkpoints")
         ocp = _ocp()
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=asynchronous,
                                                cleanup_tmp_directories=False)

@@ -133,7 +133,7 @@ def capture(directory, run_step: Callable[[int], object], steps: int, *, name: s
     steps = _checks.whole(steps, "steps", "capture", fix="It is how many steps to trace, e.g. steps=5.")
     if not isinstance(name, str):
         _fail("capture", "name", "a string", name, "Pass e.g. name='train'.", TypeError)
-    _writable_directory(directory)      # before any step runs: the profiler only fails when it writes, at the end
+    _checks.writable_directory(directory, "capture", "a trace")      # before any step runs: the profiler only fails when it writes, at the end
     results = []
     with jax.profiler.trace(str(directory), create_perfetto_trace=True):
         for i in range(steps):
@@ -141,20 +141,6 @@ def capture(directory, run_step: Callable[[int], object], steps: int, *, name: s
                 results.append(run_step(i))
         jax.block_until_ready((results, jax.live_arrays()))   # one wait: the trace shows one read at the end
     return find_trace(directory)
-
-
-def _writable_directory(directory: pathlib.Path) -> None:
-    import os
-    existing = directory
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise NotADirectoryError(f"capture: directory={directory.name!r} cannot hold a trace: {existing.name!r} is a "
-                                 "file. Pass a directory, e.g. pathlib.Path(tempfile.mkdtemp()) / 'trace'.")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise PermissionError(f"capture: directory={directory.name!r} cannot be written ({existing.name!r} is not "
-                              "writable by this user). Pass a directory you can write to, e.g. under "
-                              "tempfile.mkdtemp().")
 
 
 def find_trace(directory) -> pathlib.Path:
