@@ -79,7 +79,7 @@ def test_call_reports_the_learners_exception_with_inputs():
     def broken(x, n):
         raise IndexError("tuple index out of range")
 
-    with pytest.raises(Mismatch, match=r"broken\(Array float32\[4, 3\], n=int\) raised IndexError: tuple index"):
+    with pytest.raises(Mismatch, match=r"broken\(Array float32\[4, 3\], n=2\) raised IndexError: tuple index"):
         call(broken, jnp.zeros((4, 3)), n=2)
     with pytest.raises(Mismatch, match="expected a function, got ndarray"):
         call(np.zeros(2))

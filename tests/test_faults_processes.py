@@ -165,7 +165,7 @@ def test_train_dp_command_line_rejects_bad_values(capsys, argv, words):
     (["--repeats", "-2"], "argument --repeats: must be a whole number >= 1, got -2"),
     (["--scan-steps", "0"], "argument --scan-steps: must be a whole number >= 1, got 0"),
     (["--steps", "15"], "--steps must be a multiple of --scan-steps (10), got 15; pass e.g. --steps 10"),
-    (["--global-batch", "100"], "--global-batch must divide across --devices 8, got 100"),
+    (["--global-batch", "100"], "--global-batch must split evenly over every device count the overhead is measured on with --devices 8 (1, 2, 4, 8), got 100; pass a multiple of 8"),
     (["--json", "/nonexistent-folder/bench.json"], "--json must be a file that can be written"),
 ])
 def test_bench_command_line_rejects_bad_values_before_running(capsys, argv, words):

@@ -250,7 +250,8 @@ def check_stalled_step(stalled_step):
             got = int(got)      # one integer, e.g. from an argmax: a step number all the same
         if isinstance(got, (bool, np.bool_)) or not isinstance(got, (int, np.integer)):
             shown = describe(got)
-            if isinstance(got, (float, np.floating)) or (dtype is not None and np.issubdtype(dtype, np.floating)):
+            has_values = isinstance(got, (float, np.floating, np.ndarray, jax.Array)) and np.size(got) > 0
+            if has_values and (isinstance(got, (float, np.floating)) or np.issubdtype(dtype, np.floating)):
                 shown = f"the floating-point number {float(np.asarray(got).reshape(-1)[0])!r} ({shown})"
             raise Mismatch(f"stalled_step(trace) should return a step number (an int, like {want}); "
                            f"got {shown}.")
