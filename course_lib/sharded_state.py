@@ -522,6 +522,17 @@ def compiled_memory(step, state, batch) -> dict[str, int]:
     return out
 
 
+def _formula_args(stage, n_params, n_devices, param_bytes, grad_bytes, where):
+    """The arguments ``formula_bytes`` and ``formula_sent`` share, checked: (n_params, n_devices, param_bytes,
+    grad_bytes) as whole numbers."""
+    _check_stage(stage, where)
+    return (_checks.whole(n_params, "n_params", where, minimum=0,
+                          fix="It is the number of parameters, e.g. sum(p.size for p in jax.tree.leaves(params))."),
+            _checks.whole(n_devices, "n_devices", where),
+            _checks.whole(param_bytes, "param_bytes", where, fix="float32: 4, bfloat16: 2."),
+            _checks.whole(grad_bytes, "grad_bytes", where, fix="float32: 4, bfloat16: 2."))
+
+
 def formula_bytes(n_params: int, n_devices: int, stage: str, *, param_bytes: int = 4, grad_bytes: int = 4,
                   optimizer_copies: int = 2, optimizer_bytes: int = 4) -> dict[str, float]:
     """Bytes per device of parameters, gradients and optimizer state, by the ZeRO paper's arithmetic.
@@ -533,12 +544,8 @@ def formula_bytes(n_params: int, n_devices: int, stage: str, *, param_bytes: int
     reduce-scatter, so there ZeRO-1 and ZeRO-2 need the same (see ``compiled_memory``). Activations are not
     included: they depend on the batch, not on the stage.
     """
-    _check_stage(stage, "formula_bytes")
-    n_params = _checks.whole(n_params, "n_params", "formula_bytes", minimum=0,
-                             fix="It is the number of parameters, e.g. sum(p.size for p in jax.tree.leaves(params)).")
-    n_devices = _checks.whole(n_devices, "n_devices", "formula_bytes")
-    param_bytes = _checks.whole(param_bytes, "param_bytes", "formula_bytes", fix="float32: 4, bfloat16: 2.")
-    grad_bytes = _checks.whole(grad_bytes, "grad_bytes", "formula_bytes", fix="float32: 4, bfloat16: 2.")
+    n_params, n_devices, param_bytes, grad_bytes = _formula_args(stage, n_params, n_devices, param_bytes,
+                                                                 grad_bytes, "formula_bytes")
     optimizer_copies = _checks.whole(optimizer_copies, "optimizer_copies", "formula_bytes", minimum=0,
                                      fix="Adam: 2 (its two moments), SGD with momentum: 1, plain SGD: 0.")
     optimizer_bytes = _checks.whole(optimizer_bytes, "optimizer_bytes", "formula_bytes", fix="float32: 4.")
@@ -561,12 +568,8 @@ def formula_sent(n_params: int, n_devices: int, stage: str, *, param_bytes: int 
     accumulator, and "fsdp" also gathers for every micro-batch's backward pass (``K + 1`` all-gathers where XLA
     moves the forward pass's gather out of the loop, as on the CPU), while "replicated" and "zero1" still
     communicate once: count the collectives of ``step.compile(...)``, those with ``in_loop`` ``K`` times."""
-    _check_stage(stage, "formula_sent")
-    n_params = _checks.whole(n_params, "n_params", "formula_sent", minimum=0,
-                             fix="It is the number of parameters, e.g. sum(p.size for p in jax.tree.leaves(params)).")
-    n_devices = _checks.whole(n_devices, "n_devices", "formula_sent")
-    param_bytes = _checks.whole(param_bytes, "param_bytes", "formula_sent", fix="float32: 4, bfloat16: 2.")
-    grad_bytes = _checks.whole(grad_bytes, "grad_bytes", "formula_sent", fix="float32: 4, bfloat16: 2.")
+    n_params, n_devices, param_bytes, grad_bytes = _formula_args(stage, n_params, n_devices, param_bytes,
+                                                                 grad_bytes, "formula_sent")
     f = (n_devices - 1) / n_devices
     per_param = {"replicated": 2 * grad_bytes, "zero1": grad_bytes + param_bytes, "zero2": grad_bytes + param_bytes,
                  "fsdp": 2 * param_bytes + grad_bytes}[stage]
