@@ -13,3 +13,69 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 # comparison holding).
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")  # ipykernel's debugger warns on stderr otherwise
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The second nbval pass: every notebook runs again with XLA's CPU compiler limited to another instruction set.
+#
+# XLA compiles for the host's instruction set, so a float's 7th digit can differ from one processor to the next
+# (AVX-512 here, AVX2 or SSE4.2 on an instructor's laptop). A stored output that prints such digits passes on
+# the machine that stored it and fails elsewhere. Running each notebook once more under
+# XLA_FLAGS=--xla_cpu_max_isa=<another set> simulates that other machine, so such an output fails here first.
+# `--nbval-isa=none` turns the second pass off (e.g. `./course.sh test notebooks/02_pmap_basics.ipynb
+# --nbval-isa=none` for a quick first look).
+# ---------------------------------------------------------------------------------------------------------------
+import re  # noqa: E402
+
+ISA_FLAG = "--xla_cpu_max_isa"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--nbval-isa", default="auto", metavar="ISA",
+        help="run every notebook a second time with XLA_FLAGS=--xla_cpu_max_isa=ISA (SSE4_2, AVX, AVX2, "
+             "AVX512...); 'auto' (the default) picks SSE4_2, or AVX2 where XLA_FLAGS already limits to SSE4_2; "
+             "'none' skips the second pass")
+
+
+def second_isa(option: str, xla_flags: str) -> str | None:
+    """The instruction set of the second pass: ``option`` as given, or for 'auto' one other than XLA_FLAGS's."""
+    if option.lower() == "none":
+        return None
+    if option.lower() != "auto":
+        return option.upper()
+    current = re.findall(rf"{ISA_FLAG}=(\S*)", xla_flags)
+    return "AVX2" if current and current[-1].upper() == "SSE4_2" else "SSE4_2"
+
+
+def isa_flags(xla_flags: str, isa: str) -> str:
+    """``xla_flags`` with any --xla_cpu_max_isa replaced by ``isa``."""
+    kept = [f for f in xla_flags.split() if not f.startswith(ISA_FLAG + "=")]
+    return " ".join(kept + [f"{ISA_FLAG}={isa}"])
+
+
+def pytest_collect_file(file_path, parent):
+    opt = parent.config.option
+    if file_path.suffix != ".ipynb" or not (getattr(opt, "nbval", False) or getattr(opt, "nbval_lax", False)):
+        return None
+    isa = second_isa(parent.config.getoption("--nbval-isa"), os.environ.get("XLA_FLAGS", ""))
+    if isa is None:
+        return None
+    from nbval.plugin import IPyNbFile
+
+    class OtherIsaNotebook(IPyNbFile):
+        """The same notebook, its kernel started with XLA limited to ``isa``: ``path@SSE4_2::Cell N``."""
+
+        def setup(self):
+            before = os.environ.get("XLA_FLAGS")
+            os.environ["XLA_FLAGS"] = isa_flags(before or "", isa)
+            try:
+                super().setup()  # the kernel starts here, with a copy of os.environ
+            finally:
+                if before is None:
+                    del os.environ["XLA_FLAGS"]
+                else:
+                    os.environ["XLA_FLAGS"] = before
+
+    base = os.path.relpath(file_path, parent.config.rootpath).replace(os.sep, "/")
+    return OtherIsaNotebook.from_parent(parent, path=file_path, nodeid=f"{base}@{isa}")

@@ -2,7 +2,8 @@
 # One entry point for the course. Each command sets everything up first (idempotently), then runs.
 #
 #   ./course.sh lab       set up, then open the course in JupyterLab (localhost only, token auth, 8 simulated devices)
-#   ./course.sh test      set up, then run every test: unit tests and nbval over every notebook
+#   ./course.sh test      set up, then run every test: unit tests and nbval over every notebook (twice: as this
+#                         processor and as another would run it)
 #   ./course.sh refresh   re-execute every notebook in place, to store fresh outputs (after changing course_lib)
 #   ./course.sh setup     only the set-up: a Python >= 3.12 virtual environment in .venv and graphviz's `dot`
 #   ./course.sh lock      re-resolve the dependencies and rewrite constraints.txt and binder/requirements.txt
@@ -136,7 +137,17 @@ case "$CMD" in
     ;;
   test)
     setup
-    exec "$VENV/bin/python" -m pytest "$@"
+    # Every core (at most 4) runs tests: each test file and each notebook pass stays whole in one worker
+    # (pytest-xdist, --dist loadfile). nbval runs every notebook twice, the second time as another processor
+    # would (conftest.py, --nbval-isa). Pass -n yourself to choose, e.g. `./course.sh test -n 0`.
+    workers=()
+    case " $* " in
+      *" -n"*|*" --numprocesses"*|*" -p no:xdist "*) ;;
+      *) n=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
+         [ "$n" -gt 4 ] && n=4
+         [ "$n" -gt 1 ] && workers=(-n "$n" --dist loadfile) ;;
+    esac
+    exec "$VENV/bin/python" -m pytest ${workers[@]+"${workers[@]}"} "$@"
     ;;
   refresh)
     setup
@@ -173,7 +184,7 @@ case "$CMD" in
     exec "$py" tools/compat.py "$@"
     ;;
   *)
-    sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
     [ -z "$CMD" ] || [ "$CMD" = help ] || [ "$CMD" = -h ] || [ "$CMD" = --help ] || exit 2
     ;;
 esac

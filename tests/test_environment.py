@@ -33,7 +33,7 @@ def runtime_names() -> set[str]:
 
 # What the notebooks and course_lib do not import: never a runtime dependency (Colab and Kaggle get only those).
 # (PyYAML is in the test extra for the workflow check, but orbax-checkpoint needs it at run time too.)
-NOT_RUNTIME = {"jupyterlab", "notebook", "jupyter-server", "nbval", "nbclient", "pytest", "pytest-timeout",
+NOT_RUNTIME = {"jupyterlab", "notebook", "jupyter-server", "nbval", "nbclient", "pytest", "pytest-timeout", "pytest-xdist", "execnet",
                "hypothesis", "coverage", "playwright", "setuptools", "sphinx", "myst-nb", "myst-parser",
                "sphinx-book-theme", "pydata-sphinx-theme", "docutils", "jupyter-cache", "latex2mathml"}
 
