@@ -289,3 +289,62 @@ def test_load_without_any_device_op_raises_naming_the_layouts_and_what_it_found(
 def test_summarise_of_a_trace_without_ops_raises_instead_of_returning_empty():
     with pytest.raises(ValueError, match="summarise: the trace holds no device ops.*not zero"):
         profile.summarise(profile.from_ops([]))
+
+
+# ---- lesson 11's own reader (the notebook's device_ops), run on planes laid out as measured.md section 2
+
+import pathlib
+import types
+
+NOTEBOOK = pathlib.Path(__file__).resolve().parent.parent / "notebooks" / "11_checkpoints_and_profiles.ipynb"
+
+
+def notebook_device_ops():
+    cells = json.loads(NOTEBOOK.read_text())["cells"]
+    source = ["".join(c["source"]) for c in cells if c["cell_type"] == "code" and "def device_ops(" in "".join(c["source"])]
+    assert len(source) == 1, "lesson 11 has one cell that defines device_ops"
+    namespace = {}
+    exec(source[0], namespace)                  # the cell only defines: imports and the function
+    return namespace["device_ops"]
+
+
+def _plane(name, lines):
+    return types.SimpleNamespace(name=name, lines=[types.SimpleNamespace(name=n, events=e) for n, e in lines])
+
+
+def _event(name, start_ns, stats):
+    return types.SimpleNamespace(name=name, start_ns=start_ns, duration_ns=9_500, stats=list(stats.items()))
+
+
+def test_the_lessons_reader_names_gpu_kernels_inside_a_command_buffer_by_the_kernel():
+    device_ops = notebook_device_ops()
+    kernels = [_event(k, 1_000 * i, {"correlation_id": i, "scope_range_id": 12, "context_id": 1,
+                                     "cuda_graph_id": 3, "kernel_details": "regs:184 static_shared:0",
+                                     "tf_op": "jit(step)/dot_general", "hlo_module": "jit_step",
+                                     "hlo_op": "command_buffer_1"})
+               for i, k in enumerate(GPU_KERNELS * 3)]
+    nccl = [_event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 500, {"hlo_op": "all-reduce-start.1",
+                                                                    "hlo_module": "jit_step"})]
+    memcpy = [_event("MemcpyH2D", 0, {"correlation_id": 99})]       # no hlo_op: not an op of the program
+    planes = [_plane("/host:metadata", []),
+              _plane("/host:CPU", [("python3", [_event("train", 0, {"step_num": 0})])]),
+              _plane("/device:GPU:0", [("Stream #14(Compute)", kernels + memcpy), ("Stream #20(Nccl)", nccl)])]
+    ops = device_ops(planes)
+    assert list(ops) == ["/device:GPU:0"]
+    names = [name for name, _, _ in ops["/device:GPU:0"]]
+    assert len(names) == 13                                           # 12 kernels and the NCCL all-reduce
+    assert set(names) == {f"{k} [command_buffer_1]" for k in GPU_KERNELS} | {"all-reduce-start.1"}
+    start, duration = ops["/device:GPU:0"][1][1:]
+    assert start == pytest.approx(1e-3) and duration == pytest.approx(9.5e-3)   # ms
+
+
+def test_the_lessons_reader_keeps_the_cpu_ops_beside_an_idle_gpu_plane_and_reads_tpu_lines():
+    device_ops = notebook_device_ops()
+    cpu_ops = [_event(name, 10 * k, {"device_ordinal": d, "hlo_op": name, "run_id": 7})
+               for d in range(2) for k, name in enumerate(["fusion", "psum_invariant"])]
+    planes = [_plane("/host:CPU", [("tf_XLAExecute/1", cpu_ops)]), _plane("/device:GPU:0", [("Stream #14", [])])]
+    ops = device_ops(planes)
+    assert sorted(ops) == [0, 1] and [n for n, _, _ in ops[1]] == ["fusion", "psum_invariant"]
+    tpu = [_plane("/device:TPU:0", [("XLA Modules", [_event("jit_step(1)", 0, {})]),
+                                    ("XLA Ops", [_event("fusion.3", 0, {}), _event("all-reduce.1", 5, {})])])]
+    assert [n for n, _, _ in device_ops(tpu)["/device:TPU:0"]] == ["fusion.3", "all-reduce.1"]

@@ -17,8 +17,8 @@ from . import Mismatch, call, describe, describe_tree, exercise
 HINTS = {
     "11.1": ["Orbax reads each array straight onto the devices you ask for: you do not need to move it afterwards.",
              "Section 1, 'Restoring: where it was, or where you say', and the devices= argument of checkpoint.restore.",
-             "Where the arrays land is decided by the target the restore is given, not by like='s own arrays nor by "
-             "what the checkpoint recorded; and the restore gives back more than the state."],
+             "Where the arrays land is decided by the placement the restore is given, not by the arrays of like "
+             "nor by what the checkpoint recorded; and the restore gives back more than the state."],
     "11.2": ["Add up, over every device, the time inside collectives and the time inside dispatches.",
              "profile.summarise gives, per device, 'collective_us' and 'busy_us'.",
              "A device that was busy longer must weigh more in the share over all devices: a share of totals, not "
@@ -134,7 +134,7 @@ def _check_restore_onto_run(restore_onto, directory, saved, steps, counts, devs,
             except Exception as e:  # e.g. an array that was deleted or donated
                 raise Mismatch(f"{what} returned an array that cannot be read ({type(e).__name__}).") from None
             if a.tobytes() != np.asarray(b).tobytes():
-                older = (f" They are step {steps[0]}'s; the newest step in the directory is {steps[-1]}."
+                older = (f": they are step {steps[0]}'s; the newest step in the directory is {steps[-1]}."
                          if len(steps) > 1 and np.all(a == 7) else ": restore the checkpoint, not like=.")
                 raise Mismatch(f"{what} returned values that differ from the saved ones, e.g. {a.reshape(-1)[:4]} "
                                f"instead of {np.asarray(b).reshape(-1)[:4]}{older}")
@@ -234,6 +234,11 @@ def check_collective_fraction(collective_fraction):
         if abs(value - coll / compute_total) < 1e-6:
             raise Mismatch(f"collective_fraction(trace) = {value:.3f} divides the collectives' time by the compute "
                            "time; the busy time it should be divided by holds both, compute and collectives.")
+        by_count = sum(o.collective for o in trace.ops) / len(trace.ops)
+        if abs(value - by_count) < 1e-6 and abs(by_count - expected) > 1e-6:
+            raise Mismatch(f"collective_fraction(trace) = {value:.4f} is the share of the ops that are collectives, "
+                           "counted; the exercise asks for a share of time: a long collective weighs more than a "
+                           "short one.")
         single = [d for d, v in s.items() if abs(value - v["collective_us"] / v["busy_us"]) < 1e-6]
         if single and abs(value - expected) > 1e-6:
             raise Mismatch(f"collective_fraction(trace) = {value:.4f} is the share of device {single[0]} alone; the "
@@ -265,7 +270,7 @@ def check_stalled_step(stalled_step):
                                             (0, 1000, 5, 1800.0)]:
         markers, ops, t = [], [], 0.0
         for i in range(count):
-            dur = stall_us if i == stalled else 900.0 + 37 * ((i * 7) % 5)
+            dur = stall_us if i == stalled else 900.0 + 37 * ((i * 7 + 3) % 5)
             markers.append(profile.Marker(first + i, t, dur))
             for d in range(2):
                 ops.append(profile.Op(d, f"run{i}", "fusion", t + 100, 200.0, False))
@@ -289,8 +294,18 @@ def check_stalled_step(stalled_step):
             raise Mismatch(f"stalled_step(trace) returned {int(got)}, the marker's position in the list; the runs "
                            "here do not start at step 0: return the step number the marker carries.")
         if int(got) != want:
-            raise Mismatch(f"stalled_step(trace) returned {int(got)}; the longest step is step {want}. Compare "
-                           "the host's step marks by how long each took.")
+            shortest = min(markers, key=lambda m: m.dur_us).step
+            starts = [m.start_us for m in markers]
+            by_start = max(zip(starts, starts[1:], markers), key=lambda x: x[1] - x[0])[2].step
+            why = " Compare the host's step marks by how long each took."
+            if int(got) == shortest:
+                why = " You returned the shortest step: the stalled one took the longest."
+            elif int(got) == by_start and stalled == count - 1:
+                why = (" You measured each step from its start to the next step's start, and the last step has no "
+                       "next one: each marker carries its own duration.")
+            elif int(got) == first:
+                why = " That is the first step's number, whatever the durations."
+            raise Mismatch(f"stalled_step(trace) returned {int(got)}; the longest step is step {want}.{why}")
     return "the longest host step, named by its own step number."
 
 
@@ -348,6 +363,8 @@ _ORBAX_LAYOUT = {
                               "step, named 'default'; open the directory with a CheckpointManager, as it was saved, "
                               "and it finds the item itself.",
     "Composite": "The checker saved one unnamed item (StandardSave alone, no Composite): restore it the same way.",
+    "not found in mesh": "The mesh you were given names its axis differently from the one you wrote: take the "
+                         "axis names from like= and the mesh, not from the lesson.",
 }
 
 
