@@ -5,23 +5,25 @@ Lesson 11. ``capture(directory, run_step, steps)`` runs ``run_step(i)`` for ``i`
 ``jax.profiler.StepTraceAnnotation``, and returns the Perfetto trace file it wrote
 (``plugins/profile/<run>/perfetto_trace.json.gz``, JSON in the Chrome trace-event format).
 
-``load(path)`` reads that file into a ``Trace``. It knows two layouts, and says which one it found
-(``Trace.layout``):
+``load(path)`` reads that file into a ``Trace`` and says which layout it found (``Trace.layout``):
 
 * ``"cpu"``, XLA's **CPU runtime** (the course's simulated devices): all devices are threads of one process,
   ``/host:CPU``, and the runtime tags each op with ``device_ordinal``, the ``run_id`` of its dispatch (one per
   run of a compiled program) and ``hlo_op``. Everything below reads this layout.
-* ``"gpu"`` / ``"tpu"``: one process per device, ``/device:GPU:0`` (``TPU:0``). A GPU's kernels sit on one line
-  per CUDA stream (``Stream #14(Compute)``), each named by the kernel and tagged with its ``hlo_op``, but with no
-  ``device_ordinal`` and no ``run_id``. Kernels that XLA ran inside a command buffer (a CUDA graph: by default its
-  fusions and matrix products) all carry ``hlo_op = command_buffer_N``, so ``load`` names those by their kernel.
-  A TPU's ops sit on its ``XLA Ops`` line. ``load`` reads their ops (``Trace.ops``), but the per-dispatch
-  summaries below refuse them with an error that says what to use instead: there is no dispatch id, and a GPU's
-  collectives run asynchronously on their own stream, overlapping compute, so adding up durations counts the
-  same time twice. Read such a trace as a timeline, in XProf or https://ui.perfetto.dev. The GPU layout is the
-  one measured on one NVIDIA H200, JAX 0.11.2 (2026-11); the TPU branch has not been run on a TPU trace.
+* ``"gpu"``: one process per device, ``/device:GPU:0``, its kernels on one line per CUDA stream
+  (``Stream #14(Compute)``), each named by the kernel and tagged with its ``hlo_op``, with no ``device_ordinal``
+  and no ``run_id`` (measured on one NVIDIA H200, JAX 0.11.2 (2026-11)). Kernels that XLA ran inside a command
+  buffer (a CUDA graph: by default its fusions and matrix products) all carry ``hlo_op = command_buffer_N``, so
+  ``load`` names those by their kernel. Tested on a file written to that description, not on a GPU's own file:
+  the device processes' names in the Perfetto file are taken to be the planes' names.
+* ``"tpu"``: ``/device:TPU:N`` processes, each op on a line named ``XLA Ops`` (assumed, not checked against a
+  TPU trace).
 
-A file with no device op in either layout is an error, never an empty ``Trace``.
+For a GPU or TPU trace ``load`` gives the ops (``Trace.ops``), and the per-dispatch summaries below refuse it with
+an error that says what to use instead: there is no dispatch id, and a GPU's collectives run asynchronously on
+their own stream, overlapping compute, so adding up durations would count the same time twice. Read such a trace
+as a timeline, in XProf or https://ui.perfetto.dev. A file with no device op in any of these layouts is an
+error, never an empty ``Trace``. The ``Trace`` holds:
 
 * ``ops``: every operation a device ran, ``Op(device, run_id, name, start_us, dur_us, collective)``; an op is a
   collective when its name is one (``all-reduce``, ``psum``, ``all-gather``, an NCCL kernel, ...);
