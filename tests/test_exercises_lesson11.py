@@ -273,3 +273,19 @@ def test_11_4_course_lib_other_layouts_and_device_order_are_named():
         x.shape, x.dtype, sharding=NamedSharding(jax.sharding.Mesh(mesh.devices, ("x",)),
                                                  P(*["x" if a == mesh.axis_names[0] else a for a in x.sharding.spec]))), like))
     assert check("11.4", renamed)                               # the same placement under another axis name
+
+
+def test_the_cell_hint_2_of_11_4_points_to_does_not_hold_the_solution():
+    import json
+    import pathlib
+    notebook = pathlib.Path(__file__).resolve().parent.parent / "notebooks" / "11_checkpoints_and_profiles.ipynb"
+    cells = ["".join(c["source"]) for c in json.loads(notebook.read_text())["cells"]]
+    section = [c for c in cells if "def fsdp_shardings(" in c]
+    assert len(section) == 1 and "A sharded state onto another mesh" in exercises()["11.4"].hints[1]
+    # the solution's statements (not a bare opening like "target = jax.tree.map("), whitespace ignored
+    statements = [line.removeprefix("return") for line in solution_lines("11.4")
+                  if len(line) >= 30 and "import" not in line]
+    assert len(statements) >= 2
+    for cell in cells:                          # that cell, and every other cell of the lesson
+        flat = re.sub(r"\s+", "", cell)
+        assert not [line for line in statements if line in flat], cell[:80]

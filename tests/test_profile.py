@@ -301,7 +301,8 @@ NOTEBOOK = pathlib.Path(__file__).resolve().parent.parent / "notebooks" / "11_ch
 
 def notebook_device_ops():
     cells = json.loads(NOTEBOOK.read_text())["cells"]
-    source = ["".join(c["source"]) for c in cells if c["cell_type"] == "code" and "def device_ops(" in "".join(c["source"])]
+    source = ["".join(c["source"]) for c in cells
+              if c["cell_type"] == "code" and "def device_ops(" in "".join(c["source"])]
     assert len(source) == 1, "lesson 11 has one cell that defines device_ops"
     namespace = {}
     exec(source[0], namespace)                  # the cell only defines: imports and the function
