@@ -135,8 +135,8 @@ def _check_trace(trace, where: str) -> None:
 
 # What to use instead of the per-dispatch summaries on a GPU or TPU trace.
 ELSEWHERE = ("Read it as a timeline instead: open the trace directory in XProf (pip install xprof; xprof --logdir "
-             "<directory>) or the perfetto_trace.json.gz in https://ui.perfetto.dev, and compare the NCCL kernels "
-             "on their stream with the idle time of the compute stream. trace.ops lists every kernel per device. "
+             "<directory>) or the perfetto_trace.json.gz in https://ui.perfetto.dev, and compare where the NCCL "
+             "kernels run with the idle time of the compute stream. trace.ops lists every kernel per device. "
              "Kernels inside a command buffer (hlo_op command_buffer_N) are named by their kernel; to see XLA's "
              "fusion names, profile with XLA_FLAGS=--xla_gpu_enable_command_buffer= (empty: no command buffers).")
 
