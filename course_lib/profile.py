@@ -5,24 +5,39 @@ Lesson 11. ``capture(directory, run_step, steps)`` runs ``run_step(i)`` for ``i`
 ``jax.profiler.StepTraceAnnotation``, and returns the Perfetto trace file it wrote
 (``plugins/profile/<run>/perfetto_trace.json.gz``, JSON in the Chrome trace-event format).
 
-``load(path)`` reads that file into a ``Trace``:
+``load(path)`` reads that file into a ``Trace`` and says which layout it found (``Trace.layout``):
 
-* ``ops``: every operation a device ran, ``Op(device, run_id, name, start_us, dur_us, collective)``. This parser
-  reads the XLA **CPU runtime**'s tags: on the CPU all simulated devices share one process in the trace, and the
-  runtime tags each op with ``device_ordinal``, the program's ``run_id`` (one per dispatch) and ``hlo_op``. A GPU or
-  TPU trace is laid out differently (one plane per device, ``/device:GPU:0``; a TPU's ops on its "XLA Ops" line,
-  a GPU's kernels on one line per stream, each tagged with its ``hlo_op``): lesson 11 shows how to read that with
-  ``jax.profiler.ProfileData``. An op is a collective when its name is one
-  (``all-reduce``, ``psum``, ``all-gather``, ...);
-* ``dispatches``: per device, one ``Dispatch`` per run of a compiled program (its span, its collectives);
+* ``"cpu"``, XLA's **CPU runtime** (the course's simulated devices): all devices are threads of one process,
+  ``/host:CPU``, and the runtime tags each op with ``device_ordinal``, the ``run_id`` of its dispatch (one per
+  run of a compiled program) and ``hlo_op``. Everything below reads this layout.
+* ``"gpu"``: one process per device, ``/device:GPU:0``, its kernels on one line per CUDA stream
+  (``Stream #14(Compute)``), each named by the kernel and tagged with its ``hlo_op``, with no ``device_ordinal``
+  and no ``run_id`` (measured on one NVIDIA H200, JAX 0.11.2 (2026-11)). Kernels that XLA ran inside a command
+  buffer (a CUDA graph: by default its fusions and matrix products) all carry ``hlo_op = command_buffer_N``, so
+  ``load`` names those by their kernel. Tested on a file written to that description, not on a GPU's own file:
+  the device processes' names in the Perfetto file are taken to be the planes' names.
+* ``"tpu"``: ``/device:TPU:N`` processes, each op on a line named ``XLA Ops`` (assumed, not checked against a
+  TPU trace).
+
+For a GPU or TPU trace ``load`` gives the ops (``Trace.ops``), and the per-dispatch summaries below refuse it with
+an error that says what to use instead: there is no dispatch id, and a GPU's collectives run asynchronously on
+their own stream, overlapping compute, so adding up durations would count the same time twice. Read such a trace
+as a timeline, in XProf or https://ui.perfetto.dev. A file with no device op in any of these layouts is an
+error, never an empty ``Trace``. The ``Trace`` holds:
+
+* ``ops``: every operation a device ran, ``Op(device, run_id, name, start_us, dur_us, collective)``; an op is a
+  collective when its name is one (``all-reduce``, ``psum``, ``all-gather``, an NCCL kernel, ...);
+* ``dispatches``: per device, one ``Dispatch`` per run of a compiled program (its span, its collectives; CPU only);
 * ``markers``: the host's step annotations, ``Marker(step, start_us, dur_us)``: the step boundaries;
 * ``host_reads``: the spans where Python waited for a value (``float(loss)``, ``np.asarray``).
 
 ``summarise(trace, steps_per_dispatch=1)`` gives, per device: dispatches, steps (``steps_per_dispatch`` per
 dispatch: a fused dispatch of K steps holds K; collectives are not counted as steps, since a step holds as many
-as its program has: 1 for the ``shard_map`` backend's one buffer, 2 for the ``jit`` backend, 3 for FSDP), time
-per step, time in compute and in collectives, and the gaps between dispatches. ``plot_timeline`` draws it with matplotlib. The same file opens in https://ui.perfetto.dev,
-and the directory in TensorBoard's profile plugin or XProf; nothing here needs them.
+as its compiled program has: on the CPU backend 1 for the course's ``shard_map`` step, 2 for its ``jit`` step and 4
+for ``sharded_state``'s FSDP step, whose two all-gathers and reduce-scatter are joined by the loss's all-reduce),
+time per step, time in compute and in collectives, and the gaps between dispatches. ``plot_timeline`` draws it
+with matplotlib. The same file opens in https://ui.perfetto.dev, and the directory in XProf or TensorBoard's
+profile plugin; nothing here needs them.
 """
 
 from __future__ import annotations
@@ -39,9 +54,13 @@ from . import _checks
 __all__ = ["Op", "Dispatch", "Marker", "Trace", "capture", "find_trace", "load", "summarise", "collective_fraction",
            "plot_timeline", "from_ops", "COLLECTIVE"]
 
-# HLO ops that move data between devices. `psum_invariant` is how shard_map names its psum.
-COLLECTIVE = re.compile(r"all-reduce|all_reduce|allreduce|psum|all-gather|all_gather|reduce-scatter|"
-                        r"reduce_scatter|psum_scatter|collective-permute|ppermute|all-to-all|all_to_all", re.I)
+# HLO ops that move data between devices. `psum_invariant` is how shard_map names its psum; on a GPU, NCCL's
+# kernels are named ncclDevKernel_AllReduce_..., ncclDevKernel_ReduceScatter_...
+COLLECTIVE = re.compile(r"all-reduce|all_reduce|allreduce|psum|all-gather|all_gather|allgather|reduce-scatter|"
+                        r"reduce_scatter|reducescatter|psum_scatter|collective-permute|ppermute|all-to-all|"
+                        r"all_to_all|alltoall|nccl", re.I)
+COMMAND_BUFFER = re.compile(r"command_buffer", re.I)   # GPU: hlo_op of every kernel inside a CUDA graph
+DEVICE_PLANE = re.compile(r"^/device:(GPU|TPU):(\d+)$")
 HOST_READ = re.compile(r"np\.asarray\(jax\.Array\)|__float__|__array__|device_get|block_until_ready")
 
 
@@ -91,14 +110,19 @@ class Marker:
 
 @dataclasses.dataclass
 class Trace:
+    """What ``load`` read: ``layout`` is ``"cpu"`` (XLA's CPU runtime), ``"gpu"`` or ``"tpu"`` (see the module's
+    docstring); ``planes`` names the processes the file held (``/host:CPU``, ``/device:GPU:0``, ...)."""
+
     ops: list[Op]
     dispatches: dict[int, list[Dispatch]]
     markers: list[Marker]
     host_reads: list[tuple[float, float]]
+    layout: str = "cpu"
+    planes: tuple[str, ...] = ()
 
     @property
     def devices(self) -> list[int]:
-        return sorted(self.dispatches)
+        return sorted({o.device for o in self.ops} | set(self.dispatches))
 
 
 def _check_trace(trace, where: str) -> None:
@@ -107,6 +131,30 @@ def _check_trace(trace, where: str) -> None:
                 if isinstance(trace, (str, pathlib.Path)) else "")
         raise TypeError(f"{where}: trace must be a profile.Trace, got {type(trace).__name__}.{hint} Make one with "
                         "profile.load(profile.capture(...)) or profile.from_ops(ops).")
+
+
+# What to use instead of the per-dispatch summaries on a GPU or TPU trace.
+ELSEWHERE = ("Read it as a timeline instead: open the trace directory in XProf (pip install xprof; xprof --logdir "
+             "<directory>) or the perfetto_trace.json.gz in https://ui.perfetto.dev, and compare where the NCCL "
+             "kernels run with the idle time of the compute stream. trace.ops lists every kernel per device. "
+             "Kernels inside a command buffer (hlo_op command_buffer_N) are named by their kernel; to see XLA's "
+             "fusion names, profile with XLA_FLAGS=--xla_gpu_enable_command_buffer= (empty: no command buffers).")
+
+
+def _cpu_only(trace: Trace, where: str) -> None:
+    """Refuse a trace that is not in the CPU runtime's layout, or that holds no device op."""
+    if trace.layout != "cpu":
+        device = next((p for p in trace.planes if p.startswith("/device:")), trace.layout.upper())
+        raise ValueError(
+            f"{where}: this trace is a {trace.layout.upper()} trace ({device}: one process per device, ops on "
+            f"{'stream lines' if trace.layout == 'gpu' else 'its XLA Ops line'}). {where} reads the CPU runtime's "
+            "layout only, where each op carries device_ordinal and the run_id of its dispatch; this trace has "
+            "neither, and its collectives run asynchronously beside the compute, so adding up durations would "
+            f"count the same time twice. {ELSEWHERE}")
+    if not trace.ops:
+        raise ValueError(f"{where}: the trace holds no device ops, so there is nothing to summarise (no data, not "
+                         "zero). Was anything run inside the trace? Capture a few steps with profile.capture after "
+                         "a first call that compiles them.")
 
 
 def _path(path, name: str, where: str) -> pathlib.Path:
@@ -133,7 +181,8 @@ def capture(directory, run_step: Callable[[int], object], steps: int, *, name: s
     steps = _checks.whole(steps, "steps", "capture", fix="It is how many steps to trace, e.g. steps=5.")
     if not isinstance(name, str):
         _fail("capture", "name", "a string", name, "Pass e.g. name='train'.", TypeError)
-    _checks.writable_directory(directory, "capture", "a trace")      # before any step runs: the profiler only fails when it writes, at the end
+    # before any step runs: the profiler only fails when it writes, at the end
+    _checks.writable_directory(directory, "capture", "a trace")
     results = []
     with jax.profiler.trace(str(directory), create_perfetto_trace=True):
         for i in range(steps):
@@ -155,7 +204,12 @@ def find_trace(directory) -> pathlib.Path:
 
 
 def load(path) -> Trace:
-    """Parse a Perfetto/Chrome trace file (``.json`` or ``.json.gz``) into ops, dispatches, markers, host reads."""
+    """Parse a Perfetto/Chrome trace file (``.json`` or ``.json.gz``) into ops, dispatches, markers, host reads.
+
+    Reads the CPU runtime's layout (ops tagged with ``device_ordinal``) and a GPU's or TPU's (one
+    ``/device:GPU:N`` process per device); see the module's docstring. Raises ``ValueError`` for a file that holds
+    no device op in either layout, naming the processes it found.
+    """
     path = _path(path, "path", "load")
     fix = "Pass the perfetto_trace.json.gz that jax.profiler.trace wrote (profile.find_trace(directory))."
     opener = gzip.open if path.suffix == ".gz" else open
@@ -169,16 +223,34 @@ def load(path) -> Trace:
     events = events.get("traceEvents", []) if isinstance(events, dict) else events
     if not isinstance(events, list):
         raise ValueError(f"load: path={path.name!r} is JSON but not a trace: it holds no list of events. {fix}")
-    ops, markers, reads = [], [], []
+    processes, threads = {}, {}          # pid -> process name, (pid, tid) -> thread (line) name
+    for e in events:
+        if isinstance(e, dict) and e.get("ph") == "M" and isinstance(e.get("args"), dict):
+            if e.get("name") == "process_name":
+                processes[e.get("pid")] = str(e["args"].get("name", ""))
+            elif e.get("name") == "thread_name":
+                threads[(e.get("pid"), e.get("tid"))] = str(e["args"].get("name", ""))
+    cpu_ops, device_ops, markers, reads, kinds = [], [], [], [], set()
     for i, e in enumerate(events):
         try:
             if e.get("ph") != "X":
                 continue
             args = e.get("args") or {}
             name = str(e.get("name", ""))
-            if "device_ordinal" in args and "hlo_op" in args:
-                ops.append(Op(int(args["device_ordinal"]), str(args.get("run_id", "")), name, float(e["ts"]),
-                              float(e.get("dur", 0.0)), bool(COLLECTIVE.search(name))))
+            plane = DEVICE_PLANE.match(processes.get(e.get("pid"), ""))
+            if "device_ordinal" in args and "hlo_op" in args:                 # the CPU runtime
+                cpu_ops.append(Op(int(args["device_ordinal"]), str(args.get("run_id", "")), name, float(e["ts"]),
+                                  float(e.get("dur", 0.0)), bool(COLLECTIVE.search(name))))
+            elif plane:                                                        # a GPU's or a TPU's own process
+                line = threads.get((e.get("pid"), e.get("tid")), "")
+                hlo_op = str(args.get("hlo_op", ""))
+                if line == "XLA Ops" or (plane.group(1) == "GPU" and hlo_op):
+                    # inside a command buffer every kernel's hlo_op is command_buffer_N: name it by its kernel
+                    op_name = name if not hlo_op or COMMAND_BUFFER.search(hlo_op) else hlo_op
+                    device_ops.append((line, Op(int(plane.group(2)), "", op_name, float(e["ts"]),
+                                                float(e.get("dur", 0.0)),
+                                                bool(COLLECTIVE.search(f"{name} {hlo_op}")))))
+                    kinds.add(plane.group(1).lower())
             elif "step_num" in args:
                 markers.append(Marker(int(args["step_num"]), float(e["ts"]), float(e.get("dur", 0.0))))
             elif HOST_READ.search(name):
@@ -186,8 +258,24 @@ def load(path) -> Trace:
         except (AttributeError, KeyError, TypeError, ValueError) as error:
             raise ValueError(f"load: path={path.name!r} is not a trace in the Chrome trace-event format: event {i} "
                              f"is {_checks.shown(e)} ({type(error).__name__}: {error}). {fix}") from None
+    planes = tuple(sorted(set(processes.values())))
+    if cpu_ops:        # simulated CPU devices (also on a GPU machine, where the lessons fall back to them)
+        ops, layout = cpu_ops, "cpu"
+    elif device_ops:
+        # a TPU has its own XLA Ops line: where a device has one, its other lines repeat the same work
+        with_xla_line = {o.device for line, o in device_ops if line == "XLA Ops"}
+        ops = [o for line, o in device_ops if line == "XLA Ops" or o.device not in with_xla_line]
+        layout = "tpu" if kinds == {"tpu"} else "gpu"
+    else:
+        raise ValueError(
+            f"load: path={path.name!r} holds no device op that this reader knows: no event carries "
+            "device_ordinal and hlo_op (XLA's CPU runtime), and no /device:GPU:N or /device:TPU:N process holds "
+            f"kernels with an hlo_op or an 'XLA Ops' line. Its processes: {list(planes) or 'none named'}. Was "
+            "anything run inside the trace (after a first call that compiles it)? Another runtime's trace: open "
+            "it in XProf or https://ui.perfetto.dev.")
     ops.sort(key=lambda o: (o.device, o.start_us))
-    return Trace(ops, _dispatches(ops), sorted(markers, key=lambda m: m.start_us), _outermost(sorted(reads)))
+    return Trace(ops, _dispatches(ops) if layout == "cpu" else {}, sorted(markers, key=lambda m: m.start_us),
+                 _outermost(sorted(reads)), layout, planes)
 
 
 def from_ops(ops, markers=(), host_reads=()) -> Trace:
@@ -236,12 +324,14 @@ def _dispatches(ops) -> dict[int, list[Dispatch]]:
 
 
 def summarise(trace: Trace, steps_per_dispatch: int = 1) -> dict[int, dict]:
-    """Per device: ``{"dispatches", "steps", "collectives", "busy_us", "compute_us", "collective_us", "step_us",
-    "gap_us"}``.
+    """For a trace in the CPU runtime's layout (a GPU or TPU trace, or one with no device op, raises
+    ``ValueError`` saying why and what to read instead), per device: ``{"dispatches", "steps", "collectives",
+    "busy_us", "compute_us", "collective_us", "step_us", "gap_us"}``.
 
     ``steps = dispatches * steps_per_dispatch`` (pass ``steps_per_dispatch=K`` for a fused ``step.steps`` of K
-    steps); ``collectives`` counts the collective ops that ran (how many a step holds depends on its program:
-    1 for the course's ``shard_map`` step, 2 for its ``jit`` step, 3 for FSDP); ``busy_us`` is the time inside
+    steps); ``collectives`` counts the collective ops that ran (how many a step holds depends on its program; on
+    the CPU backend: 1 for the course's ``shard_map`` step, 2 for its ``jit`` step, 4 for ``sharded_state``'s
+    FSDP step: two all-gathers, a reduce-scatter and the loss's all-reduce); ``busy_us`` is the time inside
     dispatches, ``collective_us`` the part of it inside collectives (on simulated devices mostly waiting for the
     other devices to arrive), ``compute_us`` the rest; ``step_us = busy_us / steps``; ``gap_us`` the median idle
     time between the end of one dispatch and the start of the next.
@@ -249,6 +339,7 @@ def summarise(trace: Trace, steps_per_dispatch: int = 1) -> dict[int, dict]:
     import numpy as np
 
     _check_trace(trace, "summarise")
+    _cpu_only(trace, "summarise")
     steps_per_dispatch = _checks.whole(steps_per_dispatch, "steps_per_dispatch", "summarise",
                                        fix="It is how many training steps one dispatch runs, e.g. 10 for "
                                            "step.steps over 10 batches.")
@@ -267,16 +358,17 @@ def summarise(trace: Trace, steps_per_dispatch: int = 1) -> dict[int, dict]:
 def collective_fraction(trace: Trace) -> float:
     """The share of the devices' busy time spent in collectives, over all devices: in ``[0, 1]``.
 
-    Raises ``ValueError`` for a trace with no device ops (no data: nothing ran inside the trace, or it is not a
-    CPU-runtime trace that ``load`` can read), rather than answering 0.
+    Raises ``ValueError`` for a trace with no device ops (no data: nothing ran inside the trace), rather than
+    answering 0, and for a GPU or TPU trace, whose asynchronous collectives overlap compute (the error says what
+    to read instead).
     """
     _check_trace(trace, "collective_fraction")
+    _cpu_only(trace, "collective_fraction")
     s = summarise(trace)
     busy = sum(v["busy_us"] for v in s.values())
     if not busy:
-        raise ValueError("collective_fraction: the trace holds no device ops, so there is no fraction to give (not "
-                         "0: no data). Was anything run inside the trace? Capture a few steps with profile.capture "
-                         "after a first call that compiles them; a GPU/TPU trace needs another reader (lesson 11).")
+        raise ValueError("collective_fraction: the trace's device ops all last 0 us, so there is no fraction to "
+                         "give (not 0: no data). Capture a few steps with profile.capture.")
     return sum(v["collective_us"] for v in s.values()) / busy
 
 
@@ -289,9 +381,7 @@ def plot_timeline(trace: Trace, ax=None, *, title: str = "what each device did")
     import matplotlib.pyplot as plt
 
     _check_trace(trace, "plot_timeline")
-    if not trace.ops:
-        raise ValueError("plot_timeline: the trace holds no device ops: was anything run inside the trace? Capture "
-                         "a few steps with profile.capture after a first call that compiles them.")
+    _cpu_only(trace, "plot_timeline")
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 0.45 * (len(trace.devices) + 2) + 1.4))
     t0 = min([o.start_us for o in trace.ops] + [m.start_us for m in trace.markers] + [s for s, _ in trace.host_reads])

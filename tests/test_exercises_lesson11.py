@@ -219,7 +219,7 @@ def test_11_3_integer_arrays_pass_floats_and_sorting_in_place_are_named():
         t.markers.sort(key=lambda m: m.dur_us)
         return t.markers[-1].step
     assert "changed the trace it was given in place (markers)" in wrong("11.3", sorts)
-    assert "host's step marks" in wrong("11.3", lambda t: min(t.markers, key=lambda m: m.dur_us).step)
+    assert "the shortest step" in wrong("11.3", lambda t: min(t.markers, key=lambda m: m.dur_us).step)
 
 
 def test_11_4_one_rule_for_every_leaf_fails():
@@ -239,7 +239,7 @@ def test_11_4_the_newest_step_not_a_number_read_in_the_text():
         with ocp.CheckpointManager(d) as manager:
             return manager.restore(7, args=ocp.args.StandardRestore(_on(mesh, like)))
     message = wrong("11.4", step_seven)
-    assert "values of step 7" in message and "newer step, 9" in message
+    assert "values of step 7" in message and "newest step is 10" in message
 
     def newest_by_none(d, like, mesh):         # restore(None) is Orbax's "newest" too
         with ocp.CheckpointManager(d) as manager:
@@ -261,7 +261,7 @@ def test_11_4_course_lib_other_layouts_and_device_order_are_named():
     assert "no Composite" in wrong("11.4", composite)
 
     reversed_mesh = lambda d, like, mesh: _restore(d, _on(jax.make_mesh(
-        (mesh.size,), ("data",), devices=list(mesh.devices.flat)[::-1]), like))
+        (mesh.size,), mesh.axis_names, devices=list(mesh.devices.flat)[::-1]), like))
     assert "another order than the mesh you were given" in wrong("11.4", reversed_mesh)
 
     def mutates(d, like, mesh):
@@ -271,5 +271,21 @@ def test_11_4_course_lib_other_layouts_and_device_order_are_named():
     assert "changed its input like in place" in wrong("11.4", mutates)
     renamed = lambda d, like, mesh: _restore(d, jax.tree.map(lambda x: jax.ShapeDtypeStruct(
         x.shape, x.dtype, sharding=NamedSharding(jax.sharding.Mesh(mesh.devices, ("x",)),
-                                                 P(*["x" if a == "data" else a for a in x.sharding.spec]))), like))
+                                                 P(*["x" if a == mesh.axis_names[0] else a for a in x.sharding.spec]))), like))
     assert check("11.4", renamed)                               # the same placement under another axis name
+
+
+def test_the_cell_hint_2_of_11_4_points_to_does_not_hold_the_solution():
+    import json
+    import pathlib
+    notebook = pathlib.Path(__file__).resolve().parent.parent / "notebooks" / "11_checkpoints_and_profiles.ipynb"
+    cells = ["".join(c["source"]) for c in json.loads(notebook.read_text())["cells"]]
+    section = [c for c in cells if "def fsdp_shardings(" in c]
+    assert len(section) == 1 and "A sharded state onto another mesh" in exercises()["11.4"].hints[1]
+    # the solution's statements (not a bare opening like "target = jax.tree.map("), whitespace ignored
+    statements = [line.removeprefix("return") for line in solution_lines("11.4")
+                  if len(line) >= 30 and "import" not in line]
+    assert len(statements) >= 2
+    for cell in cells:                          # that cell, and every other cell of the lesson
+        flat = re.sub(r"\s+", "", cell)
+        assert not [line for line in statements if line in flat], cell[:80]

@@ -143,3 +143,209 @@ def test_timeline_starts_at_zero_and_its_legend_is_above_the_bars(traces):
     box, axes_box = legend.get_window_extent(), ax.get_window_extent()
     assert box.y0 >= axes_box.y1                                   # the legend does not cover any bar
     plt.close(ax.figure)
+
+
+# ---- GPU and TPU traces (issue 33). Laid out as measured on one NVIDIA H200, JAX 0.11.2 (2026-11):
+# shared/hardware/measured.md section 2. One process per device, /device:GPU:0, with ONE line
+# "Stream #14(Compute)"; each kernel event is named by the kernel and carries correlation_id, scope_range_id,
+# context_id, cuda_graph_id, cuda_graph_node_id, kernel_details, occupancy figures, tf_op, hlo_module and
+# hlo_op = command_buffer_1; no event carries device_ordinal or run_id; host step annotations carry step_num;
+# a few host events carry device and num_commands.
+
+GPU_KERNELS = ["gemm_fusion_dot_2", "loop_select_subtract_fusion", "loop_multiply_fusion", "input_reduce_fusion"]
+
+
+def _meta(pid, name, tid=None):
+    event = {"ph": "M", "pid": pid, "name": "thread_name" if tid is not None else "process_name",
+             "args": {"name": name}}
+    if tid is not None:
+        event["tid"] = tid
+    return event
+
+
+def _kernel(pid, tid, ts, dur, name, hlo_op, correlation_id):
+    return {"ph": "X", "pid": pid, "tid": tid, "ts": ts, "dur": dur, "name": name,
+            "args": {"context_id": "1", "correlation_id": str(correlation_id), "cuda_graph_id": "3",
+                     "cuda_graph_node_id": str(correlation_id % 7), "scope_range_id": "12",
+                     "kernel_details": "regs:184 static_shared:0 dynamic_shared:65536 grid:132,1,1 block:384,1,1",
+                     "theoretical_occupancy_pct": "18.75", "occupancy_min_grid_size": "132",
+                     "tf_op": "jit(step)/jit(main)/dot_general", "hlo_module": "jit_step", "hlo_op": hlo_op}}
+
+
+def gpu_trace_events(steps=3, devices=(0,), nccl=False):
+    """A Perfetto trace of ``steps`` jitted steps on ``devices``, laid out as measured.md section 2 describes.
+
+    With ``nccl=True`` each device also has an NCCL stream running the step's all-reduce (its hlo_op
+    ``all-reduce-start.1``: NCCL collectives are not in XLA's default command-buffer list), overlapping compute.
+    """
+    events = [_meta(701, "/host:CPU"), _meta(701, "python3", tid=1), _meta(701, "Host Threads/4242", tid=2),
+              _meta(702, "/host:metadata"), _meta(703, "Task Environment")]
+    for d in devices:
+        events += [_meta(d + 1, f"/device:GPU:{d}"), _meta(d + 1, "Stream #14(Compute)", tid=14)]
+        if nccl:
+            events.append(_meta(d + 1, "Stream #20(Nccl)", tid=20))
+    correlation = 100
+    for s in range(steps):
+        t = 1000.0 * s
+        events.append({"ph": "X", "pid": 701, "tid": 1, "ts": t, "dur": 400.0, "name": "train",
+                       "args": {"step_num": str(s), "_r": "1"}})
+        events.append({"ph": "X", "pid": 701, "tid": 2, "ts": t + 50, "dur": 20.0, "name": "CommandBufferThunk",
+                       "args": {"device": "0", "num_commands": "17"}})
+        for d in devices:
+            k = t + 100.0
+            for name in GPU_KERNELS * 4:
+                events.append(_kernel(d + 1, 14, k, 9.5, name, "command_buffer_1", correlation))
+                correlation += 1
+                k += 10.0
+            if nccl:
+                events.append(_kernel(d + 1, 20, t + 150.0, 80.0, "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+                                      "all-reduce-start.1", correlation))
+                correlation += 1
+    return {"displayTimeUnit": "ns", "traceEvents": events}
+
+
+def _write_trace(path, trace):
+    with gzip.open(path, "wt") as f:
+        json.dump(trace, f)
+    return path
+
+
+def test_load_reads_a_gpu_trace_its_devices_and_kernel_names(tmp_path):
+    trace = profile.load(_write_trace(tmp_path / "perfetto_trace.json.gz", gpu_trace_events()))
+    assert trace.layout == "gpu" and "/device:GPU:0" in trace.planes
+    assert trace.devices == [0]
+    assert len(trace.ops) == 3 * 16                              # every kernel of the 3 steps, none of the host's
+    # inside a command buffer every kernel's hlo_op is command_buffer_1: the op is named by its kernel
+    assert {o.name for o in trace.ops} == set(GPU_KERNELS)
+    assert not any(o.collective for o in trace.ops)
+    assert [m.step for m in trace.markers] == [0, 1, 2]
+    assert trace.dispatches == {}                                # no run_id on a GPU: no dispatches to make
+
+
+def test_a_gpu_trace_with_nccl_streams_names_the_collectives_on_each_device(tmp_path):
+    trace = profile.load(_write_trace(tmp_path / "t.json.gz", gpu_trace_events(2, devices=(0, 1), nccl=True)))
+    assert trace.devices == [0, 1]
+    coll = [o for o in trace.ops if o.collective]
+    assert len(coll) == 4 and {o.name for o in coll} == {"all-reduce-start.1"}   # the HLO name where there is one
+    assert {o.device for o in coll} == {0, 1}
+
+
+@pytest.mark.parametrize("reader", ["summarise", "collective_fraction", "plot_timeline"])
+def test_summaries_refuse_a_gpu_trace_and_say_what_to_use(tmp_path, reader):
+    trace = profile.load(_write_trace(tmp_path / "t.json.gz", gpu_trace_events(nccl=True)))
+    with pytest.raises(ValueError) as error:
+        getattr(profile, reader)(trace)
+    message = str(error.value)
+    assert message.startswith(f"{reader}: this trace is a GPU trace (/device:GPU:0")
+    assert "CPU runtime's layout only" in message and "device_ordinal" in message
+    assert "count the same time twice" in message                # async collectives overlap compute
+    assert "XProf" in message and "ui.perfetto.dev" in message
+    assert "XLA_FLAGS=--xla_gpu_enable_command_buffer=" in message
+
+
+def test_load_reads_a_tpu_trace_from_its_xla_ops_line(tmp_path):
+    events = [_meta(1, "/device:TPU:0"), _meta(1, "XLA Modules", tid=1), _meta(1, "XLA Ops", tid=2),
+              _meta(2, "/device:TPU:1"), _meta(2, "XLA Modules", tid=1), _meta(2, "XLA Ops", tid=2)]
+    for pid in (1, 2):
+        events.append({"ph": "X", "pid": pid, "tid": 1, "ts": 0.0, "dur": 100.0, "name": "jit_step(1)",
+                       "args": {}})
+        events += [{"ph": "X", "pid": pid, "tid": 2, "ts": 10.0, "dur": 30.0, "name": "fusion.3", "args": {}},
+                   {"ph": "X", "pid": pid, "tid": 2, "ts": 40.0, "dur": 50.0, "name": "all-reduce.1", "args": {}}]
+    trace = profile.load(_write_trace(tmp_path / "t.json.gz", {"traceEvents": events}))
+    assert trace.layout == "tpu" and trace.devices == [0, 1]
+    assert [o.name for o in trace.ops if o.device == 1] == ["fusion.3", "all-reduce.1"]   # not the module line
+    assert [o.collective for o in trace.ops if o.device == 0] == [False, True]
+    with pytest.raises(ValueError, match="summarise: this trace is a TPU trace"):
+        profile.summarise(trace)
+
+
+def test_a_cpu_fallback_on_a_gpu_machine_reads_the_cpu_ops(tmp_path):
+    """The lessons fall back to simulated CPU devices on a one-GPU machine (measured.md section 5): the
+    trace then holds an idle GPU plane beside the CPU runtime's ops, and those are what load reads."""
+    trace = gpu_trace_events(steps=1)
+    trace["traceEvents"] += [
+        {"ph": "X", "pid": 701, "tid": 3, "ts": 5000.0 + 10 * k, "dur": 8.0, "name": name,
+         "args": {"device_ordinal": str(d), "hlo_op": name, "run_id": "7", "hlo_module": "jit_step"}}
+        for d in range(2) for k, name in enumerate(["fusion", "psum_invariant"])]
+    got = profile.load(_write_trace(tmp_path / "t.json.gz", trace))
+    assert got.layout == "cpu" and got.devices == [0, 1]
+    assert profile.summarise(got)[1]["collectives"] == 1
+
+
+def test_load_without_any_device_op_raises_naming_the_layouts_and_what_it_found(tmp_path):
+    host_only = {"traceEvents": [_meta(701, "/host:CPU"), _meta(9, "/device:GPU:0"),
+                                 {"ph": "X", "pid": 701, "tid": 1, "ts": 0, "dur": 5, "name": "train",
+                                  "args": {"step_num": "0"}},
+                                 {"ph": "X", "pid": 9, "tid": 1, "ts": 0, "dur": 5, "name": "MemcpyH2D",
+                                  "args": {"correlation_id": "4"}}]}
+    with pytest.raises(ValueError) as error:
+        profile.load(_write_trace(tmp_path / "host_only.json.gz", host_only))
+    message = str(error.value)
+    assert "load: path='host_only.json.gz' holds no device op" in message
+    assert "device_ordinal" in message and "/device:GPU:N" in message and "XLA Ops" in message
+    assert "['/device:GPU:0', '/host:CPU']" in message and "XProf" in message
+
+
+def test_summarise_of_a_trace_without_ops_raises_instead_of_returning_empty():
+    with pytest.raises(ValueError, match="summarise: the trace holds no device ops.*not zero"):
+        profile.summarise(profile.from_ops([]))
+
+
+# ---- lesson 11's own reader (the notebook's device_ops), run on planes laid out as measured.md section 2
+
+import pathlib
+import types
+
+NOTEBOOK = pathlib.Path(__file__).resolve().parent.parent / "notebooks" / "11_checkpoints_and_profiles.ipynb"
+
+
+def notebook_device_ops():
+    cells = json.loads(NOTEBOOK.read_text())["cells"]
+    source = ["".join(c["source"]) for c in cells
+              if c["cell_type"] == "code" and "def device_ops(" in "".join(c["source"])]
+    assert len(source) == 1, "lesson 11 has one cell that defines device_ops"
+    namespace = {}
+    exec(source[0], namespace)                  # the cell only defines: imports and the function
+    return namespace["device_ops"]
+
+
+def _plane(name, lines):
+    return types.SimpleNamespace(name=name, lines=[types.SimpleNamespace(name=n, events=e) for n, e in lines])
+
+
+def _event(name, start_ns, stats):
+    return types.SimpleNamespace(name=name, start_ns=start_ns, duration_ns=9_500, stats=list(stats.items()))
+
+
+def test_the_lessons_reader_names_gpu_kernels_inside_a_command_buffer_by_the_kernel():
+    device_ops = notebook_device_ops()
+    kernels = [_event(k, 1_000 * i, {"correlation_id": i, "scope_range_id": 12, "context_id": 1,
+                                     "cuda_graph_id": 3, "kernel_details": "regs:184 static_shared:0",
+                                     "tf_op": "jit(step)/dot_general", "hlo_module": "jit_step",
+                                     "hlo_op": "command_buffer_1"})
+               for i, k in enumerate(GPU_KERNELS * 3)]
+    nccl = [_event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 500, {"hlo_op": "all-reduce-start.1",
+                                                                    "hlo_module": "jit_step"})]
+    memcpy = [_event("MemcpyH2D", 0, {"correlation_id": 99})]       # no hlo_op: not an op of the program
+    planes = [_plane("/host:metadata", []),
+              _plane("/host:CPU", [("python3", [_event("train", 0, {"step_num": 0})])]),
+              _plane("/device:GPU:0", [("Stream #14(Compute)", kernels + memcpy), ("Stream #20(Nccl)", nccl)])]
+    ops = device_ops(planes)
+    assert list(ops) == ["/device:GPU:0"]
+    names = [name for name, _, _ in ops["/device:GPU:0"]]
+    assert len(names) == 13                                           # 12 kernels and the NCCL all-reduce
+    assert set(names) == {f"{k} [command_buffer_1]" for k in GPU_KERNELS} | {"all-reduce-start.1"}
+    start, duration = ops["/device:GPU:0"][1][1:]
+    assert start == pytest.approx(1e-3) and duration == pytest.approx(9.5e-3)   # ms
+
+
+def test_the_lessons_reader_keeps_the_cpu_ops_beside_an_idle_gpu_plane_and_reads_tpu_lines():
+    device_ops = notebook_device_ops()
+    cpu_ops = [_event(name, 10 * k, {"device_ordinal": d, "hlo_op": name, "run_id": 7})
+               for d in range(2) for k, name in enumerate(["fusion", "psum_invariant"])]
+    planes = [_plane("/host:CPU", [("tf_XLAExecute/1", cpu_ops)]), _plane("/device:GPU:0", [("Stream #14", [])])]
+    ops = device_ops(planes)
+    assert sorted(ops) == [0, 1] and [n for n, _, _ in ops[1]] == ["fusion", "psum_invariant"]
+    tpu = [_plane("/device:TPU:0", [("XLA Modules", [_event("jit_step(1)", 0, {})]),
+                                    ("XLA Ops", [_event("fusion.3", 0, {}), _event("all-reduce.1", 5, {})])])]
+    assert [n for n, _, _ in device_ops(tpu)["/device:TPU:0"]] == ["fusion.3", "all-reduce.1"]

@@ -11,26 +11,30 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import checkpoint, profile
-from . import Mismatch, call, describe, exercise
+from . import Mismatch, call, describe, describe_tree, exercise
 
 # Graded hints, weakest first (the exercise framework shows them one at a time).
 HINTS = {
     "11.1": ["Orbax reads each array straight onto the devices you ask for: you do not need to move it afterwards.",
              "Section 1, 'Restoring: where it was, or where you say', and the devices= argument of checkpoint.restore.",
-             "Restore with the devices you were given; of the two things that come back, return only the state."],
+             "Where the arrays land is decided by the placement the restore is given, not by the arrays of like "
+             "nor by what the checkpoint recorded; and the restore gives back more than the state."],
     "11.2": ["Add up, over every device, the time inside collectives and the time inside dispatches.",
              "profile.summarise gives, per device, 'collective_us' and 'busy_us'.",
-             "Sum each of the two over all devices first, then divide one sum by the other (not an average of the "
-             "devices' own ratios)."],
+             "A device that was busy longer must weigh more in the share over all devices: a share of totals, not "
+             "an average of shares."],
     "11.3": ["The host marks where each step began and how long it took: trace.markers.",
              "Each profile.Marker has .step and .dur_us; Python's max takes a key function.",
-             "Take the marker with the longest duration and return its own step number, not its place in the list."],
+             "A marker's place in the list is not its step: the checker's runs do not start at step 0, and each "
+             "marker carries its own number."],
     "11.4": ["Without a target Orbax puts each array back where it was saved (the checkpoint stores the "
              "sharding); a target with another sharding overrides that.",
-             "Section 2, 'A sharded state onto another mesh': jax.ShapeDtypeStruct with a sharding, "
-             "ocp.args.StandardRestore, CheckpointManager.latest_step.",
-             "For every leaf of like, build an abstract array with its shape and dtype and a NamedSharding on the "
-             "new mesh with the leaf's own PartitionSpec; restore the newest step with that tree as the target."],
+             "Section 2, 'A sharded state onto another mesh', builds such a target for a mesh of 4, with a rule "
+             "that does not fit every leaf here. Each leaf of like carries its own .sharding.spec; "
+             "CheckpointManager.all_steps and latest_step say which steps a directory holds.",
+             "Orbax reads onto whatever shardings the target names, each device only its part: the target's "
+             "shardings decide the mesh and the split, leaf by leaf. Step directories are named by numbers: "
+             "10 comes after 9 as a number, not as text."],
 }
 
 
@@ -63,85 +67,107 @@ def _watch(module, attribute, calls):
           solution=solution_restore_onto)
 def check_restore_onto(restore_onto):
     devs = jax.devices()
-    saved = {"params": {"w": jnp.arange(4.0), "b": jnp.float32(0.5)}, "step": jnp.int32(100)}
-    like = jax.tree.map(jnp.zeros_like, saved)
     on_all = checkpoint.replicated_on(devs)
+    rng = np.random.default_rng(3)
+    # two runs: another structure, other dtypes, steps past 9 (the newest is 10, after 9), other device counts
+    runs = [({"params": {"w": jnp.arange(4.0), "b": jnp.float32(0.5)}, "step": jnp.int32(100)}, [100],
+             sorted({min(4, len(devs)), 1}, reverse=True)),
+            ([{"w": jnp.asarray(rng.standard_normal((3, 5)), jnp.float32),
+               "b": jnp.asarray(rng.standard_normal(5), jnp.bfloat16)},
+              (jnp.asarray(rng.integers(0, 9, 6), jnp.int32), jnp.float32(-2.5))], [9, 10],
+             [min(2, len(devs))])]
     with tempfile.TemporaryDirectory() as tmp:
-        directory = pathlib.Path(tmp) / "run"
-        checkpoint.save(directory, 100, jax.device_put(saved, on_all), {"position": 100})
-        for count in sorted({min(4, len(devs)), 1}, reverse=True):
-            target = devs[len(devs) - count:]   # the last devices, so "the first n" or "all" is caught
-            restores = []
-            with _watch(checkpoint, "restore", restores), _watch(checkpoint.Checkpoints, "restore", restores):
-                got = call(restore_onto, directory, like, target, name="restore_onto")
-            what = f"restore_onto(directory, like, devices={count} device(s))"
-            if isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], dict):
-                raise Mismatch(f"{what} returned (state, extra); return only the state.")
-            try:
-                same = jax.tree.structure(got) == jax.tree.structure(saved)
-            except Exception:
-                same = False
-            if not same:
-                raise Mismatch(f"{what} should return the state with the saved structure "
-                               f"{jax.tree.structure(saved)}; got {describe(got)}.")
-            for path, leaf in jax.tree_util.tree_flatten_with_path(got)[0]:
-                name = jax.tree_util.keystr(path)
-                if not isinstance(leaf, jax.Array):
-                    raise Mismatch(f"{what}: leaf {name} is {describe(leaf)}, not a jax.Array on the devices.")
-                if set(leaf.devices()) != set(target):
-                    ids = sorted(d.id for d in leaf.devices())
-                    like_devices = {d for x in jax.tree.leaves(like) for d in x.devices()}
-                    if set(leaf.devices()) == like_devices and like_devices != set(target):
-                        why = (" Those are the devices of like='s arrays: given like= alone, the restore puts each "
-                               "array where like='s array is. Pass the devices to the restore.")
-                    elif set(leaf.devices()) == set(devs) and count < len(devs):
-                        why = (" Those are all the devices it was saved from: with no placement asked for, the "
-                               "restore puts each array back where it was saved.")
-                    elif ids == sorted(d.id for d in devs[:count]) and set(devs[:count]) != set(target):
-                        why = (f" Those are the first {count} device(s), not the ones you were given (the checker "
-                               "gives you the last ones): use the devices argument itself.")
-                    else:
-                        why = " Put every leaf on exactly the devices you were given, all of them."
-                    raise Mismatch(f"{what}: leaf {name} lives on devices {ids}; expected ids "
-                                   f"{[d.id for d in target]}.{why}")
-                if not leaf.sharding.is_fully_replicated:
-                    raise Mismatch(f"{what}: leaf {name} is split over the devices; the saved state is replicated.")
-            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(saved)):
-                if a.dtype != b.dtype:
-                    raise Mismatch(f"{what} returned a {a.dtype} leaf where the checkpoint holds {b.dtype}: restore "
-                                   "into the saved dtypes, and cast only if you mean to change the numbers.")
-                try:
-                    a = np.asarray(a)
-                except Exception as e:  # e.g. an array that was deleted or donated
-                    raise Mismatch(f"{what} returned an array that cannot be read ({type(e).__name__}).") from None
-                if a.tobytes() != np.asarray(b).tobytes():
-                    raise Mismatch(f"{what} returned values that differ from the saved ones, e.g. {np.asarray(a)} "
-                                   f"instead of {np.asarray(b)}: restore the checkpoint, not like=.")
-            if restores and not any(k.get("devices") is not None or k.get("sharding") is not None
-                                    for k in restores):
-                raise Mismatch(f"{what}: the values and devices are right, but checkpoint.restore read the arrays "
-                               "onto the devices of like= and they were moved afterwards: a second copy, and on "
-                               "a large model a second trip through device memory. Pass devices= to "
-                               "checkpoint.restore, so that Orbax reads each array straight onto those devices.")
+        for run, (saved, steps, counts) in enumerate(runs):
+            _check_restore_onto_run(restore_onto, pathlib.Path(tmp) / f"run{run}", saved, steps, counts, devs,
+                                    on_all)
     return "the saved state came back bit for bit, whole on each of the devices you were given."
+
+
+def _check_restore_onto_run(restore_onto, directory, saved, steps, counts, devs, on_all):
+    like = jax.tree.map(jnp.zeros_like, saved)
+    for step in steps:     # older steps hold other values: only the newest is right
+        values = saved if step == steps[-1] else jax.tree.map(lambda a: (a * 0 + 7).astype(a.dtype), saved)
+        checkpoint.save(directory, step, jax.device_put(values, on_all), {"position": step})
+    for count in counts:
+        target = devs[len(devs) - count:]   # the last devices, so "the first n" or "all" is caught
+        restores = []
+        with _watch(checkpoint, "restore", restores), _watch(checkpoint.Checkpoints, "restore", restores):
+            got = call(restore_onto, directory, like, target, name="restore_onto")
+        what = f"restore_onto(directory, like, devices={count} device(s))"
+        if isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], dict):
+            raise Mismatch(f"{what} returned (state, extra); return only the state.")
+        try:
+            same = jax.tree.structure(got) == jax.tree.structure(saved)
+        except Exception:
+            same = False
+        if not same:
+            raise Mismatch(f"{what} should return the whole state with the saved structure "
+                           f"{jax.tree.structure(saved)}; got {describe_tree(got)}.")
+        for path, leaf in jax.tree_util.tree_flatten_with_path(got)[0]:
+            name = jax.tree_util.keystr(path)
+            if not isinstance(leaf, jax.Array):
+                raise Mismatch(f"{what}: leaf {name} is {describe(leaf)}, not a jax.Array on the devices.")
+            if set(leaf.devices()) != set(target):
+                ids = sorted(d.id for d in leaf.devices())
+                like_devices = {d for x in jax.tree.leaves(like) for d in x.devices()}
+                if set(leaf.devices()) == like_devices and like_devices != set(target):
+                    why = (" Those are the devices of like='s arrays: given like= alone, the restore puts each "
+                           "array where like='s array is. Pass the devices to the restore.")
+                elif set(leaf.devices()) == set(devs) and count < len(devs):
+                    why = (" Those are all the devices it was saved from: with no placement asked for, the "
+                           "restore puts each array back where it was saved.")
+                elif ids == sorted(d.id for d in devs[:count]) and set(devs[:count]) != set(target):
+                    why = (f" Those are the first {count} device(s), not the ones you were given (the checker "
+                           "gives you the last ones): use the devices argument itself.")
+                else:
+                    why = " Put every leaf on exactly the devices you were given, all of them."
+                raise Mismatch(f"{what}: leaf {name} lives on devices {ids}; expected ids "
+                               f"{[d.id for d in target]}.{why}")
+            if not leaf.sharding.is_fully_replicated:
+                raise Mismatch(f"{what}: leaf {name} is split over the devices; the saved state is replicated.")
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(saved)):
+            if a.dtype != b.dtype:
+                raise Mismatch(f"{what} returned a {a.dtype} leaf where the checkpoint holds {b.dtype}: restore "
+                               "into the saved dtypes, and cast only if you mean to change the numbers.")
+            try:
+                a = np.asarray(a)
+            except Exception as e:  # e.g. an array that was deleted or donated
+                raise Mismatch(f"{what} returned an array that cannot be read ({type(e).__name__}).") from None
+            if a.tobytes() != np.asarray(b).tobytes():
+                older = (f": they are step {steps[0]}'s; the newest step in the directory is {steps[-1]}."
+                         if len(steps) > 1 and np.all(a == 7) else ": restore the checkpoint, not like=.")
+                raise Mismatch(f"{what} returned values that differ from the saved ones, e.g. {a.reshape(-1)[:4]} "
+                               f"instead of {np.asarray(b).reshape(-1)[:4]}{older}")
+        if restores and not any(k.get("devices") is not None or k.get("sharding") is not None
+                                for k in restores):
+            raise Mismatch(f"{what}: the values and devices are right, but checkpoint.restore read the arrays "
+                           "onto the devices of like= and they were moved afterwards: a second copy, and on "
+                           "a large model a second trip through device memory. Pass devices= to "
+                           "checkpoint.restore, so that Orbax reads each array straight onto those devices.")
 
 
 # ----------------------------------------------------------------------------------------------
 # 11.2 The fraction of the devices' time spent in collectives
 
 
-def _synthetic(n_devices=4, steps=3, compute=(30.0, 50.0), wait=(10.0, 70.0), gap=500.0, seed=0):
-    """A trace of `steps` dispatches per device: compute, then one all-reduce, then a gap. Times in us."""
+def _synthetic(n_devices=4, steps=3, compute=(30.0, 50.0), wait=(10.0, 70.0), gap=500.0, seed=0, collectives=1):
+    """A trace of `steps` dispatches per device: compute, then `collectives` collectives (an all-gather, a
+    reduce-scatter, an all-reduce), then a gap. Every device and op its own duration. Times in us."""
     rng = np.random.default_rng(seed)
+    names = ["all-reduce.1", "all-gather.2", "reduce-scatter.3", "all-reduce.4"][-collectives:]
     ops, markers = [], []
     t = 0.0
     for s in range(steps):
         markers.append(profile.Marker(100 + s, t, 0.0))
         for d in range(n_devices):
-            c, w = rng.uniform(*compute), rng.uniform(*wait)
+            c = rng.uniform(*compute) * (1 + d % 3)          # some devices compute longer than others
             ops.append(profile.Op(d, f"run{s}", "fusion", t, c, False))
-            ops.append(profile.Op(d, f"run{s}", "all-reduce.1", t + c, w, True))
-        t += compute[1] + wait[1] + gap
+            at = t + c
+            for name in names:
+                w = rng.uniform(*wait)
+                ops.append(profile.Op(d, f"run{s}", name, at, w, True))
+                at += w
+        t += 3 * compute[1] + collectives * wait[1] + gap
     return profile.from_ops(ops, markers)
 
 
@@ -168,8 +194,9 @@ def solution_collective_fraction(trace):
 @exercise("11.2", "From a trace: the fraction of the devices' busy time spent in collectives",
           solution=solution_collective_fraction)
 def check_collective_fraction(collective_fraction):
-    for seed, wait in [(0, (10.0, 70.0)), (1, (100.0, 300.0))]:
-        trace = _synthetic(wait=wait, seed=seed)
+    for seed, wait, n_devices, collectives in [(0, (10.0, 70.0), 4, 1), (1, (100.0, 300.0), 8, 3),
+                                               (2, (5.0, 400.0), 2, 2)]:
+        trace = _synthetic(n_devices=n_devices, wait=wait, seed=seed, collectives=collectives)
         expected = profile.collective_fraction(trace)   # everything expected is computed before the answer runs
         s = profile.summarise(trace)
         span = max(o.end_us for o in trace.ops) - min(o.start_us for o in trace.ops)
@@ -207,6 +234,11 @@ def check_collective_fraction(collective_fraction):
         if abs(value - coll / compute_total) < 1e-6:
             raise Mismatch(f"collective_fraction(trace) = {value:.3f} divides the collectives' time by the compute "
                            "time; the busy time it should be divided by holds both, compute and collectives.")
+        by_count = sum(o.collective for o in trace.ops) / len(trace.ops)
+        if abs(value - by_count) < 1e-6 and abs(by_count - expected) > 1e-6:
+            raise Mismatch(f"collective_fraction(trace) = {value:.4f} is the share of the ops that are collectives, "
+                           "counted; the exercise asks for a share of time: a long collective weighs more than a "
+                           "short one.")
         single = [d for d, v in s.items() if abs(value - v["collective_us"] / v["busy_us"]) < 1e-6]
         if single and abs(value - expected) > 1e-6:
             raise Mismatch(f"collective_fraction(trace) = {value:.4f} is the share of device {single[0]} alone; the "
@@ -232,10 +264,13 @@ def solution_stalled_step(trace):
 
 @exercise("11.3", "From a trace: find the step that stalled", solution=solution_stalled_step)
 def check_stalled_step(stalled_step):
-    for stalled, first in [(3, 100), (6, 40)]:
+    # the stall sits anywhere (first, middle, last), the runs start at steps past 9, and it is 1.6 to 5 times
+    # a step, while the other steps' durations vary
+    for stalled, first, count, stall_us in [(3, 100, 8, 5000.0), (6, 40, 8, 1700.0), (11, 7, 12, 2600.0),
+                                            (0, 1000, 5, 1800.0)]:
         markers, ops, t = [], [], 0.0
-        for i in range(8):
-            dur = 5000.0 if i == stalled else 900.0 + 10 * i
+        for i in range(count):
+            dur = stall_us if i == stalled else 900.0 + 37 * ((i * 7 + 3) % 5)
             markers.append(profile.Marker(first + i, t, dur))
             for d in range(2):
                 ops.append(profile.Op(d, f"run{i}", "fusion", t + 100, 200.0, False))
@@ -259,8 +294,18 @@ def check_stalled_step(stalled_step):
             raise Mismatch(f"stalled_step(trace) returned {int(got)}, the marker's position in the list; the runs "
                            "here do not start at step 0: return the step number the marker carries.")
         if int(got) != want:
-            raise Mismatch(f"stalled_step(trace) returned {int(got)}; the longest step is step {want}. Compare "
-                           "the host's step marks by how long each took.")
+            shortest = min(markers, key=lambda m: m.dur_us).step
+            starts = [m.start_us for m in markers]
+            by_start = max(zip(starts, starts[1:], markers), key=lambda x: x[1] - x[0])[2].step
+            why = " Compare the host's step marks by how long each took."
+            if int(got) == shortest:
+                why = " You returned the shortest step: the stalled one took the longest."
+            elif int(got) == by_start and stalled == count - 1:
+                why = (" You measured each step from its start to the next step's start, and the last step has no "
+                       "next one: each marker carries its own duration.")
+            elif int(got) == first:
+                why = " That is the first step's number, whatever the durations."
+            raise Mismatch(f"stalled_step(trace) returned {int(got)}; the longest step is step {want}.{why}")
     return "the longest host step, named by its own step number."
 
 
@@ -318,7 +363,44 @@ _ORBAX_LAYOUT = {
                               "step, named 'default'; open the directory with a CheckpointManager, as it was saved, "
                               "and it finds the item itself.",
     "Composite": "The checker saved one unnamed item (StandardSave alone, no Composite): restore it the same way.",
+    "not found in mesh": "The mesh you were given names its axis differently from the one you wrote: take the "
+                         "axis names from like= and the mesh, not from the lesson.",
 }
+
+
+def _case_a():
+    """Lesson-like leaves on axis "data": split along the first axis, the second, and whole."""
+    values = {"w": np.arange(16 * 8, dtype=np.float32).reshape(16, 8) / 7,
+              "b": np.linspace(-1, 1, 16, dtype=np.float32),
+              "scale": np.linspace(0.5, 2.0, 16, dtype=np.float32),
+              "v": np.arange(4 * 16, dtype=np.float32).reshape(4, 16), "count": np.int32(12)}
+    specs = {"w": ("data", None), "b": ("data",), "scale": (), "v": (None, "data"), "count": ()}
+    return "data", values, specs
+
+
+def _case_b():
+    """Another structure on another axis name: nested lists and dicts, bfloat16 and int32 leaves, a 3-D leaf split
+    along its last axis."""
+    rng = np.random.default_rng(11)
+    layer = lambda i: {"w": rng.standard_normal((8, 16)).astype(np.float32) + i,
+                       "b": rng.standard_normal(16).astype(np.float32)}
+    values = {"layers": [layer(0), layer(1)],
+              "embed": rng.standard_normal((16, 4)).astype(jnp.bfloat16),
+              "moments": {"mu": rng.standard_normal((2, 3, 8)).astype(np.float32),
+                          "count": np.int32(100)}}
+    specs = {"layers": [{"w": (None, "fsdp"), "b": ("fsdp",)}, {"w": ("fsdp", None), "b": ()}],
+             "embed": ("fsdp", None), "moments": {"mu": (None, None, "fsdp"), "count": ()}}
+    return "fsdp", values, specs
+
+
+def _bump(values, k):
+    """Other per-element values for another step, of the same dtypes."""
+    return jax.tree.map(lambda v: (np.asarray(v, np.float32) * (k + 2) + k + np.arange(np.size(v)).reshape(
+        np.shape(v)) % 5).astype(np.asarray(v).dtype), values)
+
+
+def _name(path) -> str:
+    return jax.tree_util.keystr(path) or "the state"
 
 
 @exercise("11.4", "Restore a state saved sharded on 8 devices straight onto a mesh of another size",
@@ -329,104 +411,140 @@ def check_restore_resharded(restore_resharded):
 
     devs = jax.devices()
     n = len(devs)
-    saved_mesh = jax.make_mesh((n,), ("data",), devices=devs)
-    values = {"w": np.arange(16 * 8, dtype=np.float32).reshape(16, 8) / 7, "b": np.linspace(-1, 1, 16, dtype=np.float32),
-              "scale": np.linspace(0.5, 2.0, 16, dtype=np.float32), "v": np.arange(4 * 16, dtype=np.float32).reshape(4, 16),
-              "count": np.int32(12)}
-    # split along the first axis, along the second, and whole: one rule for every leaf cannot pass
-    specs = {"w": P("data", None), "b": P("data"), "scale": P(), "v": P(None, "data"), "count": P()}
-
-    def save(manager, step, values):
-        state = {k: jax.device_put(v, NamedSharding(saved_mesh, specs[k])) for k, v in values.items()}
-        manager.save(step, args=ocp.args.StandardSave(state))
-        manager.wait_until_finished()
-        return state
-
-    counts = [c for c in (4, 2) if c < n] or [n]
+    smaller = [c for c in (4, 2) if c < n] or [n]
+    half = max(n // 2, 1)
+    # (case, devices it is saved from, the steps saved before each call (oldest first), the mesh sizes asked for)
+    plans = [(_case_a, devs, [7], [smaller[0]]),
+             (_case_a, devs, [10], smaller[1:] or smaller),     # 10 after 7: compared as text, "7" > "10"
+             (_case_b, devs[:half], [9, 100, 99], [n])]          # saved from fewer devices, restored onto all
     with tempfile.TemporaryDirectory() as tmp:
-        directory = pathlib.Path(tmp) / "run"
-        with ocp.CheckpointManager(directory) as manager:
-            saved = save(manager, 7, values)
-        like_of = lambda: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), saved)
-        older, newest = None, 7
-        for i, count in enumerate(counts):
-            if i and i == len(counts) - 1:
-                # a newer step with other values: "the newest step" is whatever the directory holds last
-                older, newest = values, 9
-                values = {k: (v * 3 + 1).astype(v.dtype) for k, v in values.items()}
+        saved_steps, values, specs, axis, saved_from = {}, None, None, None, None
+        for index, (case, from_devices, steps, sizes) in enumerate(plans):
+            directory = pathlib.Path(tmp) / f"run{0 if case is _case_a else 1}"
+            if index == 0 or case is not plans[index - 1][0]:
+                axis, values, specs = case()
+                saved_steps = {}
+            saved_mesh = jax.make_mesh((len(from_devices),), (axis,), devices=from_devices)
+            for step in steps:
+                step_values = values if not saved_steps else _bump(values, step)
+                placed = jax.tree.map(lambda v, spec: jax.device_put(v, NamedSharding(saved_mesh, P(*spec))),
+                                      step_values, specs, is_leaf=lambda x: isinstance(x, tuple))
                 with ocp.CheckpointManager(directory) as manager:
-                    save(manager, newest, values)
-            mesh = jax.make_mesh((count,), ("data",), devices=devs[n - count:])   # the last devices: "first n" fails
-            what = f"restore_resharded(directory, like, mesh of {count} devices)"
-            reads, through_course_lib = [], []
-            with _orbax_reads(reads) as watching, _watch(checkpoint, "restore", through_course_lib), \
-                    _watch(checkpoint.Checkpoints, "restore", through_course_lib):
-                try:
-                    got = call(restore_resharded, directory, like_of(), mesh, name="restore_resharded",
-                               hints=_ORBAX_LAYOUT)
-                except Mismatch as e:
-                    if through_course_lib:
-                        raise Mismatch(f"{what} called course_lib's checkpoint.restore; this exercise asks for Orbax "
-                                       "itself, as you would write it in your own project (course_lib's restore "
-                                       "reads only checkpoints that course_lib's save wrote; here it raised "
-                                       f"{str(e).split(' raised ', 1)[-1].split(':', 1)[0]}).") from None
-                    raise
-            if through_course_lib:
-                raise Mismatch(f"{what} called course_lib's checkpoint.restore; this exercise asks for Orbax itself, "
-                               "as you would write it in your own project.")
-            if isinstance(got, tuple) and len(got) == 2:
-                raise Mismatch(f"{what} returned a pair; return only the restored state (a dict like like=).")
-            if not isinstance(got, dict) or set(got) != set(values):
-                raise Mismatch(f"{what} should return the saved state, a dict with keys {sorted(values)}; got "
-                               f"{describe(got)}.")
-            for name, want in values.items():
-                leaf = got[name]
-                if not isinstance(leaf, jax.Array):
-                    raise Mismatch(f"{what}: leaf {name!r} is {describe(leaf)}, not a jax.Array on the mesh's "
-                                   "devices.")
-                if leaf.dtype != want.dtype:
-                    raise Mismatch(f"{what}: leaf {name!r} came back as {leaf.dtype}; the checkpoint holds "
-                                   f"{want.dtype}. Keep each leaf's dtype in the target.")
-                if np.shape(leaf) != want.shape:
-                    raise Mismatch(f"{what}: leaf {name!r} has shape {np.shape(leaf)}; the saved one is "
-                                   f"{want.shape} (a sharding changes where the parts live, not the shape).")
-                ids = sorted(d.id for d in leaf.devices())
-                if ids != sorted(d.id for d in mesh.devices.flat):
-                    hint = (" Those are the devices it was saved from: the sharding stored in the checkpoint and "
-                            "the shardings in like= both name the old mesh; the target must name the new one."
-                            if len(ids) == n else "")
-                    raise Mismatch(f"{what}: leaf {name!r} lives on devices {ids}; the mesh you were given holds "
-                                   f"{sorted(d.id for d in mesh.devices.flat)}.{hint}")
-                expected = NamedSharding(mesh, specs[name])
-                if not leaf.sharding.is_equivalent_to(expected, leaf.ndim):
-                    shown = getattr(leaf.sharding, "spec", leaf.sharding)
-                    if getattr(leaf.sharding, "spec", None) == specs[name] and leaf.sharding.mesh != mesh:
-                        raise Mismatch(f"{what}: leaf {name!r} is split as it was saved, {specs[name]}, but over "
-                                       "a mesh of your own whose devices are in another order than the mesh you "
-                                       "were given: device i holds another part. Use the mesh you were given.")
-                    raise Mismatch(f"{what}: leaf {name!r} is placed as {shown}; it was saved split as "
-                                   f"{specs[name]}. Keep each leaf's PartitionSpec and change only the mesh.")
-                if np.asarray(leaf).tobytes() != want.tobytes():
-                    if older is not None and np.asarray(leaf).tobytes() == older[name].tobytes():
-                        raise Mismatch(f"{what}: leaf {name!r} holds the values of step 7, but the directory now "
-                                       f"holds a newer step, {newest} (the checker saved it before this call). "
-                                       "Restore the newest step, whatever its number: ask the manager which it is.")
-                    raise Mismatch(f"{what}: leaf {name!r} holds other values than the checkpoint: restore the "
-                                   "saved step, not a fresh state.")
-            if watching:
-                mesh_devices = set(mesh.devices.flat)
-                if not reads:
-                    raise Mismatch(f"{what}: the values and shardings are right, but Orbax read no array in your "
-                                   "function. Restore from the checkpoint in directory.")
-                if any(r == "host" for r in reads):
-                    raise Mismatch(f"{what}: the values and shardings are right, but Orbax read the arrays onto the "
-                                   "host (NumPy) and you placed them afterwards: on a large model that is the whole "
-                                   "state through one host's memory. Give Orbax a target of jax.ShapeDtypeStructs "
-                                   "with shardings on the new mesh, so that each device reads only its own part.")
-                if any(r is None or set(r.device_set) != mesh_devices for r in reads):
-                    raise Mismatch(f"{what}: the values and shardings are right, but Orbax read the arrays onto the "
-                                   "sharding stored in the checkpoint (all the devices they were saved from) and "
-                                   "you moved them afterwards. On a machine with fewer devices that restore fails. "
-                                   "Give Orbax a target with shardings on the new mesh.")
+                    manager.save(step, args=ocp.args.StandardSave(placed))
+                    manager.wait_until_finished()
+                saved_steps[step] = (step_values, placed)
+            newest = max(saved_steps)
+            want_values, placed = saved_steps[newest]
+            like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), placed)
+            for count in sizes:
+                mesh = jax.make_mesh((count,), (axis,), devices=devs[n - count:])   # the last devices
+                _check_one_restore(restore_resharded, directory, like, mesh, want_values, specs, saved_steps,
+                                   newest, axis, len(from_devices))
     return ("each device read its own part of the saved state straight onto the new mesh, with the same "
-            "PartitionSpecs.")
+            "PartitionSpecs, from the newest step (steps past 9, other structures and axis names, onto smaller "
+            "and larger meshes).")
+
+
+def _check_one_restore(restore_resharded, directory, like, mesh, values, specs, saved_steps, newest, axis,
+                       saved_count):
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    count = mesh.size
+    what = f"restore_resharded(directory, like, mesh of {count} devices)"
+    reads, through_course_lib = [], []
+    with _orbax_reads(reads) as watching, _watch(checkpoint, "restore", through_course_lib), \
+            _watch(checkpoint.Checkpoints, "restore", through_course_lib):
+        try:
+            got = call(restore_resharded, directory, like, mesh, name="restore_resharded", hints=_ORBAX_LAYOUT)
+        except Mismatch as e:
+            if through_course_lib:
+                raise Mismatch(f"{what} called course_lib's checkpoint.restore; this exercise asks for Orbax "
+                               "itself, as you would write it in your own project (course_lib's restore "
+                               "reads only checkpoints that course_lib's save wrote; here it raised "
+                               f"{str(e).split(' raised ', 1)[-1].split(':', 1)[0]}).") from None
+            raise
+    if through_course_lib:
+        raise Mismatch(f"{what} called course_lib's checkpoint.restore; this exercise asks for Orbax itself, "
+                       "as you would write it in your own project.")
+    if isinstance(got, tuple) and len(got) == 2 and not isinstance(values, tuple):
+        raise Mismatch(f"{what} returned a pair; return only the restored state (a tree like like=).")
+    try:
+        same = jax.tree.structure(got) == jax.tree.structure(values)
+    except Exception:
+        same = False
+    if not same:
+        lost = ""
+        try:
+            have = {_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(got)[0]}
+            missing = [_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(values)[0] if _name(p) not in have]
+            if missing and len(missing) < len(jax.tree.leaves(values)):
+                lost = f" Leaves the checkpoint holds that are missing: {', '.join(missing[:4])}."
+        except Exception:
+            pass
+        raise Mismatch(f"{what} should return the whole saved state, with the structure of like= "
+                       f"({jax.tree.structure(values).num_leaves} leaves); got {describe_tree(got)}.{lost}")
+    mesh_ids = sorted(d.id for d in mesh.devices.flat)
+    older = {s: v for s, v in saved_steps.items() if s != newest}
+    for (path, leaf), want, spec in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(values),
+                                        jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, tuple))):
+        name = _name(path)
+        want = np.asarray(want)
+        if not isinstance(leaf, jax.Array):
+            raise Mismatch(f"{what}: leaf {name} is {describe(leaf)}, not a jax.Array on the mesh's devices.")
+        if leaf.dtype != want.dtype:
+            raise Mismatch(f"{what}: leaf {name} came back as {leaf.dtype}; the checkpoint holds {want.dtype}. "
+                           "Keep each leaf's dtype in the target.")
+        if np.shape(leaf) != want.shape:
+            raise Mismatch(f"{what}: leaf {name} has shape {np.shape(leaf)}; the saved one is {want.shape} (a "
+                           "sharding changes where the parts live, not the shape).")
+        ids = sorted(d.id for d in leaf.devices())
+        if ids != mesh_ids:
+            hint = (f" Those are the {saved_count} devices it was saved from: the sharding stored in the checkpoint "
+                    "and the shardings in like= both name the old mesh; the target must name the new one."
+                    if len(ids) == saved_count else "")
+            raise Mismatch(f"{what}: leaf {name} lives on devices {ids}; the mesh you were given holds "
+                           f"{mesh_ids}.{hint}")
+        expected = NamedSharding(mesh, P(*spec))
+        if not leaf.sharding.is_equivalent_to(expected, leaf.ndim):
+            shown = getattr(leaf.sharding, "spec", leaf.sharding)
+            if getattr(leaf.sharding, "spec", None) == P(*spec) and leaf.sharding.mesh != mesh:
+                raise Mismatch(f"{what}: leaf {name} is split as it was saved, {P(*spec)}, but over a mesh of "
+                               "your own whose devices are in another order than the mesh you were given: device "
+                               "i holds another part. Use the mesh you were given.")
+            raise Mismatch(f"{what}: leaf {name} is placed as {shown}; it was saved split as {P(*spec)}. Keep "
+                           "each leaf's PartitionSpec (they differ from leaf to leaf) and change only the mesh.")
+        data = np.asarray(leaf)
+        if data.tobytes() != want.tobytes():
+            for step, (old_values, _) in older.items():
+                old = np.asarray(_leaf_at(old_values, path))
+                if data.tobytes() == old.tobytes():
+                    as_text = max(str(s) for s in saved_steps) == str(step)
+                    why = (f" If you picked it by the directories' names: compared as text, '{step}' comes after "
+                           f"'{newest}' (the first characters decide); step numbers must be compared as numbers."
+                           if as_text else "")
+                    raise Mismatch(f"{what}: leaf {name} holds the values of step {step}, but the directory's "
+                                   f"newest step is {newest} (the checker saved it before this call).{why} "
+                                   "Restore the newest step, whatever its number.")
+            raise Mismatch(f"{what}: leaf {name} holds other values than the checkpoint: restore the saved step, "
+                           "not a fresh state.")
+    if watching:
+        mesh_devices = set(mesh.devices.flat)
+        if not reads:
+            raise Mismatch(f"{what}: the values and shardings are right, but Orbax read no array in your "
+                           "function. Restore from the checkpoint in directory.")
+        if any(r == "host" for r in reads):
+            raise Mismatch(f"{what}: the values and shardings are right, but Orbax read the arrays onto the "
+                           "host (NumPy) and you placed them afterwards: on a large model that is the whole "
+                           "state through one host's memory. Give Orbax a target of jax.ShapeDtypeStructs "
+                           "with shardings on the new mesh, so that each device reads only its own part.")
+        if any(r is None or set(r.device_set) != mesh_devices for r in reads):
+            raise Mismatch(f"{what}: the values and shardings are right, but Orbax read the arrays onto the "
+                           "sharding stored in the checkpoint (the devices they were saved from) and "
+                           "you moved them afterwards. On a machine with fewer devices that restore fails. "
+                           "Give Orbax a target with shardings on the new mesh.")
+
+
+def _leaf_at(tree, path):
+    for key in path:
+        tree = tree[getattr(key, "key", getattr(key, "idx", None))]
+    return tree

@@ -1,0 +1,95 @@
+"""Exercise 11.1 (restore onto the devices you are given): wrong answers fail with feedback naming the mistake;
+right answers written differently from the reference pass."""
+
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from course_lib import checkpoint
+from course_lib.exercises import check
+
+
+def _both(d, like, devs):                       # (state, extra), not the state
+    return checkpoint.restore(d, like, devices=devs)
+
+
+def _where_like_lives(d, like, devs):           # no placement: onto like's devices
+    return checkpoint.restore(d, like)[0]
+
+
+def _first_devices(d, like, devs):              # "the first n" instead of the ones given
+    return checkpoint.restore(d, like, devices=jax.devices()[:len(devs)])[0]
+
+
+def _restore_then_move(d, like, devs):          # a second copy through device memory
+    return jax.device_put(checkpoint.restore(d, like)[0], checkpoint.replicated_on(devs))
+
+
+def _like_moved(d, like, devs):                 # places like, never reads the checkpoint
+    return jax.device_put(like, checkpoint.replicated_on(devs))
+
+
+def _oldest_step(d, like, devs):                # the first step in the directory, not the newest
+    return checkpoint.restore(d, like, step=checkpoint.steps(d)[0], devices=devs)[0]
+
+
+def _half_precision(d, like, devs):             # restores into another dtype
+    cast = jax.tree.map(lambda x: x.astype(jnp.float16) if x.dtype == jnp.float32 else x, like)
+    return checkpoint.restore(d, cast, devices=devs)[0]
+
+
+def _params_only(d, like, devs):                # drops part of what the checkpoint held
+    return checkpoint.restore(d, like, devices=devs)[0]["params"]
+
+
+def _orbax_without_target(d, like, devs):       # where it was saved
+    with ocp.CheckpointManager(d) as manager:
+        return manager.restore(manager.latest_step())["state"]
+
+
+def _one_device(d, like, devs):                 # only one of the devices given
+    return checkpoint.restore(d, like, devices=devs[:1])[0]
+
+
+WRONG = {
+    "returns (state, extra)": (_both, "return only the state"),
+    "no devices: where like lives": (_where_like_lives, "Pass the devices to the restore"),
+    "the first n devices": (_first_devices, "the first 4 device(s), not the ones you were given"),
+    "restored, then moved": (_restore_then_move, "Pass devices= to checkpoint.restore"),
+    "like moved, not restored": (_like_moved, "restore the checkpoint, not like="),
+    "an older step": (_oldest_step, "the newest step in the directory is 10"),
+    "float16 target": (_half_precision, "float16"),
+    "only the params": (_params_only, "whole state with the saved structure"),
+    "Orbax with no target": (_orbax_without_target, "all the devices it was saved from"),
+    "one device of those given": (_one_device, "exactly the devices you were given"),
+}
+
+
+@pytest.mark.parametrize("mistake", list(WRONG))
+def test_wrong_answer_fails_and_names_the_mistake(mistake):
+    answer, named = WRONG[mistake]
+    feedback = check("11.1", answer)
+    assert not feedback, mistake
+    assert named in feedback.message, (mistake, feedback.message)
+
+
+def _unpacked(directory, like, devices):
+    state, _extra = checkpoint.restore(directory, like, devices=list(devices))
+    return state
+
+
+def _by_sharding(directory, like, devices):
+    return checkpoint.restore(directory, like, sharding=NamedSharding(
+        jax.sharding.Mesh(list(devices), ("d",)), P()))[0]
+
+
+def _newest_by_number(directory, like, devices):
+    return checkpoint.restore(directory, like, step=max(checkpoint.steps(directory)), devices=tuple(devices))[0]
+
+
+@pytest.mark.parametrize("answer", [_unpacked, _by_sharding, _newest_by_number])
+def test_right_answers_written_otherwise_pass(answer):
+    feedback = check("11.1", answer)
+    assert feedback, feedback.message

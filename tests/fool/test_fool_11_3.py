@@ -1,0 +1,63 @@
+"""Exercise 11.3 (the step that stalled): wrong answers fail naming the mistake; right answers written differently
+pass."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from course_lib.exercises import check
+
+
+def _sorts_in_place(t):
+    t.markers.sort(key=lambda m: m.dur_us)
+    return t.markers[-1].step
+
+
+def _gap_to_next_start(t):
+    marks = t.markers
+    return max(zip(marks, marks[1:]), key=lambda pair: pair[1].start_us - pair[0].start_us)[0].step
+
+
+WRONG = {
+    "position in the list": (lambda t: max(range(len(t.markers)), key=lambda i: t.markers[i].dur_us),
+                             "position in the list"),
+    "the marker itself": (lambda t: max(t.markers, key=lambda m: m.dur_us), "should return a step number"),
+    "a float": (lambda t: float(max(t.markers, key=lambda m: m.dur_us).step), "floating-point number"),
+    "the shortest step": (lambda t: min(t.markers, key=lambda m: m.dur_us).step, "the shortest step"),
+    "the first step": (lambda t: t.markers[0].step, "the first step's number"),
+    "sorted in place": (_sorts_in_place, "changed the trace it was given in place (markers)"),
+    "gap to the next start": (_gap_to_next_start, "the last step has no next one"),
+    "a bool": (lambda t: t.markers[0].step > 0, "an int"),
+    "a float32 array": (lambda t: jnp.float32(max(t.markers, key=lambda m: m.dur_us).step), "an int"),
+}
+
+
+@pytest.mark.parametrize("mistake", list(WRONG))
+def test_wrong_answer_fails_and_names_the_mistake(mistake):
+    answer, named = WRONG[mistake]
+    feedback = check("11.3", answer)
+    assert not feedback, mistake
+    assert named in feedback.message, (mistake, feedback.message)
+
+
+def _argmax(trace):
+    durations = np.array([m.dur_us for m in trace.markers])
+    return trace.markers[int(np.argmax(durations))].step
+
+
+def _sorted_copy(trace):
+    return sorted(trace.markers, key=lambda m: m.dur_us)[-1].step
+
+
+def _loop(trace):
+    best = None
+    for marker in trace.markers:
+        if best is None or marker.dur_us > best.dur_us:
+            best = marker
+    return best.step
+
+
+@pytest.mark.parametrize("answer", [_argmax, _sorted_copy, _loop])
+def test_right_answers_written_otherwise_pass(answer):
+    feedback = check("11.3", answer)
+    assert feedback, feedback.message
