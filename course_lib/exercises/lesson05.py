@@ -153,6 +153,12 @@ def check_dp_step(dp_step):
         if name != "SGD" and n > 1 and _close(got, summed) and not _close(got, want):
             raise Mismatch(f"{on} the update is the one for a gradient {n} times too large: the {n} gradients were "
                            "added (psum), not averaged.")
+        for label, other in (("optax.sgd(0.1)", optax.sgd(0.1)), ("optax.adam(0.1)", optax.adam(0.1)),
+                             ("optax.adam(0.05)", optax.adam(0.05)), ("optax.sgd(0.05)", optax.sgd(0.05))):
+            other_params = optax.apply_updates(params, other.update(grads, other.init(params), params)[0])
+            if not _close(other_params, want) and _close(got, other_params):
+                raise Mismatch(f"{on} the update is the one {label} makes, not the one of the optimizer dp_step "
+                               "was given: the step ignored its optimizer argument.")
         expect_array(got["w"], want["w"], what=f"w after one step {on}", rtol=1e-4, atol=1e-6)
         expect_array(got["b"], want["b"], what=f"b after one step {on}", rtol=1e-4, atol=1e-6)
         global_loss = float(regression_loss(params, {"x": x, "y": y}))
