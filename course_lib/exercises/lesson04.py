@@ -369,7 +369,8 @@ def check_ring_allreduce_chunked(ring_allreduce):
             if shuffled and all(len({min(range(n), key=lambda k: np.abs(row - pieces[k]).sum()) for row in dev}) == n
                                 for dev in mine):
                 raise Mismatch(f"{what}: every device holds all {n} fully summed pieces, but not in their places "
-                               "(piece k is the k-th of the n equal slices of the result). The sums are right; the bookkeeping of "
+                               "(piece k is the k-th of the n equal slices of the result). The sums are right; the "
+                               "bookkeeping of "
                                "which piece a device finishes the reduce-scatter with, or which one arrives at "
                                "each hop of the all-gather, is off: work it out by hand for 2 devices.")
         expect_array(got, C.psum(xs), what=what)
