@@ -26,7 +26,8 @@ import numpy as np
 from . import _checks
 
 __all__ = ["axis_index", "psum", "pmean", "pmax", "pmin", "all_gather", "psum_scatter", "ppermute",
-           "all_to_all", "ring_permutation", "ring_allreduce_bytes"]
+           "all_to_all", "ring_permutation", "ring_allreduce_bytes",
+           "ring_reduce_scatter_bytes"]
 
 
 def _per_device(xs, where: str = "collectives") -> np.ndarray:
@@ -210,15 +211,30 @@ def ring_permutation(n: int, shift: int = 1) -> list[tuple[int, int]]:
     return [(i, (i + shift) % n) for i in range(n)]
 
 
+def _ring_args(n_devices, message_bytes, where: str) -> int:
+    n_devices = _checks.whole(n_devices, "n_devices", where)
+    if isinstance(message_bytes, bool) or not isinstance(message_bytes, (int, float, np.number)) \
+            or not message_bytes >= 0:
+        _checks.fail(where, "message_bytes", "a number of bytes >= 0", message_bytes,
+                     "Pass the message size, e.g. message_bytes=x.nbytes.",
+                     ValueError if isinstance(message_bytes, (int, float, np.number)) else TypeError)
+    return n_devices
+
+
 def ring_allreduce_bytes(n_devices: int, message_bytes: float) -> float:
     """Bytes each device sends in a ring all-reduce of a ``message_bytes`` message: ``2 (N - 1) / N * V``.
 
     A reduce-scatter (``N - 1`` steps of ``V / N``) then an all-gather (the same again).
     """
-    n_devices = _checks.whole(n_devices, "n_devices", "ring_allreduce_bytes")
-    if isinstance(message_bytes, bool) or not isinstance(message_bytes, (int, float, np.number)) \
-            or not message_bytes >= 0:
-        _checks.fail("ring_allreduce_bytes", "message_bytes", "a number of bytes >= 0", message_bytes,
-                     "Pass the message size, e.g. message_bytes=x.nbytes.",
-                     ValueError if isinstance(message_bytes, (int, float, np.number)) else TypeError)
+    n_devices = _ring_args(n_devices, message_bytes, "ring_allreduce_bytes")
     return 2 * (n_devices - 1) / n_devices * message_bytes
+
+
+def ring_reduce_scatter_bytes(n_devices: int, message_bytes: float) -> float:
+    """Bytes each device sends in a ring reduce-scatter (``psum_scatter``): ``(N - 1) / N * V``.
+
+    The first half of :func:`ring_allreduce_bytes`: ``N - 1`` steps of ``V / N``. What each device *keeps* is
+    ``V / N``; what it sends is about ``V``, half of an all-reduce's traffic, whatever ``N``.
+    """
+    n_devices = _ring_args(n_devices, message_bytes, "ring_reduce_scatter_bytes")
+    return (n_devices - 1) / n_devices * message_bytes

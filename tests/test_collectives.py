@@ -121,3 +121,13 @@ def test_reference_errors():
 def test_ring_allreduce_bytes():
     assert C.ring_allreduce_bytes(8, 800) == pytest.approx(1400.0)
     assert C.ring_allreduce_bytes(1, 800) == 0.0
+
+
+def test_ring_reduce_scatter_is_half_an_allreduce_not_one_nth():
+    for n in (2, 4, 8, 256):
+        assert C.ring_reduce_scatter_bytes(n, 800) == pytest.approx(C.ring_allreduce_bytes(n, 800) / 2)
+    assert C.ring_reduce_scatter_bytes(4, 800) == pytest.approx(600.0)     # not 800 / 4
+    with pytest.raises(ValueError, match="message_bytes"):
+        C.ring_reduce_scatter_bytes(4, -1)
+    with pytest.raises((TypeError, ValueError), match="n_devices"):
+        C.ring_reduce_scatter_bytes(0, 8)

@@ -30,12 +30,16 @@ def _run(fn, xs, name):
                                     "other Python objects: return the jax.numpy result itself."})
     except Mismatch as e:
         message = str(e)
+        n_all = len(jax.devices())
+        if n < n_all and "reshape" in message and re.search(rf"\({n_all}\b|\b{n_all}\)|, {n_all}\b", message):
+            raise Mismatch(f"{message} This ran on {n} devices, and the shape it asked for names {n_all}: it was "
+                           "written for a fixed device count, and the checker runs it on 8, 4 and 2 devices.") from None
         if "must be unique" in message or "perm" in message:
             pairs = [int(v) for v in re.findall(r"\((\d+), (\d+)\)", message) for v in v]
             if pairs and max(pairs) >= n:
                 raise Mismatch(f"{message} On {n} devices the device indices are 0 to {n - 1}, but the permutation "
-                               f"names device {max(pairs)}: it was written for another device count. Build it from "
-                               "the axis size (jax.lax.axis_size), not a fixed number.") from None
+                               f"names device {max(pairs)}: it was written for a fixed device count, and the checker "
+                               "runs it on 8, 4 and 2 devices.") from None
             if "must be unique" in message:
                 raise Mismatch(f"{message} A permutation lists each device at most once as a source and once as a "
                                "destination.") from None
@@ -49,9 +53,8 @@ def _same_dtype(got: np.ndarray, xs: np.ndarray, what: str) -> None:
     """A collective keeps the dtype: a result in another float type lost (or invented) precision on the way."""
     if got.dtype != xs.dtype and got.dtype != bool:
         raise Mismatch(f"{what} returned {got.dtype.name} values from {xs.dtype.name} inputs. Collectives and "
-                       f"ppermute keep the dtype; a cast to {got.dtype.name} on the way changes the numbers "
-                       "(bfloat16 keeps 8 bits of mantissa, float16 11). Look for an astype or a dtype= in your "
-                       "function.")
+                       f"ppermute keep the dtype; something in the function made {got.dtype.name} values (an astype, "
+                       "or a new array created without the input's dtype), and that can change the numbers.")
 
 
 def _ppermute_bytes(fn, xs) -> tuple[int, int]:
@@ -69,17 +72,38 @@ def _inputs_and_device(xs, got, device: int) -> str:
     return f"device j held x = row j of {held}; device {device} returned {returned}"
 
 
+_PROGRAMS: dict = {}
+
+
 def _uses(fn, xs, primitive: str) -> bool:
-    mapped = jax.pmap(lambda x: fn(x, AXIS), axis_name=AXIS, devices=jax.devices()[:xs.shape[0]])
-    return any(e.primitive.name == primitive for e in primitives(mapped, jnp.asarray(xs), name="your function"))
+    """Whether ``fn``'s program under pmap over ``xs`` holds ``primitive``. Read once per (fn, shape, dtype)."""
+    key = (fn, xs.shape, str(xs.dtype))
+    if key not in _PROGRAMS:
+        if len(_PROGRAMS) > 64:
+            _PROGRAMS.clear()
+        mapped = jax.pmap(lambda x: fn(x, AXIS), axis_name=AXIS, devices=jax.devices()[:xs.shape[0]])
+        _PROGRAMS[key] = {e.primitive.name for e in primitives(mapped, jnp.asarray(xs), name="your function")}
+    return primitive in _PROGRAMS[key]
 
 
-def _cases(shapes, seed=0):
+def _uses_if_readable(fn, xs, primitive: str) -> bool:
+    """``_uses``, or False when the program cannot be traced: running it then gives the clearer feedback."""
+    try:
+        return _uses(fn, xs, primitive)
+    except Mismatch:
+        return False
+
+
+def _cases(shapes, seed=0, other_dtype=None):
+    """Per-device values that differ per device and per element, on 8, 4 and 2 devices, for each shape; then, with
+    ``other_dtype``, one more case on 4 devices in that dtype (a collective keeps the dtype)."""
     rng = np.random.default_rng(seed)
     n_all = len(jax.devices())
     for n in sorted({n_all, 4, 2}, reverse=True):
         for shape in shapes:
             yield rng.integers(-9, 10, size=(n,) + shape).astype(np.float32)
+    if other_dtype is not None:
+        yield rng.integers(-9, 10, size=(4,) + shapes[-1]).astype(other_dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -107,20 +131,26 @@ def solution_ring_allreduce(x, axis_name):
                  "your own x at first. Repeat n - 1 times: pass the value in transit one hop to the right, then add "
                  "what arrived to the total."])
 def check_ring_allreduce(ring_allreduce):
-    for xs in _cases([(), (3,), (2, 2)], seed=1):
+    first = next(_cases([(3,)], seed=1))
+    for banned in ("psum", "all_gather", "reduce_scatter", "all_to_all"):   # the mechanism, read first
+        if _uses_if_readable(ring_allreduce, first, banned):
+            shown = "psum_scatter" if banned == "reduce_scatter" else banned
+            raise Mismatch(f"the program uses {shown}: the sum must be built from jax.lax.ppermute alone "
+                           "(and +).")
+    for xs in _cases([(), (3,), (2, 2)], seed=1, other_dtype=np.int32):
         n = xs.shape[0]
         what = f"ring_allreduce on {n} devices, per-device shape {xs.shape[1:]}"
         got = as_array(_run(ring_allreduce, xs, "ring_allreduce"), what=what, expected_shape=xs.shape)
         right = np.shape(got) == xs.shape and np.allclose(got, C.psum(xs))
         if not right and np.shape(got) == xs.shape and np.allclose(got, C.psum(xs) + xs):
-            raise Mismatch(f"{what}: every device ends with the sum plus its own value once more: that is n = {n} "
-                           f"hops; n - 1 = {n - 1} bring every other value exactly once.")
+            raise Mismatch(f"{what}: every device ends with the sum plus its own value once more: its own value "
+                           "came back to it round the ring, one hop too many.")
         if not right and np.shape(got) == xs.shape and np.allclose(got, xs + C.ppermute(xs, C.ring_permutation(n))):
-            raise Mismatch(f"{what}: each device ends with its own value plus its neighbour's: one hop only. "
-                           f"Keep passing the received value on, n - 1 = {n - 1} times in all.")
+            raise Mismatch(f"{what}: each device ends with its own value plus its left neighbour's: the values "
+                           "travelled one hop only, so the others never arrived.")
         if not right and np.shape(got) == xs.shape and np.allclose(got, xs * n):
-            raise Mismatch(f"{what}: each device ends with n = {n} times its own value: it added what it sent, not "
-                           "what arrived. Add the result of the hop, and pass that result on in the next one.")
+            raise Mismatch(f"{what}: each device ends with n = {n} times its own value: at each hop it added what "
+                           "it sent, not what arrived.")
         expect_array(got, C.psum(xs), what=what)
         _same_dtype(got, xs, what)
     for banned in ("psum", "all_gather", "reduce_scatter", "all_to_all"):
@@ -174,20 +204,25 @@ def check_global_mean_var(global_mean_var):
             raise Mismatch(f"{what}: mean and var should be one number per device (pmap gives shape ({n},)); got "
                            f"{mean.shape} and {var.shape}.")
         if not np.allclose(mean, mean[0]) or not np.allclose(var, var[0]):
-            raise Mismatch(f"{what}: the devices disagree (means {[round(float(m), 2) for m in mean]}): each computed its "
-                           "own shard's statistics. Combine them across devices with pmean (or psum).")
+            raise Mismatch(f"{what}: the devices disagree (means {[round(float(m), 2) for m in mean]}): each "
+                           "computed its own shard's statistics, not those of the whole batch.")
         if np.allclose(var, xs.var(axis=1).mean(), rtol=1e-4) and not np.isclose(xs.var(axis=1).mean(), xs.var()):
             raise Mismatch(f"{what}: the variance is the mean of the per-device variances, "
-                           f"{xs.var(axis=1).mean():.4f}; the variance of all the data is {xs.var():.4f}. Measure "
-                           "each value's deviation from the global mean, not from its shard's mean.")
+                           f"{xs.var(axis=1).mean():.4f}; the variance of all the data is {xs.var():.4f}: each "
+                           "value's deviation was measured from its own shard's mean.")
         if not np.isclose(xs.mean(), 0) and np.allclose(mean, n * xs.mean(), rtol=1e-4):
             raise Mismatch(f"{what}: the mean is {float(mean[0]):.4f}, {n} times the mean of all the data "
-                           f"({xs.mean():.4f}): it adds the {n} shard means instead of averaging them. psum adds, "
-                           "pmean averages (section 2).")
+                           f"({xs.mean():.4f}): it adds the {n} shard means instead of averaging them.")
         expect_array(mean, np.full(n, xs.mean()), what=f"{what}: the mean", rtol=1e-4, atol=1e-4)
         if np.allclose(var, np.sqrt(xs.var()), rtol=1e-4):
-            raise Mismatch(f"{what}: the variance is {float(var[0]):.4f}, the standard deviation of all the data; "
-                           f"the variance is its square, {xs.var():.4f}.")
+            raise Mismatch(f"{what}: the variance is {float(var[0]):.4f}, the standard deviation of all the data, "
+                           f"not its variance ({xs.var():.4f}).")
+        if np.allclose(var, xs.var(ddof=1), rtol=1e-4):
+            raise Mismatch(f"{what}: the variance is {float(var[0]):.4f}, the sample variance (divided by the count "
+                           f"minus one); the variance of all the data, divided by the count, is {xs.var():.4f}.")
+        if np.allclose(var, xs.var() * n, rtol=1e-4) or np.allclose(var, n * xs.var(axis=1).mean(), rtol=1e-4):
+            raise Mismatch(f"{what}: the variance is {float(var[0]):.4f}, {n} times too large: the {n} shards' "
+                           "squared deviations were added, not averaged.")
         expect_array(var, np.full(n, xs.var()), what=f"{what}: the variance", rtol=1e-4, atol=1e-4)
         _same_dtype(mean, xs, f"{what}: the mean")
     return "every device knows the statistics of the whole batch."
@@ -211,22 +246,22 @@ def solution_rotate_right(x, axis_name):
                  "Write one pair per device: device i sends to the device on its right, and the last one to "
                  "device 0 (the modulo operator closes the ring)."])
 def check_rotate_right(rotate_right):
-    for xs in _cases([(2,), (2, 3)], seed=3):
+    for xs in _cases([(2,), (2, 3)], seed=3, other_dtype=np.float16):
         n = xs.shape[0]
         what = f"rotate_right on {n} devices"
         got = as_array(_run(rotate_right, xs, "rotate_right"), what=what, expected_shape=xs.shape)
         shifted = np.roll(xs, 1, axis=0)
         right = np.shape(got) == xs.shape and np.allclose(got, shifted)
         if not right and np.shape(got) == xs.shape and np.allclose(got, np.roll(xs, -1, axis=0)):
-            raise Mismatch(f"{what}: device i got device i + 1's value: that rotates left. In a (source, "
-                           "destination) pair the first device sends: check which way round your pairs are.")
+            raise Mismatch(f"{what}: device i got device i + 1's value: that rotates left, not right.")
         if not right and np.shape(got) == xs.shape and np.allclose(got[1:], shifted[1:]) and np.allclose(got[0], 0):
             raise Mismatch(f"{what}: device 0 received nothing (zeros), so no pair sends to it: the ring is not "
-                           f"closed. The last device, {n - 1}, must send its x round to device 0.")
+                           f"closed, and the last device's value ({n - 1}) went nowhere.")
         expect_array(got, shifted, what=f"{what} (row i is what device i holds)")
         _same_dtype(got, xs, what)
     if not _uses(rotate_right, xs, "ppermute"):
-        raise Mismatch("right values, but the rotation must be one jax.lax.ppermute: each device sends its own x.")
+        raise Mismatch("right values, but the program has no ppermute: the values did not travel between devices "
+                       "as the exercise asks.")
     return "each shard moved one device to the right, and the last one wrapped round to device 0."
 
 
@@ -257,7 +292,7 @@ def solution_gather_all(x, axis_name):
                  "n - 1 hops to the right, the value that arrives comes from one device further to the left than "
                  "the one before: store it in that device's row, and pass it on."])
 def check_gather_all(gather_all):
-    for xs in _cases([(), (2,)], seed=4):
+    for xs in _cases([(), (2,)], seed=4, other_dtype=np.float16):
         n = xs.shape[0]
         what = f"gather_all on {n} devices, per-device shape {xs.shape[1:]}"
         expected = C.all_gather(xs)
@@ -267,16 +302,15 @@ def check_gather_all(gather_all):
             rolled = np.stack([np.roll(xs, -i, axis=0) for i in range(n)])
             if np.allclose(got_arr, rolled):
                 raise Mismatch(f"{what}: each device has every value, but starting with its own: row j of every "
-                               f"device's result must be device j's value{shown}. Place each received value at the "
-                               "index of the device it came from.")
+                               f"device's result must be device j's value{shown}; here row k holds what arrived "
+                               "after k hops.")
             # Values that travelled one way round the ring, filed as if they had come the other way: device i
             # stores device i + s's value in row i - s.
             mirrored = np.stack([xs[(2 * i - np.arange(n)) % n] for i in range(n)])
             if np.allclose(got_arr, mirrored):
                 raise Mismatch(f"{what}: every device has every value, but in the wrong rows{shown}: the values "
                                "travel round the ring in one direction, and your bookkeeping of where each came "
-                               "from assumes the other. Compare the direction of your (source, destination) pairs "
-                               "with the way you update the index of the device a value came from.")
+                               "from assumes the other.")
             if xs.ndim == 1:
                 raise Mismatch(f"{what}: every device's result should be all {n} values in device order, "
                                f"{np.array2string(expected[0], separator=', ')}; {shown[2:-1]}.")
@@ -335,7 +369,8 @@ def check_ring_allreduce_chunked(ring_allreduce):
             if shuffled and all(len({min(range(n), key=lambda k: np.abs(row - pieces[k]).sum()) for row in dev}) == n
                                 for dev in mine):
                 raise Mismatch(f"{what}: every device holds all {n} fully summed pieces, but not in their places "
-                               "(piece k is the k-th of the n equal slices of the result). The sums are right; the bookkeeping of "
+                               "(piece k is the k-th of the n equal slices of the result). The sums are right; the "
+                               "bookkeeping of "
                                "which piece a device finishes the reduce-scatter with, or which one arrives at "
                                "each hop of the all-gather, is off: work it out by hand for 2 devices.")
         expect_array(got, C.psum(xs), what=what)

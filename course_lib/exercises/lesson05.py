@@ -66,10 +66,14 @@ def _first_copy(tree):
                  "leaves each device's optimizer state following its own gradients."])
 def check_dp_step(dp_step):
     n_all = len(jax.devices())
-    for n, d, name, optimizer in [(n_all, 3, "SGD", optax.sgd(0.1)), (4, 2, "SGD", optax.sgd(0.05)),
-                                  (n_all, 3, "Adam", optax.adam(0.1))]:
+    # Device counts, feature counts, rows per device and optimizers vary, so that an answer that fixes any of
+    # them (8 devices, the lesson's optimizer, a batch of 16 per device) gives another number somewhere.
+    for n, d, rows, name, optimizer in [(n_all, 3, 16, "SGD", optax.sgd(0.1)), (4, 2, 12, "SGD", optax.sgd(0.05)),
+                                        (n_all, 3, 16, "Adam", optax.adam(0.1)),
+                                        (2, 5, 8, "RMSprop", optax.rmsprop(0.01)),
+                                        (4, 4, 10, "SGD with momentum", optax.sgd(0.05, momentum=0.9))]:
         devs = jax.devices()[:n]
-        x, y, _ = data.regression_data(n=16 * n, d=d, seed=n)
+        x, y, _ = data.regression_data(n=rows * n, d=d, seed=n + d)
         params = {"w": jnp.asarray(np.linspace(-1, 1, d), jnp.float32), "b": jnp.float32(0.3)}
         opt_state = optimizer.init(params)
         batch = sharding.shard({"x": x, "y": y}, n)
@@ -102,55 +106,64 @@ def check_dp_step(dp_step):
             raise Mismatch(f"the loss dp_step returns should be one number per device (shape ({n},) under pmap); "
                            f"got {describe_tree(loss)}.")
         # What each variant gives, computed here from private copies of the inputs.
-        shards = [{"x": x[i * 16:(i + 1) * 16], "y": y[i * 16:(i + 1) * 16]} for i in range(n)]
+        shards = [{"x": x[i * rows:(i + 1) * rows], "y": y[i * rows:(i + 1) * rows]} for i in range(n)]
         grads = jax.grad(regression_loss)(params, {"x": x, "y": y})
         updates, want_state = optimizer.update(grads, opt_state, params)
         want = optax.apply_updates(params, updates)
-        per_device = [optax.apply_updates(params, optimizer.update(jax.grad(regression_loss)(params, s), opt_state,
-                                                                   params)[0]) for s in shards]
-        params_averaged = jax.tree.map(lambda *ps: np.mean(np.stack(ps), axis=0), *per_device)
+        summed_updates, summed_state = optimizer.update(jax.tree.map(lambda g: n * g, grads), opt_state, params)
+        summed = optax.apply_updates(params, summed_updates)
         got, got_state = _first_copy(new_params), _first_copy(new_state)
-        if name == "Adam" and _close(got, params_averaged) and not _close(got, want):
+        right = _close(got, want)       # the variants below are worked out only for an answer that is not
+
+        def params_averaged():
+            per_device = [optax.apply_updates(params, optimizer.update(jax.grad(regression_loss)(params, s),
+                                                                       opt_state, params)[0]) for s in shards]
+            return jax.tree.map(lambda *ps: np.mean(np.stack(ps), axis=0), *per_device)
+
+        if name != "SGD" and not right and _close(got, params_averaged()):
             raise Mismatch(f"{on}: the parameters are the average of {n} per-device updates, each made with that "
                            "device's own gradients: the parameters were averaged AFTER the update. With plain SGD "
-                           "that gives the same numbers as averaging the gradients before it (the update is linear "
-                           "in the gradient), but not with Adam, whose update divides each gradient by its own "
-                           "running scale; and each device's optimizer state (Adam's moments) still follows its "
-                           "own gradients. Average the gradients before the optimizer sees them.")
+                           f"that gives the same numbers as averaging the gradients before it (the update is linear "
+                           f"in the gradient), but not with {name}, whose update is not linear in the gradient; and "
+                           "each device's optimizer state still follows its own gradients.")
         spread = _spread(new_params)
         if spread > 0:
             raise Mismatch(f"{on} the copies of the parameters differ by up to {spread:.2e} after one step: each "
-                           "device applied its own gradient. Average the gradients over the devices "
-                           "(jax.lax.pmean) before the update.")
+                           "device applied the gradient of its own shard, not the global batch's.")
         state_spread = _spread(new_state)
         if state_spread > 0:
             raise Mismatch(f"{on} the parameters agree, but the copies of the optimizer state differ by up to "
-                           f"{state_spread:.2e}: each device's optimizer saw its own gradients. Average the "
-                           "gradients before the optimizer's update, not after it.")
+                           f"{state_spread:.2e}: each device's optimizer saw its own gradients.")
         step_size = np.asarray(params["w"]) - got["w"]
         want_size = np.asarray(params["w"]) - np.asarray(want["w"])
         if name == "SGD" and n > 1 and np.allclose(step_size, n * want_size, rtol=1e-4, atol=1e-6):
-            raise Mismatch(f"{on} the update is {n} times too large: psum adds the {n} gradients; the "
-                           "gradient of the global batch's mean loss is their mean, which pmean gives.")
+            raise Mismatch(f"{on} the update is {n} times too large: the {n} gradients were added (psum), not "
+                           "averaged; the gradient of the global batch's mean loss is their mean.")
         for key in params:
             dtype = np.asarray(got[key]).dtype
             if dtype != np.float32:
-                raise Mismatch(f"{on} new_params[{key!r}] is {dtype.name}; params are float32. The step should keep "
-                               "the parameters' dtype: look for a cast (astype, dtype=) of the gradients or the "
-                               "update.")
+                raise Mismatch(f"{on} new_params[{key!r}] is {dtype.name}; params are float32. The step changed "
+                               "the parameters' dtype: something casts the gradients or the update.")
         ratio = step_size / np.where(want_size == 0, np.nan, want_size)
         if n != n_all and np.all(np.isfinite(ratio)) and np.allclose(ratio, n / n_all, rtol=1e-3):
             raise Mismatch(f"{on} the update is {n / n_all:g} times the right one, and right on {n_all} devices: the "
-                           f"average divides by a fixed {n_all}, not by the number of devices the step runs on. "
-                           "pmean divides by the size of the axis, whatever it is.")
-        if name == "Adam" and n > 1:
-            mu_got = jax.tree.leaves(got_state[0].mu)
-            mu_want = jax.tree.leaves(want_state[0].mu)
-            if all(np.allclose(a, n * np.asarray(b), rtol=1e-4, atol=1e-7) for a, b in zip(mu_got, mu_want)):
-                raise Mismatch(f"{on} the gradients Adam received were {n} times too large (its first moment is "
-                               f"{n} times the right one): psum adds the {n} gradients. Adam divides by the "
-                               "gradient's own scale, so its update, and the loss curve, hardly change: only the "
-                               "gradients show this bug. Average them with pmean.")
+                           f"average divides by a fixed {n_all}, not by the number of devices the step runs on.")
+        if name != "SGD" and n > 1 and _close(got_state, summed_state, rtol=1e-4, atol=1e-7) \
+                and not _close(got_state, want_state, rtol=1e-4, atol=1e-7):
+            raise Mismatch(f"{on} the gradients the optimizer received were {n} times too large (its state holds "
+                           f"{n} times the right gradient): the {n} gradients were added (psum), not averaged. "
+                           f"{name} rescales the gradient, so its update, and the loss curve, can hide this: only "
+                           "the gradients show it.")
+        if name != "SGD" and n > 1 and not right and _close(got, summed):
+            raise Mismatch(f"{on} the update is the one for a gradient {n} times too large: the {n} gradients were "
+                           "added (psum), not averaged.")
+        for label, other in () if right else (("optax.sgd(0.1)", optax.sgd(0.1)), ("optax.adam(0.1)", optax.adam(0.1)),
+                                              ("optax.adam(0.05)", optax.adam(0.05)),
+                                              ("optax.sgd(0.05)", optax.sgd(0.05))):
+            other_params = optax.apply_updates(params, other.update(grads, other.init(params), params)[0])
+            if not _close(other_params, want) and _close(got, other_params):
+                raise Mismatch(f"{on} the update is the one {label} makes, not the one of the optimizer dp_step "
+                               "was given: the step ignored its optimizer argument.")
         expect_array(got["w"], want["w"], what=f"w after one step {on}", rtol=1e-4, atol=1e-6)
         expect_array(got["b"], want["b"], what=f"b after one step {on}", rtol=1e-4, atol=1e-6)
         global_loss = float(regression_loss(params, {"x": x, "y": y}))
@@ -163,7 +176,7 @@ def check_dp_step(dp_step):
                            "gradients.")
         if np.allclose(losses, n * global_loss, rtol=1e-4):
             raise Mismatch(f"{on} the loss returned is {losses[0]:.4f}, {n} times the loss of the global batch "
-                           f"({global_loss:.4f}): psum adds the {n} per-device losses; their mean needs pmean.")
+                           f"({global_loss:.4f}): the {n} per-device losses were added, not averaged.")
         expect_array(losses[0], global_loss,
                      what=f"the loss returned {on} (the mean over the whole global batch)", rtol=1e-4)
         if not _close(got_state, want_state, rtol=1e-4, atol=1e-7):
@@ -171,11 +184,10 @@ def check_dp_step(dp_step):
             raise Mismatch(f"{on} the parameters and the loss are right, but the optimizer state returned is "
                            + ("the one dp_step was given, unchanged: " if unchanged else "not the one the update "
                               "gives: ")
-                           + "Adam advances its step count and its running averages of the gradients at every "
-                           "update, so the next step would use stale ones. Return the new state the optimizer's "
-                           "update gives back, as single_step does.")
-    return ("gradients averaged with pmean before the update, with SGD and with Adam: the same update and the same "
-            "optimizer state everywhere, so the copies stay identical.")
+                           + f"{name} advances its state at every update (Adam its step count and running "
+                           "averages), so the next step would use a stale one.")
+    return ("gradients averaged with pmean before the update, on 8, 4 and 2 devices with SGD, momentum, Adam and "
+            "RMSprop: the same update and the same optimizer state everywhere, so the copies stay identical.")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -199,6 +211,85 @@ def _stack_on_devices(copies, devs):
         [jax.device_put(jnp.asarray(c)[None], d) for c, d in zip(copies, devs)])
 
 
+def _drift_cases():
+    """Replicated trees whose copies drift apart by amounts that differ per device AND per element.
+
+    Yields ``(n, what, copies)`` with ``copies`` a dict of leaf name -> (n, ...) NumPy array (copy i = row i).
+    The largest difference from device 0's copy is negative, in the middle of a leaf and on a middle device,
+    so that the spread over devices (np.ptp), neighbouring differences (np.diff), a mean, a signed maximum, a
+    comparison with the last copy, or a look at only some leaves, devices or elements each give another number.
+    """
+    n_all = len(jax.devices())
+    rng = np.random.default_rng(52)
+    for n, shapes, worst_leaf in [(n_all, {"b": (3,), "w": (2, 3)}, "w"), (4, {"b": (3,), "w": (4,)}, "b"),
+                                  (2, {"bias": (5,), "kernel": (3, 2), "scale": ()}, "kernel")]:
+        copies = {}
+        for name, shape in shapes.items():
+            base = rng.normal(size=shape).astype(np.float32)
+            drift = rng.uniform(-0.05, 0.05, size=(n,) + shape).astype(np.float32)
+            drift[0] = 0.0
+            copies[name] = (base + drift).astype(np.float32)
+
+        def plant(leaf_name, device, offset, element=None):
+            leaf = copies[leaf_name]
+            spot = tuple(s // 2 for s in leaf.shape[1:]) if element is None else element
+            leaf[(device,) + spot] = leaf[(0,) + spot] + np.float32(offset)
+
+        worst = n // 2 if n > 2 else 1
+        if n > 2:
+            plant(worst_leaf, worst - 1, 0.0625)                 # neighbours: np.diff sees 0.4375, not 0.375
+            plant(worst_leaf, min(worst + 1, n - 1), 0.0625)
+            plant(worst_leaf, n - 2 if n >= 8 else n - 1, 0.25)  # above the first copy: np.ptp sees 0.625
+        if n >= 8:
+            plant(worst_leaf, 1, 0.125)                          # the second device alone: 0.125
+            plant(worst_leaf, n - 1, -0.0625)                    # against the last copy: 0.3125
+            plant("b", 2, 0.1875, element=(1,))                  # the first leaf alone: 0.1875
+        plant(worst_leaf, worst, -0.3751)                        # the answer: below the first copy, and
+        # not a float16 number: an answer compared in a lower precision gives another one
+        yield n, f"{len(shapes)} leaves on {n} devices", copies
+
+
+def _divergence_variants(copies) -> dict[str, float]:
+    """What the usual wrong readings of "how far apart are the copies" give, by mistake."""
+    leaves = [np.asarray(copies[k], np.float64) for k in sorted(copies)]
+    flat = [c.reshape(c.shape[0], -1) for c in leaves]
+    v = {
+        "right": max(float(np.max(np.abs(c - c[0]))) for c in flat),
+        "ptp": max(float(np.max(np.ptp(c, axis=0))) for c in flat),
+        "diff": max(float(np.max(np.abs(np.diff(c, axis=0)))) for c in flat),
+        "mean": max(float(np.mean(np.abs(c - c[0]))) for c in flat),
+        "mean_others": max(float(np.mean(np.abs(c[1:] - c[0]))) for c in flat),
+        "signed": max(float(np.max(c - c[0])) for c in flat),
+        "last": max(float(np.max(np.abs(c - c[-1]))) for c in flat),
+        "two": max(float(np.max(np.abs(c[1] - c[0]))) for c in flat),
+        "element0": max(float(np.max(np.abs(c[:, 0] - c[0, 0]))) for c in flat),
+        "first_leaf": float(np.max(np.abs(flat[0] - flat[0][0]))),
+        "last_leaf": float(np.max(np.abs(flat[-1] - flat[-1][0]))),
+        "sum": sum(float(np.sum(np.abs(c - c[0]))) for c in flat),
+        "norm": max(float(np.max(np.linalg.norm(c - c[0], axis=1))) for c in flat),
+    }
+    return v
+
+
+_DIVERGENCE_MISTAKES = {
+    "ptp": "the spread of the copies (largest minus smallest, over the devices), not the distance of each copy "
+           "from the first device's",
+    "diff": "differences between neighbouring devices' copies (device i against device i - 1), not each copy "
+            "against the first device's",
+    "mean": "an average of the differences, not the largest one",
+    "mean_others": "an average of the differences, not the largest one",
+    "signed": "the largest signed difference: a copy below the first one counts as less than zero, when it is "
+              "as far apart as one above it",
+    "last": "each copy compared with the LAST device's copy, not the first device's",
+    "two": "only the second device's copy compared with the first: the other devices were left out",
+    "element0": "only the first element of each leaf compared: the other elements were left out",
+    "first_leaf": "only the first leaf (in jax.tree.leaves order) compared: the other leaves were left out",
+    "last_leaf": "only the last leaf compared: the other leaves were left out",
+    "sum": "a sum of the differences, not the largest one",
+    "norm": "the length (norm) of each copy's difference vector, not the largest difference of one element",
+}
+
+
 @exercise("05.2", "Measure how far the replicas have drifted apart", solution=solution_max_divergence,
           returns="one number (a float): the largest absolute difference between any device's copy of any leaf "
                   "and the first device's copy",
@@ -211,8 +302,6 @@ def _stack_on_devices(copies, devs):
                  "number seen over all leaves and devices, as a Python float."])
 def check_max_divergence(max_divergence):
     devs = jax.devices()
-    base = {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.float32(1.0)}
-    same = sharding.replicate(base)
     one_number = "return one number for the whole tree, the worst difference over every leaf and device"
 
     def run(tree):
@@ -222,16 +311,14 @@ def check_max_divergence(max_divergence):
             with jax.transfer_guard_device_to_device("disallow"):
                 return call(max_divergence, tree, name="max_divergence", hints={
                     "incompatible devices": "Each copy lives on its own device, and JAX computes only with arrays "
-                                            "on the same devices: bring each copy to the host (NumPy) and compare "
-                                            "them there."})
+                                            "on the same devices: this answer combined copies that live on "
+                                            "different devices."})
         except Mismatch as e:
             if "Disallowed device-to-device transfer" in str(e):
                 raise Mismatch("max_divergence compared the copies through the global array (jax.numpy on the "
                                "whole leaf, e.g. subtracting one row from it): to do that JAX moves the first "
                                "device's copy to every other device, and the answer is about the global view, not "
-                               "about what each device holds. The exercise asks you to read the copies where "
-                               "they live, as exercise 02.3 did: each device's copy from the leaf's "
-                               "addressable_shards, brought to the host and compared there.") from None
+                               "about what each device holds, where it lives.") from None
             raise
 
     def number(tree):
@@ -239,38 +326,38 @@ def check_max_divergence(max_divergence):
         dtype = getattr(result, "dtype", None)
         if dtype is not None and np.ndim(result) == 0 and np.dtype(dtype) in (np.float16, jnp.bfloat16):
             raise Mismatch(f"max_divergence returned a {np.dtype(dtype).name} number: copies that differ by less "
-                           f"than {np.dtype(dtype).name}'s precision would look identical. Compare the copies in "
-                           "their own dtype (float32 here) and return a Python float.")
+                           f"than {np.dtype(dtype).name}'s precision would look identical. The copies are "
+                           "float32; the answer lost precision on the way.")
         return expect_scalar(result, what="max_divergence(replicated)", per=one_number)
 
+    same = sharding.replicate({"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.float32(1.0)})
     got = number(same)
     if got != 0.0:
         raise Mismatch(f"for identical copies max_divergence returned {float(got)}; expected 0.0.")
-    last = len(devs) - 1
-    for device, leaf, delta in [(last, "w", 0.25), (1, "b", -2.0), (last, "w", -0.5), (last // 2, "b", 1e-3)]:
-        copies = [{k: base[k] + (delta if (i == device and k == leaf) else 0.0) for k in base}
-                  for i in range(len(devs))]
-        drifted = jax.tree.map(lambda *xs: _stack_on_devices(xs, devs), *copies)
-        got = number(drifted)
-        how = f"{abs(delta)} {'below' if delta < 0 else 'above'} the first device's"
-        if delta < 0 and (np.isclose(got, 0.0) or np.isclose(got, delta)):
-            raise Mismatch(f"device {device}'s copy of {leaf!r} is {how}, but max_divergence returned {got}: a "
-                           "copy that is smaller than the first counts as much as one that is larger. Measure "
-                           "the size of each difference, whatever its sign.")
+    for n, what, copies in _drift_cases():
+        tree = {k: _stack_on_devices(list(v), devs[:n]) for k, v in copies.items()}
+        variants = _divergence_variants(copies)
+        right = variants["right"]
+        got = number(tree)
+        if np.isclose(got, right, rtol=1e-6, atol=1e-7):
+            continue
         if np.isclose(got, 0.0):
-            raise Mismatch(f"device {device}'s copy of {leaf!r} is {how}, but max_divergence returned 0.0: compare "
-                           "every device's copy (and every leaf), not only the first two.")
-        # The difference as float32 copies give it (1.0 + 1e-3 is not exact in float32, less so in float16).
-        exact = max(float(np.max(np.abs(np.asarray(c[leaf], np.float32) - np.asarray(copies[0][leaf], np.float32))))
-                    for c in copies)
-        if not np.isclose(got, exact) and np.isclose(got, exact, rtol=5e-2):
-            raise Mismatch(f"device {device}'s copy of {leaf!r} is {how}; max_divergence returned {got}, close but "
-                           "not exact: the copies were compared in a lower precision than their own (float32). "
-                           "Look for a cast (astype, dtype=) before the subtraction.")
-        if not np.isclose(got, exact):
-            raise Mismatch(f"device {device}'s copy of {leaf!r} is {how}; max_divergence returned {got}. Return "
-                           f"the largest absolute difference from the first device's copy, here {exact:g}.")
-    return "it finds the largest difference between any device's copy and the first one, read where each lives."
+            raise Mismatch(f"{what}, copies that differ per device and per element: max_divergence returned 0.0; "
+                           f"the largest difference from the first device's copy is {right:.4f}. The copies it "
+                           "compared were equal: were they all the same device's copy?")
+        for key, mistake in _DIVERGENCE_MISTAKES.items():
+            if np.isclose(got, variants[key], rtol=1e-5, atol=1e-7):
+                raise Mismatch(f"{what}, copies that differ per device and per element: max_divergence returned "
+                               f"{got:.4f}, which is {mistake}. The largest absolute difference between any "
+                               f"device's copy and the first device's copy is {right:.4f}.")
+        if np.isclose(got, right, rtol=5e-2):
+            raise Mismatch(f"{what}: max_divergence returned {got}, close to {right:.6f} but not exact: the "
+                           "copies were compared in a lower precision than their own (float32), or rounded.")
+        raise Mismatch(f"{what}, copies that differ per device and per element: max_divergence returned {got:.4f}; "
+                       f"the largest absolute difference between any device's copy and the first device's copy "
+                       f"is {right:.4f}.")
+    return ("it finds the largest difference between any device's copy and the first one, read where each lives, "
+            "on 8, 4 and 2 devices.")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -294,32 +381,44 @@ def solution_masked_mse(pred, y, mask):
                  "not 0 / 0 = NaN."])
 def check_masked_mse(masked_mse):
     rng = np.random.default_rng(5)
-    for b, real in [(8, 5), (16, 16), (4, 1)]:
+    # The real rows come first in data.batches, but a mask may mark any rows: the last case scatters them, so an
+    # answer that assumes the first k rows are the real ones gives another number.
+    for b, real, scattered in [(8, 5, False), (16, 16, False), (4, 1, False), (10, 4, True)]:
         pred = jnp.asarray(rng.normal(size=b), jnp.float32)
-        y = jnp.asarray(rng.normal(size=b), jnp.float32).at[real:].set(0.0)
-        mask = jnp.arange(b) < real
-        what = f"masked_mse with {real} real rows of {b}"
+        mask_np = np.zeros(b, bool)
+        mask_np[rng.choice(b, real, replace=False) if scattered else np.arange(real)] = True
+        if scattered:
+            mask_np[0] = False                      # not a prefix
+            mask_np[np.flatnonzero(~mask_np)[-1]] = True
+        y = jnp.asarray(np.where(mask_np, rng.normal(size=b), 0.0), jnp.float32)
+        mask = jnp.asarray(mask_np)
+        real = int(mask_np.sum())
+        what = f"masked_mse with {real} real rows of {b}" + (" (not the first ones)" if scattered else "")
         result = call(masked_mse, pred, y, mask, name="masked_mse")
         dtype = getattr(result, "dtype", None)
         if dtype is not None and np.dtype(dtype) != np.float32 and np.ndim(result) == 0:
             raise Mismatch(f"{what} returned a {np.dtype(dtype).name} number from float32 inputs: the loss should "
-                           "stay float32 (a cast of the mask or the result to a lower precision, or to an integer "
-                           "type, changes it). Check the dtype you cast the mask to.")
+                           "stay float32; a cast of the mask or the result to a lower precision, or to an integer "
+                           "type, changed it.")
         got = expect_scalar(result, what=what,
                             per="one squared error per row is not yet a loss: reduce it to their mean over the "
                                 "real rows")
-        expected = float(np.mean((np.asarray(pred)[:real] - np.asarray(y)[:real]) ** 2))
-        if real < b and np.isclose(float(got), float(np.mean((np.asarray(pred) - np.asarray(y)) ** 2)), rtol=1e-5):
-            raise Mismatch(f"{what} counts the padding rows too: weight each squared error by the mask.")
+        sq = (np.asarray(pred, np.float64) - np.asarray(y, np.float64)) ** 2
+        expected = float(np.mean(sq[mask_np]))
+        if real < b and np.isclose(float(got), float(np.mean(sq)), rtol=1e-5):
+            raise Mismatch(f"{what} returned {float(got):.4f}, the mean over all {b} rows: the padding rows "
+                           f"counted as if they were real (over the real rows it is {expected:.4f}).")
         if real < b and np.isclose(float(got), expected * real / b, rtol=1e-5):
-            raise Mismatch(f"{what} divides by all {b} rows; divide by the number of real rows, {real} "
-                           "(the sum of the mask).")
+            raise Mismatch(f"{what} returned {float(got):.4f}: the padding rows are left out of the sum, but the "
+                           f"sum is divided by all {b} rows, not by the {real} real ones.")
+        if scattered and np.isclose(float(got), float(np.mean(sq[:real])), rtol=1e-5):
+            raise Mismatch(f"{what} returned {float(got):.4f}, the mean over the FIRST {real} rows: the mask says "
+                           f"which rows are real, and here they are not the first ones (mask {mask_np.astype(int)}).")
         expect_array(got, expected, what=what, rtol=1e-5)
     # A loss runs inside jax.grad and a compiled step: its values are tracers there, not numbers.
     traced = "A loss runs inside jax.grad and a compiled (pmap/jit) step, where its inputs are tracers: "
-    python_value = traced + ("float(), int(), bool() or a Python if on a value need a concrete number. Return the "
-                             "jax.numpy result itself, and choose with jax.numpy functions (jnp.where, jnp.maximum), "
-                             "not Python ones.")
+    python_value = traced + ("float(), int(), bool() or a Python if on a value need a concrete number, and a traced "
+                             "value has none.")
     call(jax.jit(jax.grad(masked_mse)), jnp.ones(4), jnp.zeros(4), jnp.arange(4) < 2,
          name="jax.jit(jax.grad(masked_mse))",
          hints={"boolean indices": traced + "indexing with a boolean mask would give a shape that depends on the "
@@ -329,13 +428,17 @@ def check_masked_mse(masked_mse):
     got = expect_scalar(call(masked_mse, jnp.ones(4), jnp.zeros(4), jnp.zeros(4, bool), name="masked_mse"),
                         what="masked_mse with no real rows")
     if not np.isfinite(got):
+        raise Mismatch(f"with no real rows at all (a device that got only padding) masked_mse returned {float(got)}: "
+                       "0 / 0. It must stay finite (0.0), or the NaN spreads to every device through the gradient "
+                       "average.")
+    if not np.isclose(got, 0.0):
         raise Mismatch(f"with no real rows at all (a device that got only padding) masked_mse returned {float(got)}; "
-                       "it must stay finite (0.0), or the NaN spreads to every device through the gradient average. "
-                       "Divide by max(number of real rows, 1).")
+                       "expected 0.0: nothing real, nothing to count.")
     grad = np.asarray(jax.grad(masked_mse)(jnp.ones(4), jnp.zeros(4), jnp.zeros(4, bool)))
     if not np.all(np.isfinite(grad)):
         raise Mismatch(f"with no real rows masked_mse returns {float(got)}, but its gradient there is {grad}: the "
                        "0 / 0 is still computed, and choosing 0.0 afterwards (jnp.where, jnp.nan_to_num) hides it "
                        "in the value, not in the gradient. The NaN gradient reaches every device through the "
-                       "gradient average. Make the division itself safe: a count that is never 0.")
-    return "padding rows count for nothing, and a device with only padding gives 0, not NaN."
+                       "gradient average.")
+    return ("padding rows count for nothing, wherever they are, and a device with only padding gives 0, not NaN, "
+            "in the value and in the gradient.")
