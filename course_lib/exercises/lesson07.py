@@ -282,15 +282,18 @@ def check_make_sharded_step(make_sharded_step):
                 raise Mismatch(f"the step {where} has no jax.shard_map in its program. This exercise asks for "
                                "the per-device form, where you write the collective yourself (the sharded-jit "
                                "form of lesson 07's last step is not it).")
+            run = step
             try:
-                compiled = (step if hasattr(step, "lower") else jax.jit(step)).lower(params, opt_state, x, y)
-                hlo = compiled.compile().as_text()
+                compiled = (step if hasattr(step, "lower") else jax.jit(step)).lower(params, opt_state, x, y).compile()
+                hlo = compiled.as_text()
+                if hasattr(step, "lower"):
+                    run = compiled       # the same program, compiled once: run it, donation included
             except Exception:
                 hlo = None  # the call below reports the learner's error
             for i, (x_np, y_np) in enumerate(batches):
                 x, y = jax.device_put((x_np, y_np), split)
                 given = jax.tree.leaves((params, opt_state))
-                out = call(step, params, opt_state, x, y, name="step", hints=_step_hints(n))
+                out = call(run, params, opt_state, x, y, name="step", hints=_step_hints(n))
                 if i == 0 and spy.updates == 0:
                     raise Mismatch(f"the step {where} never calls the optimizer it was given (its update): it "
                                    "updates the parameters some other way. make_sharded_step must work for any "
@@ -299,10 +302,13 @@ def check_make_sharded_step(make_sharded_step):
                     raise Mismatch(f"step should return a triple (params, opt_state, loss); step {i + 1} {where} "
                                    f"returned {describe_tree(out)}.")
                 new_params, new_state, loss = out
-                if i == 0 and not all(getattr(a, "is_deleted", lambda: False)() for a in jax.tree.leaves(params)):
-                    raise Mismatch(f"after step 1 {where}, the parameters passed in still exist: the step does not "
-                                   "donate them, so the devices hold two copies of the state while it runs. Tell "
-                                   "jax.jit which arguments it may reuse (lesson 07, section 2, donation).")
+                kept = [name for name, tree in (("parameters", params), ("optimizer state", opt_state))
+                        if not all(getattr(a, "is_deleted", lambda: False)() for a in jax.tree.leaves(tree))]
+                if i == 0 and kept:
+                    raise Mismatch(f"after step 1 {where}, the {' and the '.join(kept)} passed in still exist: the "
+                                   "step does not donate them, so the devices hold two copies of the state while "
+                                   "it runs. Tell jax.jit which arguments it may reuse (lesson 07, section 2, "
+                                   "donation).")
                 expect_structure(new_params, params0, what=f"the params step {i + 1} returns")
                 if jax.tree.structure(new_state) != jax.tree.structure(opt_state):
                     raise Mismatch(f"the opt_state step {i + 1} returns has the structure "

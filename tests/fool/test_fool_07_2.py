@@ -32,6 +32,21 @@ def _sm(pcast=True, reduce="pmean", average_loss=True, own_update=None, keep_sta
     return make
 
 
+def _params_only_donated(loss_fn, optimizer, mesh):
+    step = _sm(donate=False)(loss_fn, optimizer, mesh)
+    return jax.jit(step, donate_argnums=0)
+
+
+def _loss_split(loss_fn, optimizer, mesh):                      # the per-device loss, out_specs naming 'i'
+    def body(params, opt_state, x, y):
+        local = jax.tree.map(lambda p: jax.lax.pcast(p, "i", to="varying"), params)
+        loss, grads = jax.value_and_grad(loss_fn)(local, x, y)
+        updates, opt_state = optimizer.update(jax.lax.pmean(grads, "i"), opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=SPECS["in_specs"], out_specs=(P(), P(), P("i"))),
+                   donate_argnums=(0, 1))
+
+
 def _sharded_jit(loss_fn, optimizer, mesh):                      # right values, but no shard_map
     def step(params, opt_state, x, y):
         loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
@@ -51,6 +66,8 @@ WRONG = {
     "SGD by hand, optimizer ignored": (_sm(own_update=0.1), ["never calls the optimizer it was given"]),
     "sharded jit, no shard_map": (_sharded_jit, ["no jax.shard_map"]),
     "no donation": (_sm(donate=False), ["does not donate"]),
+    "only the parameters donated": (_params_only_donated, ["the optimizer state passed in still exist"]),
+    "per-device loss, split": (_loss_split, ["the loss is a scalar"]),
     "loss of device 0 only": (_sm(average_loss=False, check_vma=False), ["device 0's rows only"]),
     "no gradient averaging, check off": (_sm(reduce=None, check_vma=False), ["device 0's own gradient"]),
     "hard-coded 8-device mesh": (_sm(fixed_mesh=jax.make_mesh((8,), ("i",))), ["Build on that mesh"]),
