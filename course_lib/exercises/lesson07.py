@@ -272,7 +272,7 @@ def check_make_sharded_step(make_sharded_step):
                 try:
                     call(step, params, opt_state, x, y, name="step", hints=_step_hints(n))
                 except Mismatch as e:
-                    if spy.updates == 0 and not any(f in str(e) for f in _step_hints(n)):
+                    if spy.updates == 0 and "State" in str(e) and not any(f in str(e) for f in _step_hints(n)):
                         raise Mismatch(f"the step {where} never calls the optimizer it was given (its update), "
                                        f"and fails: {e} make_sharded_step must work for any optax optimizer: "
                                        "feed the gradients to the given optimizer's update.") from None
@@ -302,6 +302,10 @@ def check_make_sharded_step(make_sharded_step):
                     raise Mismatch(f"step should return a triple (params, opt_state, loss); step {i + 1} {where} "
                                    f"returned {describe_tree(out)}.")
                 new_params, new_state, loss = out
+                if jax.tree.structure(loss) == jax.tree.structure(opt_state) and \
+                        jax.tree.structure(new_state) != jax.tree.structure(opt_state):
+                    raise Mismatch(f"step {i + 1} returned the optimizer state third and something else second: "
+                                   "return (params, opt_state, loss), in that order.")
                 kept = [name for name, tree in (("parameters", params), ("optimizer state", opt_state))
                         if not all(getattr(a, "is_deleted", lambda: False)() for a in jax.tree.leaves(tree))]
                 if i == 0 and kept:
@@ -399,6 +403,11 @@ def _step_hints(n):
         "too long to be compatible": "An out_specs entry splits an axis that its output does not have: "
                                      "the loss is a scalar. Make it the same on every device and "
                                      "return it once, like the state.",
+        "marked as manual": "A spec or a collective names a mesh axis that this mesh does not have: its only "
+                            "axis is 'i'.",
+        "not found in mesh": "A spec or a collective names a mesh axis that this mesh does not have: its only axis "
+                             "is 'i'.",
+        "unbound axis name: data": "A collective names the lesson's axis 'data'; this mesh's only axis is 'i'.",
         "does not match the specs of the input": "in_specs must match how the checker places the "
                                                  "arguments: params and opt_state replicated, x and y "
                                                  "split over 'i'.",

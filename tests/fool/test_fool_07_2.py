@@ -47,6 +47,17 @@ def _loss_split(loss_fn, optimizer, mesh):                      # the per-device
                    donate_argnums=(0, 1))
 
 
+def _lesson_axis(loss_fn, optimizer, mesh):                    # lesson 07's axis name, not the mesh's
+    def body(params, opt_state, x, y):
+        local = jax.tree.map(lambda p: jax.lax.pcast(p, "data", to="varying"), params)
+        loss, grads = jax.value_and_grad(loss_fn)(local, x, y)
+        grads, loss = jax.lax.pmean((grads, loss), "data")
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P(), P("data"), P("data")),
+                                 out_specs=(P(), P(), P())), donate_argnums=(0, 1))
+
+
 def _sharded_jit(loss_fn, optimizer, mesh):                      # right values, but no shard_map
     def step(params, opt_state, x, y):
         loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
@@ -68,6 +79,7 @@ WRONG = {
     "no donation": (_sm(donate=False), ["does not donate"]),
     "only the parameters donated": (_params_only_donated, ["the optimizer state passed in still exist"]),
     "per-device loss, split": (_loss_split, ["the loss is a scalar"]),
+    "the lesson's axis name": (_lesson_axis, ["its only axis is 'i'"]),
     "loss of device 0 only": (_sm(average_loss=False, check_vma=False), ["device 0's rows only"]),
     "no gradient averaging, check off": (_sm(reduce=None, check_vma=False), ["device 0's own gradient"]),
     "hard-coded 8-device mesh": (_sm(fixed_mesh=jax.make_mesh((8,), ("i",))), ["Build on that mesh"]),
