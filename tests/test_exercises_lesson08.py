@@ -9,7 +9,7 @@ def test_08_1_process_rows():
     interleaved = check("08.1", lambda b, n, p: slice(p, b, n))
     assert "interleaved" in interleaved.message
     off_by_one = check("08.1", lambda b, n, p: slice(p * (b // n), (p + 1) * (b // n) + 1))
-    assert "has shape" in off_by_one.message
+    assert "selects 33 rows" in off_by_one.message
     not_a_slice = check("08.1", lambda b, n, p: list(range(p * (b // n), (p + 1) * (b // n))))
     assert "should return a slice" in not_a_slice.message
 
@@ -20,7 +20,7 @@ def test_08_2_local_part():
         {d.process_index for d in devices}) == 2 else solution_local_part(batch, devices, p))
     assert "read each device's process_index" in contiguous.message
     everything = check("08.2", lambda batch, devices, p: batch)
-    assert "has shape (8, 3, 2); expected (4, 3, 2)" in everything.message
+    assert "returns the whole batch" in everything.message
 
 
 def test_08_1_raises_or_wrong_structure():

@@ -164,3 +164,28 @@ def test_slurm_auto_detection_gives_each_process_one_gpu(monkeypatch):
         pytest.skip("this JAX's cluster detection has another signature")
     assert (count, pid, list(local_ids)) == (16, 11, [3])
     assert address.startswith("node1:")
+
+
+def test_row_8_smap_keeps_pmaps_argument_names_not_its_semantics():
+    # Lesson 07, row 8: pmap's pmean(grad) step, ported to jax.smap unchanged, returns an n-times gradient
+    # (smap checks vma, so a broadcast parameter's gradient comes back summed); pcast to varying fixes it.
+    n = len(jax.devices())
+    mesh = jax.make_mesh((n,), ("i",))
+    xb = jnp.arange(2.0 * n)
+    mean_loss = lambda w, b: jnp.mean((w * b) ** 2)
+    true = float(jax.grad(mean_loss)(jnp.float32(1.0), xb))
+    pmap_grad = lambda w, b: jax.lax.pmean(jax.grad(mean_loss)(w, b), "i")
+    fixed = lambda w, b: pmap_grad(jax.lax.pcast(w, "i", to="varying"), b)
+    args = dict(in_axes=(None, 0), out_axes=None, axis_name="i")
+    assert float(jax.pmap(pmap_grad, **args)(jnp.float32(1.0), xb.reshape(n, 2))) == pytest.approx(true)
+    with jax.set_mesh(mesh):
+        xs = jax.device_put(xb, P("i"))
+        assert float(jax.smap(pmap_grad, **args)(jnp.float32(1.0), xs)) == pytest.approx(n * true)
+        assert float(jax.smap(fixed, **args)(jnp.float32(1.0), xs)) == pytest.approx(true)
+        with pytest.raises(TypeError, match="out_axes"):
+            jax.smap(pmap_grad, in_axes=(None, 0), axis_name="i")
+        # A negative axis acts as axis 0: -1 on a (3, 2n) array split along axis 1 maps the 3 rows and fails.
+        cols = jax.device_put(jnp.ones((3, 2 * n)), P(None, "i"))
+        assert jax.smap(lambda v: v, in_axes=1, out_axes=1, axis_name="i")(cols).shape == (3, 2 * n)
+        with pytest.raises(ValueError, match="divisible"):
+            jax.smap(lambda v: v, in_axes=-1, out_axes=-1, axis_name="i")(cols)

@@ -28,6 +28,22 @@ def solution_place(params, batch, mesh):
     return params, batch
 
 
+def _place_cases(n0):
+    """(devices, params, batch): other names, nesting, shapes and trailing axes in each case."""
+    rng = np.random.default_rng(61)
+    f32 = lambda *shape: rng.normal(size=shape).astype(np.float32)
+    return [
+        (n0, {"w": f32(3, 2), "b": f32(2)}, {"x": f32(4 * n0, 3), "y": rng.integers(0, 9, 4 * n0).astype(np.int32)}),
+        (4, {"layer": {"kernel": f32(5, 3), "bias": f32(3)}},
+         {"image": f32(3 * 4, 2, 3), "label": rng.integers(0, 9, 3 * 4).astype(np.int32)}),
+        (2, {"w": f32(6)}, {"x": f32(5 * 2, 4), "mask": (rng.random(5 * 2) > 0.5)}),
+    ]
+
+
+def _leaves(tree):
+    return [(jax.tree_util.keystr(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
 @exercise("06.1", "Replicate the parameters and split the batch on a mesh", solution=solution_place,
           returns="a pair (params, batch) with the same keys and shapes as the inputs: params leaves replicated "
                   "on the mesh (P()), batch leaves split along axis 0 over 'i' (P('i'))",
@@ -39,20 +55,37 @@ def solution_place(params, batch, mesh):
                  "In words: put the parameters on the given mesh with a spec that splits nothing; put the batch "
                  "on the same mesh with a spec whose first entry is the axis name 'i'. Return the pair."])
 def check_place(place):
-    for n in (len(jax.devices()), 4):
+    for n, params, batch in _place_cases(len(jax.devices())):
         mesh = _mesh(n)
-        params = {"w": np.ones((3, 2), np.float32), "b": np.zeros(2, np.float32)}
-        batch = {"x": np.arange(4 * n * 3, dtype=np.float32).reshape(4 * n, 3), "y": np.arange(4 * n)}
-        out = call(place, params, batch, mesh, name="place", hints={
-            "does not evenly divide": "Only the batch is split over 'i'; the parameters stay whole on every "
-                                      "device (a spec that splits nothing).",
-            "must be >= the product of mesh_shape": "Use the mesh you were given (the argument mesh); do not "
-                                                    "build another one.",
-            "is not found in mesh": "The mesh you were given names its axis 'i': a spec can only name the axes "
-                                    "of that mesh.",
-            "if a PartitionSpec is passed": "A PartitionSpec alone does not say which mesh it refers to: pair it "
-                                            "with the mesh you were given (lesson 06, section 1).",
-        })
+        where = f"on a mesh of {n} devices"
+        try:
+            out = call(place, params, batch, mesh, name="place", hints={
+                "must be >= the product of mesh_shape": "Use the mesh you were given (the argument mesh); do not "
+                                                        "build another one.",
+                "is not found in mesh": "The mesh you were given names its axis 'i': a spec can only name the "
+                                        "axes of that mesh.",
+                "if a PartitionSpec is passed": "A PartitionSpec alone does not say which mesh it refers to: pair "
+                                                "it with the mesh you were given (lesson 06, section 1).",
+            })
+        except Mismatch as e:
+            import re
+            shape = re.search(r"Got shape: \(([\d, ]*)\)", str(e))
+            axis = re.search(r"array axis (\d+) is partitioned", str(e))
+            if not shape:
+                raise
+            shape = tuple(int(s) for s in shape.group(1).split(",") if s.strip())
+            size = re.search(r"Mesh\('[^']*': (\d+)", str(e))
+            if size and int(size.group(1)) != n:
+                raise Mismatch(f"place {where} put an array on a mesh of {size.group(1)} devices: build the "
+                               "NamedSharding on the mesh you were given (the argument mesh), not on another "
+                               "one.") from None
+            if any(np.shape(v) == shape for _, v in _leaves(params)):
+                raise Mismatch(f"place {where} split a parameter of shape {shape} over 'i', and its size does not "
+                               "divide over the devices. Only the batch is split; the parameters stay whole on "
+                               "every device (a spec that splits nothing).") from None
+            raise Mismatch(f"place {where} split a batch leaf of shape {shape} along axis "
+                           f"{axis.group(1) if axis else '?'}. The batch is split along axis 0, its rows, and "
+                           "along no other axis.") from None
         if not isinstance(out, (tuple, list)) or len(out) != 2:
             raise Mismatch(f"place should return a pair (params, batch); got {describe_tree(out)}.")
         p, b = out
@@ -61,10 +94,11 @@ def check_place(place):
                            "(params, batch).")
         expect_structure(p, params, what="the params place returns")
         expect_structure(b, batch, what="the batch place returns")
-        for name, leaf in [("params['w']", p["w"]), ("params['b']", p["b"])]:
+        for (name, leaf), (_, given) in zip(_leaves(p), _leaves(params)):
+            name = f"params{name}"
             if not isinstance(leaf, jax.Array):
                 raise Mismatch(f"{name} is still a {type(leaf).__name__} on the host: use jax.device_put.")
-            if leaf.ndim == 3 or (name == "params['b']" and leaf.ndim == 2):
+            if leaf.ndim == np.ndim(given) + 1 and leaf.shape[0] == n:
                 raise Mismatch(f"{name} has shape {leaf.shape}: a stacked copy per device is the pmap way "
                                "(sharding.replicate). On a mesh the array keeps its own shape; its sharding alone "
                                "says that every device holds all of it (lesson 06, section 1).")
@@ -76,25 +110,30 @@ def check_place(place):
                 raise Mismatch(f"{name} has sharding {_spec(leaf)} on {len(leaf.devices())} device(s); every one of "
                                f"the {n} devices needs the whole array: a NamedSharding on the given mesh whose "
                                "spec splits nothing.")
-        for name, leaf in [("batch['x']", b["x"]), ("batch['y']", b["y"])]:
+        for (name, leaf), (_, given) in zip(_leaves(b), _leaves(batch)):
+            name = f"batch{name}"
             if not isinstance(leaf, jax.Array):
                 raise Mismatch(f"{name} is still a {type(leaf).__name__} on the host: use jax.device_put.")
+            if len(leaf.devices()) != n and isinstance(leaf.sharding, NamedSharding) and leaf.sharding.mesh.size > 1:
+                raise Mismatch(f"{name} lives on a mesh of {len(leaf.devices())} devices, but the mesh you were given "
+                               f"has {n}: build the NamedSharding on that mesh (the argument mesh), not on another "
+                               "one.")
             if leaf.sharding.is_fully_replicated:
                 raise Mismatch(f"{name} is replicated: every device holds the whole batch. Its spec should split "
                                "axis 0 over the mesh axis 'i' (lesson 06, section 1).")
+            rows = np.shape(given)[0] // n
             blocks = {s.data.shape for s in leaf.addressable_shards}
-            if blocks != {(4,) + leaf.shape[1:]}:
-                raise Mismatch(f"{name} is split into blocks of shape {sorted(blocks)}; expected axis 0 split "
-                               f"over the {n} devices, blocks of {(4,) + leaf.shape[1:]}.")
-        for name, leaf, given in [("params['w']", p["w"], params["w"]), ("params['b']", p["b"], params["b"]),
-                                  ("batch['x']", b["x"], batch["x"]), ("batch['y']", b["y"], batch["y"])]:
+            if blocks != {(rows,) + np.shape(given)[1:]}:
+                raise Mismatch(f"{name} {where} is split into blocks of shape {sorted(blocks)}; expected axis 0 split "
+                               f"over the {n} devices, blocks of {(rows,) + np.shape(given)[1:]}.")
+        for (name, leaf), (_, given) in zip(_leaves((p, b)), _leaves((params, batch))):
+            name = ("params" if name.startswith("[0]") else "batch") + name[3:]
             if np.dtype(leaf.dtype) != np.dtype(jnp.asarray(given).dtype):
                 raise Mismatch(f"{name} came back as {np.dtype(leaf.dtype).name}; it came in as "
                                f"{np.dtype(given.dtype).name} (as {np.dtype(jnp.asarray(given).dtype).name} on the "
                                "devices). Placing an array should not change its dtype: no cast.")
-        expect_array(b["x"], batch["x"], what="batch['x'] (the values must not change)")
-        expect_array(p["w"], params["w"], what="params['w'] (the values must not change)")
-    return "parameters whole on every device (P()), the batch split along axis 0 (P('i'))."
+            expect_array(leaf, given, what=f"{name} (the values must not change)", rtol=0, atol=0)
+    return "parameters whole on every device (P()), the batch split along axis 0 (P('i')), on 8, 4 and 2 devices."
 
 
 # ----------------------------------------------------------------------------------------------
@@ -124,28 +163,34 @@ def check_stats_out_specs(stats_out_specs):
     if not isinstance(specs, (tuple, list)) or len(specs) != 2 or not all(isinstance(s, P) for s in specs):
         raise Mismatch(f"stats_out_specs() should return a pair of PartitionSpecs, one per output of stats; got "
                        f"{describe_tree(specs)}.")
-    n = len(jax.devices())
-    mesh = _mesh(n)
-    x = jax.device_put(np.arange(2.0 * n, dtype=np.float32), NamedSharding(mesh, P(AXIS)))
-    try:
-        local, total = jax.shard_map(stats, mesh=mesh, in_specs=P(AXIS), out_specs=tuple(specs))(x)
-    except Exception as e:
-        if "can't be statically inferred" in str(e):
-            label = "P()" if specs[0] == P() else f"{specs[0]} (it names no mesh axis: the same as P())"
-            raise Mismatch(f"out_specs {tuple(specs)}: check_vma rejects {label} for the per-device sums, which "
-                           "differ from device to device. Only the psum total is known to be the same "
-                           "everywhere.") from None
-        if "marked as manual" in str(e) or "not found in mesh" in str(e):
-            raise Mismatch(f"out_specs {tuple(specs)} names a mesh axis that the mesh does not have: its only axis "
-                           f"is {AXIS!r}.") from None
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-        raise Mismatch(f"out_specs {tuple(specs)} raised {type(e).__name__}: {first}. Each spec names, per axis "
-                       f"of that output, the mesh axis it is split over: {AXIS!r} or nothing.") from None
-    expected_local = np.asarray(x).reshape(n, 2).sum(axis=1)
-    expect_array(local, expected_local, what="the per-device sums, stacked")
-    if np.shape(total) == (n,):
-        raise Mismatch(f"out_specs {tuple(specs)} runs, but returns the total {n} times, once per device, shape "
-                       f"({n},). It is the same on every device, and check_vma knows it: a spec naming no axis "
-                       "returns it once, shape (1,).")
-    expect_array(total, [np.asarray(x).sum()], what="the total")
-    return "P('i') for values that differ per device; P() for the psum, which check_vma can see is replicated."
+    rng = np.random.default_rng(62)
+    for n in (len(jax.devices()), 4, 2):
+        mesh = _mesh(n)
+        x = jax.device_put(rng.normal(size=(2 * n, 3)).astype(np.float32), NamedSharding(mesh, P(AXIS)))
+        try:
+            local, total = jax.shard_map(stats, mesh=mesh, in_specs=P(AXIS), out_specs=tuple(specs))(x)
+        except Exception as e:
+            if "can't be statically inferred" in str(e):
+                label = "P()" if specs[0] == P() else f"{specs[0]} (it names no mesh axis: the same as P())"
+                raise Mismatch(f"out_specs {tuple(specs)}: check_vma rejects {label} for the per-device sums, which "
+                               "differ from device to device. Only the psum total is known to be the same "
+                               "everywhere.") from None
+            if "marked as manual" in str(e) or "not found in mesh" in str(e):
+                raise Mismatch(f"out_specs {tuple(specs)} names a mesh axis that the mesh does not have: its only axis "
+                               f"is {AXIS!r}.") from None
+            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+            raise Mismatch(f"out_specs {tuple(specs)} raised {type(e).__name__}: {first}. Each spec names, per axis "
+                           f"of that output, the mesh axis it is split over: {AXIS!r} or nothing.") from None
+        expected_local = np.asarray(x).reshape(n, 6).sum(axis=1, keepdims=True)
+        if np.shape(total) == (n, 1):
+            raise Mismatch(f"out_specs {tuple(specs)} runs, but returns the total {n} times, once per device, shape "
+                           f"({n}, 1). It is the same on every device, and check_vma knows it: a spec naming no axis "
+                           "returns it once, shape (1, 1).")
+        if np.shape(local) == (1, n):
+            raise Mismatch(f"out_specs {tuple(specs)} stacks the per-device sums along axis 1, shape (1, {n}): the "
+                           "devices' values come one per row of the blocks' first axis, so name 'i' for axis 0.")
+        expect_array(local, expected_local, what=f"the per-device sums on {n} devices, stacked", rtol=1e-5,
+                     atol=1e-5)
+        expect_array(total, [[np.asarray(x).sum()]], what="the total", rtol=1e-4, atol=1e-4)
+    return ("P('i') for values that differ per device; P() for the psum, which check_vma can see is replicated "
+            "(on 8, 4 and 2 devices).")

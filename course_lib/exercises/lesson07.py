@@ -14,119 +14,167 @@ from .lesson06 import AXIS, _mesh, _spec
 
 
 # ----------------------------------------------------------------------------------------------
-# 07.1 Port a pmap function to shard_map
+# 07.1 Port a pmap function with a broadcast argument and a replicated output to shard_map
 
 
 def pmap_version(x, w):
-    """The lesson's pmap code: x (n, b, d) one block per device, w (d, k) broadcast -> (n, b, k)."""
-    return jax.pmap(lambda xb, wb: jnp.tanh(xb @ wb), in_axes=(0, None))(x, w)
+    """The pmap code to port: x (n, b, d) one block per device, w (d, k) broadcast -> ((n, b, k), (k,))."""
+    def per_device(xb, wb):
+        h = jnp.tanh(xb @ wb)
+        return h, jax.lax.psum(h.sum(axis=0), "i")
+
+    return jax.pmap(per_device, in_axes=(0, None), out_axes=(0, None), axis_name="i")(x, w)
 
 
 def solution_ported(x, w, mesh):
-    def block(xb, wb):                 # xb: this device's rows (B // n, d); wb: all of w
-        return jnp.tanh(xb @ wb)
+    def per_device(xb, wb):                 # xb: this device's rows (B // n, d); wb: all of w
+        h = jnp.tanh(xb @ wb)
+        return h, jax.lax.psum(h.sum(axis=0), "i")
 
-    return jax.shard_map(block, mesh=mesh, in_specs=(P("i"), P()), out_specs=P("i"))(x, w)
-
-
-def _call_ported(ported, x, w, mesh):
-    return call(ported, x, w, mesh, name="ported", hints={
-            "can't be statically inferred": "The output differs from device to device: an out_specs that names "
-                                            "'i' stacks the blocks; P() would claim they are all the same.",
-            "does not match the specs of the input": "in_specs must match how the inputs are placed: x split "
-                                                     "over 'i', w whole on every device.",
-            "marked as manual": "A spec names a mesh axis that this mesh does not have: its only axis is 'i'.",
-            "not found in mesh": "A spec names a mesh axis that this mesh does not have: its only axis is 'i'.",
-    })
+    return jax.shard_map(per_device, mesh=mesh, in_specs=(P("i"), P()), out_specs=(P("i"), P()))(x, w)
 
 
-@exercise("07.1", "Port a pmap function to shard_map", solution=solution_ported,
-          returns="a jax.Array of shape (B, k), tanh(x @ w), split by rows over the mesh axis 'i' (P('i'))",
-          hints=["Each entry of pmap's in_axes becomes an entry of in_specs: which argument is divided between "
-                 "the devices, and which does every device need whole? How is the output laid out? No reshape to "
-                 "(n, b, ...): shard_map works on the global shapes.",
-                 "jax.shard_map with mesh, in_specs and out_specs; lesson 07's migration table, rows 1 and 2, "
-                 "shows a split and a broadcast argument side by side with pmap.",
-                 "In words: the per-device function is the pmap version's, unchanged. x's spec splits axis 0 over "
-                 "'i'; w's spec splits nothing (it was in_axes=None); the output's spec splits axis 0 over 'i', "
-                 "like x. Call the shard_mapped function on x and w and return its result."])
+_SUMS = ("psum", "psum_invariant", "psum2", "reduce_scatter", "psum_scatter")
+
+
+def _shard_map_collectives(fn, *args, name):
+    """The names of the collectives inside each shard_map of ``fn(*args)``'s program (pmap shows as one too)."""
+    from . import _eqns
+    found = []
+    for eqn in primitives(fn, *args, name=name):
+        if eqn.primitive.name == "shard_map":
+            inner = eqn.params["jaxpr"]
+            found.append({e.primitive.name for e in _eqns(getattr(inner, "jaxpr", inner))})
+    return found
+
+
+@exercise("07.1", "Port a pmap function with a broadcast argument and a replicated output",
+          solution=solution_ported,
+          returns="a pair: tanh(x @ w) of shape (B, k) split by rows over 'i', and its column sums over the "
+                  "global batch, shape (k,), replicated",
+          hints=["Go through pmap's arguments one by one: which argument is divided between the devices, which "
+                 "one does every device need whole, which output differs per device and which is the same "
+                 "everywhere? shard_map works on the global shapes: no reshape to (n, b, ...).",
+                 "Lesson 07's migration table: row 2 (in_axes=None), row 3 (out_axes=None and the collective that "
+                 "makes it checkable) and row 1 (the axis name). The per-device body needs no change.",
+                 "In words: one shard_map on the given mesh; the in_specs split x's rows over 'i' and leave w "
+                 "whole; the out_specs are a pair, the first output split over 'i' like x, the second naming no "
+                 "axis, because after the collective it is the same on every device."])
 def check_ported(ported):
     rng = np.random.default_rng(6)
-    for n, b, d, k in [(len(jax.devices()), 2, 3, 4), (4, 3, 2, 2)]:
+    for n, b, d, k in [(len(jax.devices()), 2, 3, 4), (4, 3, 5, 2), (2, 5, 2, 3)]:
         mesh = _mesh(n)
-        x = jax.device_put(rng.normal(size=(n * b, d)).astype(np.float32), NamedSharding(mesh, P(AXIS)))
-        w = jax.device_put(rng.normal(size=(d, k)).astype(np.float32), NamedSharding(mesh, P()))
+        x_np = rng.normal(size=(n * b, d)).astype(np.float32)
+        w_np = rng.normal(size=(d, k)).astype(np.float32)
+        x = jax.device_put(x_np, NamedSharding(mesh, P(AXIS)))
+        w = jax.device_put(w_np, NamedSharding(mesh, P()))
+        h_ref = np.tanh(x_np.astype(np.float64) @ w_np)
+        total_ref = h_ref.sum(axis=0)
+        what = f"ported(x {x.shape}, w {w.shape}) on {n} devices"
         try:
-            got = _call_ported(ported, x, w, mesh)
+            got = call(ported, x, w, mesh, name="ported", hints={
+                "can't be statically inferred": "An out_specs entry naming no axis claims that the output is the "
+                                                "same on every device. tanh(x @ w) differs from device to device "
+                                                "(each has its own rows); only the total that came out of the "
+                                                "collective is the same everywhere.",
+                "does not match the specs of the input": "in_specs must match how the inputs are placed: x split "
+                                                         "over 'i', w whole on every device.",
+                "marked as manual": "A spec names a mesh axis that this mesh does not have: its only axis is 'i'.",
+                "not found in mesh": "A spec names a mesh axis that this mesh does not have: its only axis is 'i'.",
+                "unbound axis name": "A collective names an axis that only exists inside shard_map: compute the "
+                                     "total in the per-device function.",
+                "should match the mesh passed to shard_map": f"Build the shard_map on the mesh you were given "
+                                                             f"(here {n} devices), not on one of your own.",
+            })
         except Mismatch as e:
             if "raised KeyError: 'i'" in str(e):
-                raise Mismatch(f"ported(x {x.shape}, w {w.shape}) on {n} devices raised KeyError: 'i'. That is "
-                               "what jax.pmap does with arrays already placed on a mesh with an Explicit axis, as "
-                               "x and w are here. The port replaces pmap: the per-device function runs under "
-                               "jax.shard_map on the given mesh, on the global x with no reshape (lesson 07, "
-                               "migration table).") from None
-            if "evenly divi" not in str(e):
-                raise
-            raise Mismatch(f"ported(x {x.shape}, w {w.shape}) on {n} devices raised ValueError: an array is split "
-                           f"over 'i' along an axis that does not divide over the {n} devices. That is w, of shape "
-                           f"{tuple(w.shape)}: w is broadcast in the pmap version (in_axes=None), so every device "
-                           "needs all of it, and its in_specs entry should split nothing.") from None
-        what = f"ported(x {x.shape}, w {w.shape}) on {n} devices"
-        if hasattr(got, "dtype") and hasattr(got, "shape") and np.dtype(got.dtype) != np.float32:
-            raise Mismatch(f"{what} is {np.dtype(got.dtype).name}; x and w are float32, and so is the pmap version's "
-                           "result. Keep the dtype: no cast.")
-        if hasattr(got, "shape") and tuple(got.shape) == (b, k):
-            raise Mismatch(f"{what} has shape {tuple(got.shape)}, one device's block; expected ({n * b}, {k}). An "
-                           "out_specs entry that names no axis returns a single block, as if all were the same "
-                           "(with check_vma=False nothing checks that claim): name the axis the rows are split "
-                           "over.")
-        as_array(got, what=what, expected_shape=(n * b, k))
-        expect_array(got, np.tanh(np.asarray(x) @ np.asarray(w)), what=what, rtol=1e-5)
-        if not isinstance(got, jax.Array) or _spec(got) is None or tuple(_spec(got))[:1] != (AXIS,):
-            raise Mismatch(f"{what} has sharding {_spec(got)}; expected the rows split over 'i', as the input "
-                           "was: look at the output's spec.")
-        eqns = primitives(lambda a, c: ported(a, c, mesh), x, w, name="ported")
-        if not any(e.primitive.name == "shard_map" for e in eqns):
+                raise Mismatch(f"{what} raised KeyError: 'i'. That is what jax.pmap does with arrays already "
+                               "placed on a mesh with an Explicit axis, as x and w are here. The port replaces "
+                               "pmap: the per-device function runs under jax.shard_map on the given mesh, on the "
+                               "global x with no reshape (lesson 07, migration table).") from None
+            if "evenly divi" in str(e) or ("dot_general" in str(e) and "contracting" in str(e)):
+                raise Mismatch(f"{what} raised an error: w is split over 'i' too. w is broadcast in the pmap "
+                               "version (in_axes=None), so every device needs all of it, and its in_specs entry "
+                               "should split nothing.") from None
+            raise
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            raise Mismatch(f"{what} should return a pair (tanh(x @ w), its column sums), as the pmap version "
+                           f"does; got {describe_tree(got)}.")
+        h, total = got
+        if hasattr(h, "dtype") and np.dtype(h.dtype) != np.float32:
+            raise Mismatch(f"{what}: tanh(x @ w) came back as {np.dtype(h.dtype).name}; x and w are float32, and "
+                           "so is the pmap version's result. Keep the dtype: no cast.")
+        if hasattr(h, "shape") and tuple(h.shape) == (b, k):
+            raise Mismatch(f"{what}: tanh(x @ w) has shape {tuple(h.shape)}, one device's block; expected "
+                           f"({n * b}, {k}). An out_specs entry naming no axis returns a single block, as if all "
+                           "were the same (with check_vma=False nothing checks that claim): name the axis the "
+                           "rows are split over.")
+        expect_array(h, h_ref, what=f"{what}, tanh(x @ w)", rtol=1e-4, atol=1e-5)
+        if not isinstance(h, jax.Array) or _spec(h) is None or tuple(_spec(h))[:1] != (AXIS,):
+            raise Mismatch(f"{what}: tanh(x @ w) has sharding {_spec(h)}; expected the rows split over 'i', as "
+                           "the input was.")
+        if hasattr(total, "shape") and tuple(total.shape) == (n * k,):
+            raise Mismatch(f"{what}: the column sums have shape ({n * k},): the same total, once per device, "
+                           "stacked. out_specs naming 'i' stacks the devices' values; this one is the same on "
+                           "every device, and a spec naming no axis returns it once, shape "
+                           f"({k},), as pmap's out_axes=None did.")
+        totals = as_array(total, what=f"{what}, the column sums", expected_shape=(k,))
+        if totals.shape == (k,):
+            first = h_ref[:b].sum(axis=0)
+            if np.allclose(totals, total_ref / n, rtol=1e-4, atol=1e-5):
+                raise Mismatch(f"{what}: the column sums are the total divided by {n}: the mean over the "
+                               "devices, not their sum. The pmap version adds up every device's sums.")
+            if np.allclose(totals, first, rtol=1e-4, atol=1e-5):
+                raise Mismatch(f"{what}: the column sums are those of device 0's rows only: each device's own "
+                               "sums never met the others' (no collective adds them), and the output returned "
+                               "one device's value. The pmap version adds up every device's sums.")
+        expect_array(totals, total_ref, what=f"{what}, the column sums", rtol=1e-4, atol=1e-4)
+        if isinstance(total, jax.Array) and len(total.devices()) != n:
+            raise Mismatch(f"{what}: the column sums live on {len(total.devices())} device(s); as the pmap "
+                           f"version's out_axes=None output, they should be on all {n}, the same everywhere.")
+        inside = _shard_map_collectives(lambda a, c: ported(a, c, mesh), x, w, name="ported")
+        if not inside:
             raise Mismatch(f"{what} has the right values but does not use jax.shard_map.")
-    return "the same program as the pmap version, written for a mesh, with no reshape to (n, b, ...)."
+        if not any(names & set(_SUMS) for names in inside):
+            raise Mismatch(f"{what} has the right values, but no shard_map in it adds the devices' sums with a "
+                           "collective: the total is computed outside the per-device code. Port the pmap "
+                           "version as it is, collective included, into one shard_map.")
+    return ("the pmap version's program on a mesh: x split, w whole, the rows returned split and the psum total "
+            "returned once, on 8, 4 and 2 devices.")
 
 
 # ----------------------------------------------------------------------------------------------
-# 07.2 Port lesson 05's whole training step (optax optimizer included) to a mesh
+# 07.2 The training step in shard_map form, for any loss and any optax optimizer
 
 
 def mlp_loss(params, x, y):
-    """A small classifier: x (B, 5) float32, y (B,) int32 class labels in 0..2 -> the mean cross entropy."""
+    """A small classifier: x (B, d) float32, y (B,) int32 class labels -> the mean cross entropy."""
     hidden = jnp.tanh(x @ params["w1"] + params["b1"])
     logits = hidden @ params["w2"] + params["b2"]
     return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
 
 
-def pmap_train_step(loss_fn, optimizer, devices=None):
-    """Lesson 05's data-parallel step: per-device gradients, pmean, the same optax update on every copy.
+def image_loss(params, x, y):
+    """A linear classifier on (B, 2, 3) inputs: flattened, then one dense layer -> the mean cross entropy."""
+    logits = x.reshape(x.shape[0], -1) @ params["dense"]["kernel"] + params["dense"]["bias"]
+    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, y))
 
-    Works on stacked copies: params and opt_state (n, ...), x (n, B // n, ...), y (n, B // n).
-    """
-    def step(params, opt_state, x, y):
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-        grads, loss = jax.lax.pmean((grads, loss), "i")
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
 
-    return jax.pmap(step, axis_name="i", devices=devices)
+def regression_loss(params, x, y):
+    """Linear regression: x (B, 4), y (B,) float32 -> the mean squared error."""
+    return jnp.mean((x @ params["w"] + params["b"] - y) ** 2)
 
 
 def solution_make_sharded_step(loss_fn, optimizer, mesh):
-    # Sharded jit: the single-device step, unchanged. The batch arrives split over the mesh and the
-    # parameters replicated; the compiler adds the all-reduce of the gradients (the mean over the
-    # global batch needs no pmean). Run it inside `with jax.set_mesh(mesh):`.
-    @jax.jit
-    def step(params, opt_state, x, y):
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+    def per_device(params, opt_state, x, y):             # x, y: this device's rows
+        local = jax.tree.map(lambda p: jax.lax.pcast(p, "i", to="varying"), params)
+        loss, grads = jax.value_and_grad(loss_fn)(local, x, y)
+        grads, loss = jax.lax.pmean((grads, loss), "i")  # each device's own gradient, averaged
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    return step
+    step = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(), P("i"), P("i")), out_specs=(P(), P(), P()))
+    return jax.jit(step, donate_argnums=(0, 1))
 
 
 def _tree_norm(tree) -> float:
@@ -134,178 +182,272 @@ def _tree_norm(tree) -> float:
                              if np.issubdtype(np.asarray(v).dtype, np.floating))))
 
 
-def _moments(opt_state):
-    """The first moments (mu) of an optax.adam state: the gradients the optimizer was fed, averaged."""
-    return [s.mu for s in jax.tree.leaves(opt_state, is_leaf=lambda s: hasattr(s, "mu")) if hasattr(s, "mu")]
-
-
 def _collectives(hlo: str) -> dict:
     names = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
     return {c: len(re.findall(rf" {c}(?:-start)?\(", hlo)) for c in names}
 
 
-_STEPS = 3
+class _Spy:
+    """Wraps an optax optimizer and counts the calls of its update while the learner's step is traced."""
+
+    def __init__(self, tx):
+        self.tx, self.updates = tx, 0
+
+    def transformation(self):
+        def update(grads, state, params=None, **extra):
+            self.updates += 1
+            return self.tx.update(grads, state, params, **extra)
+        return optax.GradientTransformation(self.tx.init, update)
 
 
-def _wraps_one_jit(step, *args) -> bool:
-    """Whether ``step`` (no ``.lower`` of its own) wraps jitted code: it only calls jitted functions, or it enters
-    ``jax.set_mesh`` itself (which cannot be traced, so such a step is taken as a wrapper around its jitted step)."""
-    try:
-        eqns = jax.make_jaxpr(step)(*args).jaxpr.eqns
-    except Exception as e:
-        return "set_mesh` can only be used outside" in str(e)
-    return bool(eqns) and all(e.primitive.name in ("pjit", "jit") for e in eqns)
+def _cases(rng):
+    """(devices, loss, params, batches, optimizer, label): another model, batch and optimizer in each case."""
+    n0 = len(jax.devices())
+    f32 = lambda *shape: rng.normal(size=shape).astype(np.float32)
+    cases = []
+    rows = 3 * n0
+    cases.append((n0, regression_loss, {"w": f32(4) * 0.5, "b": np.float32(0.3)},
+                  [(f32(rows, 4), f32(rows)) for _ in range(3)], optax.sgd(0.1), "plain SGD (learning rate 0.1)"))
+    rows = 4 * 4
+    cases.append((4, mlp_loss, {"w1": f32(5, 8) * 0.5, "b1": f32(8) * 0.1, "w2": f32(8, 3) * 0.5,
+                                "b2": np.zeros(3, np.float32)},
+                  [(f32(rows, 5), rng.integers(0, 3, size=rows).astype(np.int32)) for _ in range(3)],
+                  optax.chain(optax.clip_by_global_norm(0.5), optax.adam(0.05)),
+                  "gradient clipping (global norm 0.5) before Adam"))
+    rows = 2 * 5
+    cases.append((2, image_loss, {"dense": {"kernel": f32(6, 4) * 0.3, "bias": np.zeros(4, np.float32)}},
+                  [(f32(rows, 2, 3), rng.integers(0, 4, size=rows).astype(np.int32)) for _ in range(3)],
+                  optax.sgd(0.05, momentum=0.9), "SGD with momentum 0.9"))
+    return cases
 
 
-@exercise("07.2", "Port lesson 05's training step, optimizer and all, to a mesh",
+def _reference(loss_fn, tx, params0, batches):
+    """One device, the whole global batch each step: what every data-parallel step must reproduce."""
+    @jax.jit
+    def step(params, state, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state, loss, grads
+
+    params, state, out = params0, tx.init(params0), []
+    for x, y in batches:
+        params, state, loss, grads = step(params, state, x, y)
+        out.append((jax.tree.map(np.asarray, params), jax.tree.map(np.asarray, state), float(loss),
+                    jax.tree.map(np.asarray, grads)))
+    return out
+
+
+_REFERENCES: list = []
+
+
+def _cases_with_references():
+    """The checker's cases and one device's results on them, computed once per process (they never change)."""
+    if not _REFERENCES:
+        for case in _cases(np.random.default_rng(7)):
+            n, loss_fn, params0, batches, tx, label = case
+            _REFERENCES.append((case, _reference(loss_fn, tx, params0, batches)))
+    return list(_REFERENCES)
+
+
+@exercise("07.2", "The training step in shard_map form, for any loss and optimizer",
           solution=solution_make_sharded_step,
-          returns="a function step(params, opt_state, x, y) -> (params, opt_state, loss) on global arrays: params "
-                  "and opt_state replicated on the mesh, loss a scalar",
-          hints=["Start from what one device would do with the whole global batch. Which line of the pmap step "
-                 "exists only because each device saw a part of the batch?",
-                 "Lesson 07, section 2 ('One training step, three ways'): sharded jit needs no collective in the "
-                 "source; lesson 06, section 3 explains why a pmean added under shard_map gives gradients n times "
-                 "too large. Section 2 also says where jax.set_mesh is needed.",
-                 "In words: jit a function that takes the value and gradient of the loss on the global batch, "
-                 "feeds the gradients to the optimizer's update, applies the updates and returns the new "
-                 "parameters, the new optimizer state and the loss. Leave out the pmean: the compiler adds the "
-                 "sum over devices itself."])
+          returns="a jitted step(params, opt_state, x, y) -> (params, opt_state, loss) built with jax.shard_map: "
+                  "params and opt_state replicated on the mesh (and donated), x and y split over 'i', loss a scalar",
+          hints=["Write the step as per-device code: each device sees its own rows and a whole copy of the "
+                 "parameters. Which gradient must reach the optimizer, and what does shard_map already do to the "
+                 "gradient of a replicated parameter?",
+                 "Lesson 07, section 2: the jit(shard_map) step (with SGD by hand) and, at the end of the section, "
+                 "the optax step with donate_argnums; lesson 06, section 3, for the two gradient idioms. The "
+                 "optimizer state is one more replicated argument and output.",
+                 "In words: the per-device function marks the parameters as varying over 'i', takes the value "
+                 "and gradient of the loss on its rows, averages both over 'i', then calls the given optimizer's "
+                 "update and applies it. shard_map it with the state replicated and the batch split, and jit it "
+                 "with the state donated."])
 def check_make_sharded_step(make_sharded_step):
-    rng = np.random.default_rng(7)
-    for n in (len(jax.devices()), 4):
+    for (n, loss_fn, params0, batches, tx, label), ref in _cases_with_references():
         mesh = _mesh(n)
-        rows = 4 * n
-        params0 = {"w1": rng.normal(size=(5, 8)).astype(np.float32) * 0.5, "b1": np.zeros(8, np.float32),
-                   "w2": rng.normal(size=(8, 3)).astype(np.float32) * 0.5, "b2": np.zeros(3, np.float32)}
-        batches = [(rng.normal(size=(rows, 5)).astype(np.float32), rng.integers(0, 3, size=rows).astype(np.int32))
-                   for _ in range(_STEPS)]
-        optimizer = optax.adam(0.05)
-
-        # The reference: lesson 05's pmap step on stacked copies, built before the learner's code runs.
-        devices = jax.devices()[:n]
-        ref_step = pmap_train_step(mlp_loss, optimizer, devices=devices)
-        stack = lambda tree: jax.tree.map(lambda v: np.broadcast_to(v, (n,) + np.shape(v)), tree)
-        ref_params, ref_state = stack(params0), stack(optimizer.init(params0))
-        ref = []
-        for x, y in batches:
-            ref_params, ref_state, ref_loss = ref_step(ref_params, ref_state, x.reshape(n, 4, 5), y.reshape(n, 4))
-            ref.append((jax.tree.map(lambda v: np.asarray(v[0]), ref_params),
-                        jax.tree.map(lambda v: np.asarray(v[0]), ref_state), float(ref_loss[0])))
-
-        step = call(make_sharded_step, mlp_loss, optimizer, mesh, name="make_sharded_step")
+        where = f"on {n} devices with {label} ({loss_fn.__name__})"
+        spy = _Spy(tx)
+        step = call(make_sharded_step, loss_fn, spy.transformation(), mesh, name="make_sharded_step")
         if not callable(step):
             raise Mismatch(f"make_sharded_step should return the step function; got {describe_tree(step)}.")
         replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
         params = jax.device_put(params0, replicated)
-        opt_state = jax.device_put(optimizer.init(params0), replicated)
-        where = f"on a mesh of {n} devices"
+        opt_state = jax.device_put(tx.init(params0), replicated)
         with jax.set_mesh(mesh):
             x, y = jax.device_put(batches[0], split)
-            if not hasattr(step, "lower") and not _wraps_one_jit(step, params, opt_state, x, y):
-                raise Mismatch(f"the step make_sharded_step returns is not jitted ({type(step).__name__}): outside "
-                               "jit, JAX runs it one operation at a time, each its own dispatch. Wrap the step in "
-                               "jax.jit, as lesson 07, section 2 does.")
             try:
-                hlo = jax.jit(step).lower(params, opt_state, x, y).compile().as_text()
+                inside = _shard_map_collectives(step, params, opt_state, x, y, name="step")
+            except Mismatch as unreadable:
+                try:
+                    call(step, params, opt_state, x, y, name="step", hints=_step_hints(n))
+                except Mismatch as e:
+                    if spy.updates == 0 and "State" in str(e) and not any(f in str(e) for f in _step_hints(n)):
+                        raise Mismatch(f"the step {where} never calls the optimizer it was given (its update), "
+                                       f"and fails: {e} make_sharded_step must work for any optax optimizer: "
+                                       "feed the gradients to the given optimizer's update.") from None
+                    raise
+                raise unreadable from None
+            if not inside:
+                raise Mismatch(f"the step {where} has no jax.shard_map in its program. This exercise asks for "
+                               "the per-device form, where you write the collective yourself (the sharded-jit "
+                               "form of lesson 07's last step is not it).")
+            run = step
+            try:
+                compiled = (step if hasattr(step, "lower") else jax.jit(step)).lower(params, opt_state, x, y).compile()
+                hlo = compiled.as_text()
+                if hasattr(step, "lower"):
+                    run = compiled       # the same program, compiled once: run it, donation included
             except Exception:
                 hlo = None  # the call below reports the learner's error
             for i, (x_np, y_np) in enumerate(batches):
                 x, y = jax.device_put((x_np, y_np), split)
-                out = call(step, params, opt_state, x, y, name="step", hints={
-                    "should match the mesh passed to shard_map": "A shard_map (pmap is one too) was built on another "
-                                                                 "mesh than the one the step runs under: the checker "
-                                                                 "runs step inside jax.set_mesh on the mesh it gave "
-                                                                 "make_sharded_step. Build on that mesh, and leave "
-                                                                 "pmap out of the port.",
-                    "not evenly divisible": f"Build nothing for a fixed device count: this mesh has {n} devices; "
-                                            "use the mesh make_sharded_step was given.",
-                    "can't be statically inferred": "Under shard_map, a P() output must be visibly the same on "
-                                                    "every device (lesson 06, section 3).",
-                    "unbound axis name": "A collective (pmean, psum) names a mesh axis, and only per-device code "
-                                         "under shard_map has one. Under plain jit each value is a global one: "
-                                         "the gradient of the loss on the global batch already is the mean over "
-                                         "all rows, and the compiler adds the sum over the devices itself (lesson "
-                                         "07, section 2).",
-                    "too long to be compatible": "An out_specs entry splits an axis that its output does not have: "
-                                                 "the loss is a scalar. Make it the same on every device and "
-                                                 "return it once, like the state.",
-                })
+                given = jax.tree.leaves((params, opt_state))
+                out = call(run, params, opt_state, x, y, name="step", hints=_step_hints(n))
+                if i == 0 and spy.updates == 0:
+                    raise Mismatch(f"the step {where} never calls the optimizer it was given (its update): it "
+                                   "updates the parameters some other way. make_sharded_step must work for any "
+                                   "optax optimizer, so the step feeds the gradients to that optimizer's update.")
                 if not isinstance(out, (tuple, list)) or len(out) != 3:
-                    raise Mismatch(f"step should return a triple (params, opt_state, loss); step {i + 1} returned "
-                                   f"{describe_tree(out)}.")
+                    raise Mismatch(f"step should return a triple (params, opt_state, loss); step {i + 1} {where} "
+                                   f"returned {describe_tree(out)}.")
                 new_params, new_state, loss = out
+                if jax.tree.structure(loss) == jax.tree.structure(opt_state) and \
+                        jax.tree.structure(new_state) != jax.tree.structure(opt_state):
+                    raise Mismatch(f"step {i + 1} returned the optimizer state third and something else second: "
+                                   "return (params, opt_state, loss), in that order.")
+                kept = [name for name, tree in (("parameters", params), ("optimizer state", opt_state))
+                        if not all(getattr(a, "is_deleted", lambda: False)() for a in jax.tree.leaves(tree))]
+                if i == 0 and kept:
+                    raise Mismatch(f"after step 1 {where}, the {' and the '.join(kept)} passed in still exist: the "
+                                   "step does not donate them, so the devices hold two copies of the state while "
+                                   "it runs. Tell jax.jit which arguments it may reuse (lesson 07, section 2, "
+                                   "donation).")
                 expect_structure(new_params, params0, what=f"the params step {i + 1} returns")
                 if jax.tree.structure(new_state) != jax.tree.structure(opt_state):
                     raise Mismatch(f"the opt_state step {i + 1} returns has the structure "
                                    f"{describe_tree(new_state)}; expected the optimizer's own state, as "
                                    "optimizer.update returns it.")
-                for name, leaf in [*((f"params[{k!r}]", v) for k, v in new_params.items()),
-                                   *((f"an opt_state leaf", v) for v in jax.tree.leaves(new_state))]:
+                for name, leaf in [*(("a parameter", v) for v in jax.tree.leaves(new_params)),
+                                   *(("an opt_state leaf", v) for v in jax.tree.leaves(new_state))]:
                     if not isinstance(leaf, jax.Array):
                         raise Mismatch(f"{name} after step {i + 1} is a {type(leaf).__name__}: keep the state on the "
                                        "devices, as the step's jax.Array outputs.")
-                    want = np.asarray(jax.tree.leaves(params0)[0]).dtype if name.startswith("params") else None
-                    if want is not None and leaf.dtype != want:
+                    if name == "a parameter" and leaf.dtype != np.float32:
                         raise Mismatch(f"{name} after step {i + 1} is {np.dtype(leaf.dtype).name}; the parameters "
-                                       f"came in as {want.name}. Keep their dtype: no cast in the step.")
+                                       "came in as float32. Keep their dtype: no cast in the step.")
                     if len(leaf.devices()) != n or not leaf.sharding.is_fully_replicated:
-                        stacked = name.startswith("params") and leaf.ndim and leaf.shape[0] == n and \
-                            leaf.shape[1:] == np.shape(params0[name[8:-2]])
-                        if stacked:
-                            raise Mismatch(f"{name} after step {i + 1} has shape {leaf.shape}: stacked copies, one "
-                                           "per device, are pmap's layout. On a mesh the parameters keep their own "
-                                           "shape and are replicated.")
                         raise Mismatch(f"{name} after step {i + 1} {where} has sharding {_spec(leaf)} on "
                                        f"{len(leaf.devices())} device(s): the new state should be replicated on "
                                        f"all {n} devices of the mesh, as it came in, ready for the next step.")
                 if hasattr(loss, "dtype") and np.dtype(loss.dtype) != np.float32:
                     raise Mismatch(f"the loss of step {i + 1} is {np.dtype(loss.dtype).name}; the parameters and the "
-                                   "batch are float32, and so is the pmap step's loss. Compute in their dtype: no "
-                                   "cast in the step.")
-                loss = expect_scalar(loss, what=f"the loss of step {i + 1}")
-                ref_params, ref_state, ref_loss = ref[i]
-                mine, theirs = _moments(new_state), _moments(ref_state)
-                ratio = _tree_norm(mine) / max(_tree_norm(theirs), 1e-30)
-                if i == 0 and mine and abs(ratio - 1) > 1e-3:
-                    for k, label in [(n, f"{n} times"), (n * n, f"{n * n} ({n} x {n}) times")]:
-                        if abs(ratio / k - 1) < 1e-2:
-                            raise Mismatch(
-                                f"the gradients your step feeds the optimizer are {label} too large {where} (Adam's "
-                                f"first moment after step 1 is {ratio:.3g} times the pmap step's). The losses "
-                                "would barely show it: Adam's update divides by the gradient's own scale, so the "
-                                "parameters move almost as they should. Under shard_map the gradient of a "
-                                "replicated (P()) parameter comes back already summed over the devices (lesson 06, "
-                                "section 3): "
-                                "look at what your step does with that sum, and compare with the one-device "
-                                "gradient.")
-                    if ratio < 1e-6:
-                        raise Mismatch(f"the optimizer state after step 1 {where} holds no gradient (Adam's first "
-                                       "moment is zero): return the state that the optimizer's update gives back, "
-                                       "not the one that came in.")
-                    raise Mismatch(f"the gradients your step feeds the optimizer {where} differ from the pmap step's "
-                                   f"(Adam's first moment after step 1 is {ratio:.3g} times the pmap step's): the "
-                                   "step should use the gradient of the mean loss over the whole global batch.")
+                                   "batch are float32. Compute in their dtype: no cast in the step.")
+                loss = expect_scalar(loss, what=f"the loss of step {i + 1} {where}")
+                ref_params, ref_state, ref_loss, ref_grads = ref[i]
+                if i == 0 and label.startswith("plain SGD"):
+                    _check_fed_gradient(new_params, params0, ref_grads, batches[0], loss_fn, n, where)
                 if not np.isclose(loss, ref_loss, rtol=1e-4, atol=1e-6):
-                    raise Mismatch(f"step {i + 1} {where} returned the loss {loss:.6f}; lesson 05's pmap step gives "
-                                   f"{ref_loss:.6f} on the same batch. The loss should be the mean over the whole "
+                    b = len(batches[0][0]) // n
+                    own = float(loss_fn(params0, batches[0][0][:b], batches[0][1][:b]))
+                    if i == 0 and np.isclose(loss, own, rtol=1e-4, atol=1e-6):
+                        raise Mismatch(f"step 1 {where} returned the loss of device 0's rows only ({loss:.4f}; "
+                                       f"the whole batch's is {ref_loss:.4f}): average the loss over the devices "
+                                       "too, not only the gradients.")
+                    raise Mismatch(f"step {i + 1} {where} returned the loss {loss:.6f}; one device on the whole "
+                                   f"global batch gives {ref_loss:.6f}. The loss should be the mean over the whole "
                                    "global batch, before the update.")
-                for k in params0:
-                    expect_array(new_params[k], ref_params[k], what=f"params[{k!r}] after step {i + 1} {where}",
-                                 rtol=1e-4, atol=1e-5)
-                for mine_leaf, ref_leaf in zip(jax.tree.leaves(new_state), jax.tree.leaves(ref_state)):
-                    expect_array(mine_leaf, ref_leaf, what=f"the optimizer state after step {i + 1} {where}",
+                for j, (mine, theirs) in enumerate(zip(jax.tree.leaves(new_params), jax.tree.leaves(ref_params))):
+                    try:
+                        expect_array(mine, theirs, what=f"a parameter after step {i + 1} {where}", rtol=1e-4,
+                                     atol=1e-5)
+                    except Mismatch as e:
+                        if i == 0 and jax.tree.leaves(new_state) and all(
+                                np.array_equal(np.asarray(a), np.asarray(b)) for a, b in
+                                zip(jax.tree.leaves(new_state), jax.tree.leaves(tx.init(params0)))):
+                            raise Mismatch(f"after step 1 {where} the optimizer state is the one that came in: "
+                                           "return the state that the optimizer's update gives back.") from None
+                        raise Mismatch(f"{e} The parameters should move as one device's step on the whole batch "
+                                       "moves them, with the same optimizer.") from None
+                for mine, theirs in zip(jax.tree.leaves(new_state), jax.tree.leaves(ref_state)):
+                    if np.issubdtype(np.asarray(theirs).dtype, np.integer) and \
+                            not np.array_equal(np.asarray(mine), theirs):
+                        raise Mismatch(f"the optimizer's step count after step {i + 1} {where} is "
+                                       f"{np.asarray(mine).tolist()}, expected {np.asarray(theirs).tolist()}: call "
+                                       "the optimizer's update once per step, and return its new state.")
+                    expect_array(mine, theirs, what=f"the optimizer state after step {i + 1} {where}",
                                  rtol=1e-4, atol=1e-6)
                 params, opt_state = new_params, new_state
-        if hlo is not None:
-            counts = _collectives(hlo)
-            if counts["all-gather"]:
-                raise Mismatch(f"the step's compiled program {where} has {counts['all-gather']} all-gather(s): it "
-                               "gathers the batch (or the gradients) onto every device, so each device computes "
-                               "on more than its own rows. Leave the batch split as it comes in.")
-            if not counts["all-reduce"] and not counts["reduce-scatter"]:
-                raise Mismatch(f"the step's compiled program {where} has no all-reduce: its devices never combine "
-                               "their gradients, so it cannot be data parallel.")
-    combined = (" and the gradients combined by an all-reduce in the compiled program" if hlo is not None else
-                "; your step enters jax.set_mesh itself, so its compiled program could not be read from outside")
-    return (f"the same losses, parameters and Adam state as lesson 05's pmap step for {_STEPS} steps, on "
-            f"{len(jax.devices())} and on 4 devices, with the state replicated{combined}.")
+        if hlo is None:
+            raise Mismatch(f"the step {where} computes the right values, but its program could not be compiled "
+                           "from outside (jax.jit(step).lower(...)): the checker cannot read its collectives. "
+                           "Return a jitted function of (params, opt_state, x, y), called inside the checker's "
+                           "jax.set_mesh.")
+        counts = _collectives(hlo)
+        if counts["all-gather"]:
+            raise Mismatch(f"the step's compiled program {where} has {counts['all-gather']} all-gather(s): it "
+                           "gathers the batch (or the gradients) onto every device, so each device computes "
+                           "on more than its own rows. Leave the batch split as it comes in.")
+        if not counts["all-reduce"] and not counts["reduce-scatter"]:
+            raise Mismatch(f"the step's compiled program {where} has no all-reduce: its devices never combine "
+                           "their gradients, so it cannot be data parallel.")
+    return ("one device's step on the whole batch, reproduced for 3 steps on 8, 4 and 2 devices with SGD, "
+            "clipping before Adam and momentum, on three models; the state donated, and the gradients combined "
+            "by an all-reduce inside your shard_map.")
+
+
+def _step_hints(n):
+    return {
+        "should match the mesh passed to shard_map": "A shard_map (pmap is one too) was built on another "
+                                                     "mesh than the one the step runs under: the checker "
+                                                     "runs step inside jax.set_mesh on the mesh it gave "
+                                                     "make_sharded_step. Build on that mesh, and leave "
+                                                     "pmap out of the port.",
+        "not evenly divisible": f"Build nothing for a fixed device count: this mesh has {n} devices; "
+                                "use the mesh make_sharded_step was given.",
+        "can't be statically inferred": "Under shard_map, a P() output must be visibly the same on "
+                                        "every device (lesson 06, section 3): the loss and the new "
+                                        "state are, once they are computed from averaged values.",
+        "unbound axis name": "A collective (pmean, psum) names a mesh axis, and only per-device code "
+                             "under shard_map has one.",
+        "too long to be compatible": "An out_specs entry splits an axis that its output does not have: "
+                                     "the loss is a scalar. Make it the same on every device and "
+                                     "return it once, like the state.",
+        "marked as manual": "A spec or a collective names a mesh axis that this mesh does not have: its only "
+                            "axis is 'i'.",
+        "not found in mesh": "A spec or a collective names a mesh axis that this mesh does not have: its only axis "
+                             "is 'i'.",
+        "unbound axis name: data": "A collective names the lesson's axis 'data'; this mesh's only axis is 'i'.",
+        "does not match the specs of the input": "in_specs must match how the checker places the "
+                                                 "arguments: params and opt_state replicated, x and y "
+                                                 "split over 'i'.",
+    }
+
+
+def _check_fed_gradient(new_params, params0, ref_grads, batch, loss_fn, n, where):
+    """With plain SGD (lr 0.1) the gradient the step fed the optimizer is (old - new) / lr: name its error."""
+    fed = jax.tree.map(lambda a, b: (np.asarray(a, np.float64) - np.asarray(b, np.float64)) / 0.1, params0,
+                       new_params)
+    ratio = _tree_norm(fed) / max(_tree_norm(ref_grads), 1e-30)
+    if abs(ratio - 1) < 1e-3:
+        return
+    for k, text in [(n, f"{n} times"), (n * n, f"{n * n} ({n} x {n}) times")]:
+        if abs(ratio / k - 1) < 1e-2:
+            raise Mismatch(f"the gradient your step feeds the optimizer {where} is {text} too large (the "
+                           "parameters moved that much more than one device's step on the whole batch moves them). "
+                           "With plain Adam the losses would barely show it; with clipping or SGD they do. Under "
+                           "shard_map the gradient of a replicated (P()) parameter comes back already summed over "
+                           "the devices (lesson 06, section 3): look at what your step does with that sum.")
+    if ratio < 1e-6:
+        raise Mismatch(f"the parameters {where} did not move in step 1: the step returns the parameters that came "
+                       "in, not the updated ones.")
+    x, y = batch
+    b = len(x) // n
+    own = jax.grad(loss_fn)(params0, x[:b], y[:b])
+    if _tree_norm(jax.tree.map(lambda a, c: np.asarray(a, np.float64) - np.asarray(c), fed, own)) < \
+            1e-3 * max(_tree_norm(own), 1e-30):
+        raise Mismatch(f"the gradient your step feeds the optimizer {where} is device 0's own gradient, from its "
+                       "rows only: the devices' gradients were never averaged, and the output returned one "
+                       "device's parameters (nothing checks a P() output when check_vma is off).")
+    raise Mismatch(f"the gradient your step feeds the optimizer {where} differs from the gradient of the mean loss "
+                   f"over the whole global batch (its norm is {ratio:.3g} times the right one).")

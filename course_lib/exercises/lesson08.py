@@ -27,7 +27,7 @@ def solution_process_rows(global_batch, num_processes, process_id):
                  "In words: divide the batch by the number of processes to get the rows per process; process p's "
                  "block starts at p times that and ends where process p + 1's block starts."])
 def check_process_rows(process_rows):
-    for batch, procs in [(64, 2), (96, 4), (30, 3), (8, 8)]:
+    for batch, procs in [(64, 2), (96, 4), (30, 3), (8, 8), (48, 12)]:
         per = batch // procs
         seen = []
         for pid in range(procs):
@@ -43,6 +43,15 @@ def check_process_rows(process_rows):
             if got.step not in (None, 1) and len(rows) == per:
                 raise Mismatch(f"{what} takes every {got.step}-th row (interleaved). Give each process one "
                                f"contiguous block of {per} rows, so its rows line up with its devices.")
+            if len(rows) != per:
+                raise Mismatch(f"{what} selects {len(rows)} rows; each of the {procs} processes loads the same "
+                               f"number, {batch} // {procs} = {per}.")
+            if rows != list(range(rows[0], rows[0] + per)):
+                raise Mismatch(f"{what} selects rows that are not one contiguous block ({rows[:4]}...). Give each "
+                               f"process one contiguous block of {per} rows.")
+            if rows[0] != pid * per:
+                raise Mismatch(f"{what} starts at row {rows[0]}: process {pid}'s block comes right after the blocks "
+                               f"of the {pid} process(es) before it, in process order.")
             expect_array(rows, list(range(pid * per, (pid + 1) * per)), what=f"the rows of {what}")
             seen += rows
         if sorted(seen) != list(range(batch)):
@@ -89,10 +98,16 @@ def check_local_part(local_part):
             seen[p] = seen.get(p, 0) + 1
         return devices
 
+    def labelled(owners, ids):
+        """Devices whose ids follow no pattern (as on other runtimes), in the given mesh order."""
+        return [FakeDevice(i, p) for i, p in zip(ids, owners)]
+
     layouts = {
         "2 processes x 4 devices, in order": job([i // 4 for i in range(8)]),
         "2 processes, devices interleaved": job([i % 2 for i in range(8)]),
         "4 processes x 2 devices": job([i // 2 for i in range(8)]),
+        "2 processes, mesh in reverse id order": list(reversed(job([i // 4 for i in range(8)]))),
+        "3 processes, ids with no pattern": labelled([2, 0, 1, 1, 0, 2, 0, 1], [17, 3, 40, 9, 5, 21, 11, 38]),
     }
     reference = np.arange(8 * 3 * 2).reshape(8, 3, 2)  # private: each call gets its own copy
     for name, devices in layouts.items():
@@ -113,8 +128,27 @@ def check_local_part(local_part):
                     np.array_equal(got, contiguous):
                 raise Mismatch(f"{what} returns a contiguous block of rows, but this process owns the devices at "
                                f"positions {owned}: read each device's process_index instead of assuming an order.")
+            if got.ndim == 3 and got.shape[1:] == expected.shape[1:] and not (
+                    got.shape == expected.shape and np.array_equal(got, expected)):
+                picked = [int(np.flatnonzero((reference == row).all(axis=(1, 2)))[0])
+                          if (reference == row).all(axis=(1, 2)).any() else None for row in got]
+                if None not in picked:
+                    if sorted(picked) == list(range(len(devices))):
+                        raise Mismatch(f"{what} returns the whole batch, every process's rows; a process feeds "
+                                       f"only its own devices, here those at positions {owned}. Which process owns a "
+                                       "device is its process_index, whatever its id.")
+                    if sorted(picked) == owned:
+                        raise Mismatch(f"{what} returns the right rows in another order (positions {picked}): "
+                                       f"keep mesh order, positions {owned}, the order of the devices list.")
+                    owners = {devices[i].process_index for i in picked}
+                    if len(owners) == 1 and owners != {pid}:
+                        raise Mismatch(f"{what} returns the rows of process {owners.pop()}'s devices: use the "
+                                       "process_index the function is given, not a fixed one or this process's own.")
+                    raise Mismatch(f"{what} returns the rows at positions {picked}; this process owns the devices "
+                                   f"at positions {owned}. Ask each device which process owns it (its "
+                                   "process_index); its id says nothing about that.")
             expect_array(got, expected, what=what)
-    return "each process feeds exactly the devices it owns, wherever they sit in the mesh."
+    return "each process feeds exactly the devices it owns, wherever they sit in the mesh, whatever their ids."
 
 
 # ----------------------------------------------------------------------------------------------

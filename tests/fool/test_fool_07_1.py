@@ -1,0 +1,76 @@
+"""Exercise 07.1 (port a pmap function with a broadcast argument and a psum output): wrong answers fail with
+feedback naming their mistake; right answers written differently pass."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from course_lib.exercises import check
+
+
+def _port(out_specs=(P("i"), P()), in_specs=(P("i"), P()), reduce=jax.lax.psum, check_vma=True, mesh=None):
+    def per_device(xb, wb):
+        h = jnp.tanh(xb @ wb)
+        return h, reduce(h.sum(axis=0), "i") if reduce else h.sum(axis=0)
+
+    def ported(x, w, m):
+        return jax.shard_map(per_device, mesh=mesh or m, in_specs=in_specs, out_specs=out_specs,
+                             check_vma=check_vma)(x, w)
+    return ported
+
+
+def _sum_outside(x, w, m):
+    h = jax.shard_map(lambda a, c: jnp.tanh(a @ c), mesh=m, in_specs=(P("i"), P()), out_specs=P("i"))(x, w)
+    return h, h.sum(axis=0)
+
+
+WRONG = {
+    "rows claimed replicated": (_port(out_specs=(P(), P())), ["same on every device", "differs from device"]),
+    "total stacked per device": (_port(out_specs=(P("i"), P("i"))), ["once per device", "naming no axis"]),
+    "no collective, check off": (_port(reduce=None, check_vma=False), ["device 0's rows only"]),
+    "pmean for psum": (_port(reduce=jax.lax.pmean), ["mean over the", "not their sum"]),
+    "w split too": (_port(in_specs=(P("i"), P("i"))), ["w is split over 'i' too"]),
+    "no shard_map": (lambda x, w, m: (jnp.tanh(x @ w), jnp.tanh(x @ w).sum(0)), ["does not use jax.shard_map"]),
+    "sum outside shard_map": (_sum_outside, ["outside the per-device code"]),
+    "the lesson's axis name": (_port(in_specs=(P("data"), P()), out_specs=(P("data"), P())),
+                               ["its only axis is 'i'"]),
+    "only the rows returned": (lambda x, w, m: _port()(x, w, m)[0], ["should return a pair"]),
+    "a cast to bfloat16": (lambda x, w, m: jax.tree.map(lambda v: v.astype(jnp.bfloat16), _port()(x, w, m)),
+                           ["bfloat16"]),
+}
+
+
+@pytest.mark.parametrize("name", WRONG)
+def test_wrong_answer_is_named(name):
+    answer, fragments = WRONG[name]
+    fb = check("07.1", answer)
+    assert not fb, name
+    for fragment in fragments:
+        assert fragment in fb.message, (name, fb.message)
+
+
+def test_hard_coded_eight_device_mesh_fails_on_four():
+    eight = jax.make_mesh((len(jax.devices()),), ("i",))
+    fb = check("07.1", _port(mesh=eight))
+    assert not fb and "on 4 devices" in fb.message, fb.message
+
+
+def _psum_rows_then_sum(x, w, m):
+    def body(xb, wb):
+        h = jnp.tanh(jnp.einsum("bd,dk->bk", xb, wb))
+        return h, jax.lax.psum(h, "i").sum(axis=0)                  # sum the blocks, then the rows
+    return jax.shard_map(body, mesh=m, in_specs=(P("i", None), P(None, None)), out_specs=(P("i", None), P(None)))(x, w)
+
+
+RIGHT = {
+    "check_vma off, psum kept": _port(check_vma=False),
+    "psum of the block, then the rows": _psum_rows_then_sum,
+    "jitted": lambda x, w, m: jax.jit(_port(), static_argnums=2)(x, w, m),
+}
+
+
+@pytest.mark.parametrize("name", RIGHT)
+def test_right_answer_passes(name):
+    fb = check("07.1", RIGHT[name])
+    assert fb, (name, fb.message)

@@ -1,0 +1,45 @@
+"""Exercise 08.1 (the rows one process loads): wrong answers fail with feedback naming their mistake; right
+answers written differently pass."""
+
+import numpy as np
+import pytest
+
+from course_lib.exercises import check
+
+WRONG = {
+    "interleaved rows": (lambda b, n, p: slice(p, None, n), ["interleaved"]),
+    "one row too many": (lambda b, n, p: slice(p * (b // n), (p + 1) * (b // n) + 1), ["selects 33 rows"]),
+    "true division": (lambda b, n, p: slice(p * b / n, (p + 1) * b / n), ["must be ints"]),
+    "a range, not a slice": (lambda b, n, p: range(p * (b // n), (p + 1) * (b // n)), ["should return a slice"]),
+    "two processes assumed": (lambda b, n, p: slice(p * (b // 2), (p + 1) * (b // 2)), ["selects", "loads the same"]),
+    "shifted by one block": (lambda b, n, p: slice((p + 1) * (b // n) % b, (p + 1) * (b // n) % b + b // n),
+                             ["starts at row"]),
+    "a list of row numbers": (lambda b, n, p: list(range(p * (b // n), (p + 1) * (b // n))),
+                              ["should return a slice"]),
+    "the device count, not the processes": (lambda b, n, p: slice(p * (b // 8), (p + 1) * (b // 8)), ["selects"]),
+}
+
+
+@pytest.mark.parametrize("name", WRONG)
+def test_wrong_answer_is_named(name):
+    answer, fragments = WRONG[name]
+    fb = check("08.1", answer)
+    assert not fb, name
+    for fragment in fragments:
+        assert fragment in fb.message, (name, fb.message)
+
+
+def _numpy_ints(global_batch, num_processes, process_id):
+    start, stop = np.array([process_id, process_id + 1]) * (global_batch // num_processes)
+    return slice(start, stop)
+
+
+def _from_the_fraction(global_batch, num_processes, process_id):
+    start = global_batch * process_id // num_processes
+    return slice(start, start + global_batch // num_processes, 1)
+
+
+@pytest.mark.parametrize("answer", [_numpy_ints, _from_the_fraction])
+def test_right_answer_passes(answer):
+    fb = check("08.1", answer)
+    assert fb, fb.message

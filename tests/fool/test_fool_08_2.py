@@ -1,0 +1,52 @@
+"""Exercise 08.2 (the rows for the devices a process owns): wrong answers fail with feedback naming their
+mistake; right answers written differently pass."""
+
+import jax
+import numpy as np
+import pytest
+
+from course_lib.exercises import check
+
+
+def _owned(devices, p):
+    return [i for i, d in enumerate(devices) if d.process_index == p]
+
+
+WRONG = {
+    "a contiguous block": (lambda b, d, p: b[p * (len(d) // 2):(p + 1) * (len(d) // 2)],
+                           ["contiguous block", "process_index"]),
+    "ids as positions": (lambda b, d, p: b[[x.id for x in d if x.process_index == p]], ["id is a label"]),
+    "always process 0": (lambda b, d, p: b[_owned(d, 0)], ["rows of process 0's devices"]),
+    "this process, not the argument": (lambda b, d, p: b[_owned(d, jax.process_index())],
+                                       ["rows of process 0's devices"]),
+    "rows sorted by device id": (lambda b, d, p: b[[i for i, _ in sorted(
+        ((i, x) for i, x in enumerate(d) if x.process_index == p), key=lambda t: t[1].id)]], ["another order"]),
+    "owner read from the id": (lambda b, d, p: b[[i for i, x in enumerate(d) if x.id // 2048 == p]],
+                               ["whatever its id"]),
+    "a cast to float": (lambda b, d, p: b[_owned(d, p)].astype(np.float64), ["float64", "without converting"]),
+    "a boolean mask of the wrong owner test": (lambda b, d, p: b[np.array([x.process_index != p for x in d])],
+                                               ["rows of process 1's devices"]),
+}
+
+
+@pytest.mark.parametrize("name", WRONG)
+def test_wrong_answer_is_named(name):
+    answer, fragments = WRONG[name]
+    fb = check("08.2", answer)
+    assert not fb, name
+    for fragment in fragments:
+        assert fragment in fb.message, (name, fb.message)
+
+
+def _mask(batch, devices, process_index):
+    return batch[np.array([d.process_index == process_index for d in devices])]
+
+
+def _stacked(batch, devices, process_index):
+    return np.stack([row for row, d in zip(batch, devices) if d.process_index == process_index])
+
+
+@pytest.mark.parametrize("answer", [_mask, _stacked])
+def test_right_answer_passes(answer):
+    fb = check("08.2", answer)
+    assert fb, fb.message
