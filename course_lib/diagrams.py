@@ -50,9 +50,10 @@ MAX_WIDTH_PX = round(MAX_WIDTH_IN * 96)
 _ROW_BUDGET_PT = 540.0
 
 # One look for the whole course.
-_GRAPH_ATTR = {"fontname": "Helvetica", "fontsize": "11", "rankdir": "TB", "nodesep": "0.25",
+# Boxes at least 0.6 in wide, 0.15 in apart: a row of eight "CPU k" boxes fits MAX_WIDTH_PX with room to spare.
+_GRAPH_ATTR = {"fontname": "Helvetica", "fontsize": "11", "rankdir": "TB", "nodesep": "0.15",
                "size": f"{MAX_WIDTH_IN:g},40"}
-_NODE_ATTR = {"fontname": "Helvetica", "fontsize": "10", "shape": "box", "style": "rounded,filled",
+_NODE_ATTR = {"fontname": "Helvetica", "fontsize": "10", "shape": "box", "style": "rounded,filled", "width": "0.6",
               "fillcolor": "white"}
 _EDGE_ATTR = {"fontname": "Helvetica", "fontsize": "9"}
 PLATFORM_COLOURS = {"cpu": "#dbe9f6", "gpu": "#d9f0d3", "tpu": "#fde0c5"}
@@ -152,7 +153,7 @@ def _keep_in_order(g, node_ids) -> None:
 def _label_width_pt(label: str, fontsize: float = 10.0) -> float:
     """Roughly how wide graphviz draws a box with this label, in points (Helvetica, margins included)."""
     longest = max(len(line) for line in label.replace("\\n", "\n").split("\n"))
-    return max(54.0, 0.56 * fontsize * longest + 18.0)
+    return max(43.2, 0.56 * fontsize * longest + 18.0)
 
 
 def _devices_to_draw(n: int, widths, devices_shown, where: str, *, extra_pt: float = 0.0,
@@ -169,7 +170,7 @@ def _devices_to_draw(n: int, widths, devices_shown, where: str, *, extra_pt: flo
                               "the width.")
     else:
         widths = list(widths)
-        step = max(widths) + 18.0 + per_device_pt     # a node and the gap (nodesep) after it
+        step = max(widths) + 10.8 + per_device_pt     # a node and the gap (nodesep) after it
         k = n
         while k > 2 and k * step + (step if k < n else 0.0) + extra_pt > _ROW_BUDGET_PT:
             k -= 1
@@ -221,10 +222,9 @@ def device_topology(devices=None, *, title: str | None = None) -> Diagram:
     if n_proc > 1:
         # Device ids are global in a multi-process job, and the runtime chooses them: they need not run 0..n-1
         # (process 1's CPU devices can be 2048, 2049, ...). Name each device by its place in its own process too.
-        caption += ("\\nid: the device's global id (jax.devices()), chosen by the runtime; "
-                    "local k: jax.local_devices()[k] in its process")
-    # Devices closer together than the course's default gap: eight "CPU k" boxes then fit MAX_WIDTH_PX unscaled.
-    g.attr(label=caption, labelloc="t", nodesep="0.12")
+        caption += ("\\nid: the device's global id (jax.devices()), chosen by the runtime;"
+                    "\\nlocal k: jax.local_devices()[k] in its process")
+    g.attr(label=caption, labelloc="t")
     for p, devs in sorted(by_process.items()):
         with g.subgraph(name=f"cluster_process{p}") as c:
             c.attr(label=f"process {p}", style="rounded", color="grey50")
@@ -632,7 +632,7 @@ def collective(op, xs, *, axis_name: str = "i", devices=None, devices_shown: int
     # labels would need room beside every device.
     # Room beside the row: its name ("before"), and for ppermute a lane for the edges that wrap round past the
     # row's ends (7 -> 0 in a ring).
-    shown = _devices_to_draw(n, widths, devices_shown, "collective", extra_pt=144.0 if "perm" in params else 72.0)
+    shown = _devices_to_draw(n, widths, devices_shown, "collective", extra_pt=108.0 if "perm" in params else 72.0)
     for row, texts in rows.items():
         with g.subgraph(name=row) as s:
             s.node(f"{row}_name", row, shape="plaintext", style="", fontsize="11")
