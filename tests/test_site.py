@@ -1,6 +1,11 @@
 """The course's website (./course.sh site, tools/site): built from the stored outputs of a clean copy, offline;
-every lesson a page, in order; warnings are errors (planted broken links fail the build); and, in headless
-Chromium, every lesson page loads with all its pictures, the search finds it, and previous/next lead on.
+every lesson a page, in order (every notebooks/NN_*.ipynb: the lesson list is a glob, kept by no hand);
+warnings are errors (planted broken links fail the build); and, in headless Chromium, every lesson page loads
+with all its pictures, the search finds it, and previous/next lead on. At 390, 1024 and 1280 px the ☰ (lessons)
+and ☷ (contents) buttons open their panels; at 1280 px the code and outputs of lessons 04, 10 and 12 fit their
+column (a line over LINE_LIMIT characters scrolls inside its box), the landing page's code block is whole and
+there is one search box; on a 390-px phone no page is wider than the screen; a search result opens at the match;
+the contents list highlights the section being read; no page logs an error or misses a file (the favicon).
 
 The browser part needs the `chromium` system package and the `playwright` Python package (it downloads no
 browser); without them it skips and says so. The build needs the `site` extra, which ./course.sh installs.
