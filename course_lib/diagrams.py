@@ -13,12 +13,12 @@ Under nbval the DOT source (``text/plain``) is what gets compared; the SVG
 differs between graphviz versions and is masked by ``tests/nbval_sanitize.cfg``,
 and nbval does not compare PNG.
 
-Every diagram fits a notebook's width (about 1000 px) at a readable size: where a
-row of one node per device would be wider than ``MAX_WIDTH_IN``, the first devices
-and the last are drawn with an ellipsis node between them (``devices_shown``
-chooses the number), and graphviz's ``size`` attribute scales down whatever is
-still wider, so no stored picture is more than ``MAX_WIDTH_IN`` inches (about
-1000 px) wide.
+Every diagram fits JupyterLab's output area (848 px wide in a 1280-px window) at a
+readable size: where a row of one node per device would be wider than the layout's
+budget, the first devices and the last are drawn with an ellipsis node between them
+(``devices_shown`` chooses the number), and graphviz's ``size`` attribute scales down
+whatever is still wider, so no picture is more than ``MAX_WIDTH_IN`` inches
+(``MAX_WIDTH_PX``, 768 px) wide, in the SVG as in the PNG.
 """
 
 from __future__ import annotations
@@ -36,19 +36,24 @@ import numpy as np
 
 from . import _checks
 
-__all__ = ["Diagram", "RenderError", "render", "RENDER_TIMEOUT_S", "MAX_WIDTH_IN", "dot_available", "graphviz_install_hint", "shape_str", "device_topology", "spmd_overview",
+__all__ = ["Diagram", "RenderError", "render", "RENDER_TIMEOUT_S", "MAX_WIDTH_IN", "MAX_WIDTH_PX", "dot_available",
+           "graphviz_install_hint", "shape_str", "device_topology", "spmd_overview",
            "mpmd_overview", "pmap_dataflow", "array_placement", "collective", "train_step"]
 
-# The widest a drawing may be, in inches: 10.4 in is 749 pt in the SVG and 998 px in the PNG (96 dpi), about the
-# width of a notebook's output area. Graphviz scales a larger drawing down to it (the ``size`` attribute).
-MAX_WIDTH_IN = 10.4
+# The widest a drawing may be, in inches: 8 in is 576 pt in the SVG, which a browser draws 768 px wide (1 pt =
+# 4/3 px), and 768 px in the PNG (96 dpi). JupyterLab's output area is 848 px wide in a 1280-px window (the
+# course's browser test measures it); a wider SVG is cut off there. Graphviz scales a larger drawing down to it
+# (the ``size`` attribute).
+MAX_WIDTH_IN = 8.0
+MAX_WIDTH_PX = round(MAX_WIDTH_IN * 96)
 # What the layout aims for before that scaling, in points (72 per inch): a little less, for the margins.
-_ROW_BUDGET_PT = 700.0
+_ROW_BUDGET_PT = 540.0
 
 # One look for the whole course.
-_GRAPH_ATTR = {"fontname": "Helvetica", "fontsize": "11", "rankdir": "TB", "nodesep": "0.25",
+# Boxes at least 0.6 in wide, 0.15 in apart: a row of eight "CPU k" boxes fits MAX_WIDTH_PX with room to spare.
+_GRAPH_ATTR = {"fontname": "Helvetica", "fontsize": "11", "rankdir": "TB", "nodesep": "0.15",
                "size": f"{MAX_WIDTH_IN:g},40"}
-_NODE_ATTR = {"fontname": "Helvetica", "fontsize": "10", "shape": "box", "style": "rounded,filled",
+_NODE_ATTR = {"fontname": "Helvetica", "fontsize": "10", "shape": "box", "style": "rounded,filled", "width": "0.6",
               "fillcolor": "white"}
 _EDGE_ATTR = {"fontname": "Helvetica", "fontsize": "9"}
 PLATFORM_COLOURS = {"cpu": "#dbe9f6", "gpu": "#d9f0d3", "tpu": "#fde0c5"}
@@ -148,7 +153,7 @@ def _keep_in_order(g, node_ids) -> None:
 def _label_width_pt(label: str, fontsize: float = 10.0) -> float:
     """Roughly how wide graphviz draws a box with this label, in points (Helvetica, margins included)."""
     longest = max(len(line) for line in label.replace("\\n", "\n").split("\n"))
-    return max(54.0, 0.56 * fontsize * longest + 18.0)
+    return max(43.2, 0.56 * fontsize * longest + 18.0)
 
 
 def _devices_to_draw(n: int, widths, devices_shown, where: str, *, extra_pt: float = 0.0,
@@ -165,7 +170,7 @@ def _devices_to_draw(n: int, widths, devices_shown, where: str, *, extra_pt: flo
                               "the width.")
     else:
         widths = list(widths)
-        step = max(widths) + 18.0 + per_device_pt     # a node and the gap (nodesep) after it
+        step = max(widths) + 10.8 + per_device_pt     # a node and the gap (nodesep) after it
         k = n
         while k > 2 and k * step + (step if k < n else 0.0) + extra_pt > _ROW_BUDGET_PT:
             k -= 1
@@ -217,8 +222,8 @@ def device_topology(devices=None, *, title: str | None = None) -> Diagram:
     if n_proc > 1:
         # Device ids are global in a multi-process job, and the runtime chooses them: they need not run 0..n-1
         # (process 1's CPU devices can be 2048, 2049, ...). Name each device by its place in its own process too.
-        caption += ("\\nid: the device's global id (jax.devices()), chosen by the runtime; "
-                    "local k: jax.local_devices()[k] in its process")
+        caption += ("\\nid: the device's global id (jax.devices()), chosen by the runtime;"
+                    "\\nlocal k: jax.local_devices()[k] in its process")
     g.attr(label=caption, labelloc="t")
     for p, devs in sorted(by_process.items()):
         with g.subgraph(name=f"cluster_process{p}") as c:
@@ -261,7 +266,7 @@ def spmd_overview(devices=None, batch=None, program=None, *, devices_shown: int 
         drawn with their real shapes ``(B // n, ...)``. ``B`` must divide by ``n``.
       program: optional function whose name labels the program.
       devices_shown: how many devices to draw (the first ones and the last, with an ellipsis between);
-        default: as many as fit about 1000 px.
+        default: as many as fit ``MAX_WIDTH_PX``.
 
     Returns:
       A ``Diagram`` with nodes ``program``, ``data``, ``shard<i>``, ``dev<id>`` (for the devices drawn).
@@ -389,7 +394,7 @@ def pmap_dataflow(fn, *args, in_axes=0, out_axes=0, axis_name=None, devices=None
       *args: arrays or ``jax.ShapeDtypeStruct`` (positional arguments only).
       devices: default: the first ``n`` of ``jax.local_devices()``, ``n`` the mapped axis size.
       devices_shown: how many devices to draw (the first ones and the last, with an ellipsis between);
-        default: as many as fit about 1000 px.
+        default: as many as fit ``MAX_WIDTH_PX``.
 
     Returns:
       A ``Diagram`` with input nodes ``in<k>``, device nodes ``dev<id>`` (for the devices drawn) and output
@@ -517,7 +522,7 @@ def array_placement(x, name: str = "x", max_values: int = 8, *, devices_shown: i
     Each device node shows the index of the block it holds in ``x`` (``[2:3, :]``), the block's
     shape, and, when the block has at most ``max_values`` elements, its values as read
     from that device. ``devices_shown`` is how many devices to draw (the first ones and the last, with
-    an ellipsis between); by default as many as fit about 1000 px.
+    an ellipsis between); by default as many as fit ``MAX_WIDTH_PX``.
 
     Returns:
       A ``Diagram`` with the node ``array`` and one node ``dev<id>`` per device drawn.
@@ -592,7 +597,7 @@ def collective(op, xs, *, axis_name: str = "i", devices=None, devices_shown: int
       axis_name: the name of the mapped axis.
       devices: default: the first ``n`` of ``jax.local_devices()``.
       devices_shown: how many devices to draw (the first ones and the last, with an ellipsis between);
-        default: as many as fit about 1000 px. All ``n`` take part in the collective either way.
+        default: as many as fit ``MAX_WIDTH_PX``. All ``n`` take part in the collective either way.
       **params: passed to ``op`` (``perm``, ``tiled``, ``axis``, ...).
 
     Returns:
@@ -625,7 +630,9 @@ def collective(op, xs, *, axis_name: str = "i", devices=None, devices_shown: int
     widths = [_label_width_pt(f"{_device_label(d)}\\n{t}") for row in rows.values() for d, t in zip(devs, row)]
     # Edges between the rows carry no labels (an arrow from "before: CPU 7" to "after: CPU 0" says 7 -> 0):
     # labels would need room beside every device.
-    shown = _devices_to_draw(n, widths, devices_shown, "collective", extra_pt=72.0)
+    # Room beside the row: its name ("before"), and for ppermute a lane for the edges that wrap round past the
+    # row's ends (7 -> 0 in a ring).
+    shown = _devices_to_draw(n, widths, devices_shown, "collective", extra_pt=108.0 if "perm" in params else 72.0)
     for row, texts in rows.items():
         with g.subgraph(name=row) as s:
             s.node(f"{row}_name", row, shape="plaintext", style="", fontsize="11")
@@ -675,7 +682,7 @@ def train_step(loss_fn, params, batch, *, devices=None, optimizer_name: str = "o
       devices: default: the first ``n`` of ``jax.local_devices()``.
       optimizer_name: the name shown in the update boxes.
       devices_shown: how many devices to draw (the first ones and the last, with an ellipsis between);
-        default: as many as fit about 1000 px.
+        default: as many as fit ``MAX_WIDTH_PX``.
 
     Returns:
       A ``Diagram`` with, per device ``i`` drawn, nodes ``shard<i>``, ``grad<i>``, ``update<i>``, and one node

@@ -1,7 +1,9 @@
 """course_lib.diagrams: the DOT source each diagram produces, and its display with and without `dot`."""
 
 import base64
+import json
 import os
+import pathlib
 import re
 import time
 
@@ -252,7 +254,7 @@ def test_collective_diagram_errors(devices):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Every diagram fits a notebook's width (about 1000 px) at a readable size.
+# Every diagram fits JupyterLab's output area (848 px in a 1280-px window): at most MAX_WIDTH_PX, in SVG and PNG.
 
 
 def rendered_width_px(g) -> tuple[float, int]:
@@ -306,10 +308,11 @@ def wide_diagrams(devices):
 
 
 @needs_dot
-def test_every_kind_of_diagram_fits_1000_px_without_being_scaled_down(devices):
+def test_every_kind_of_diagram_fits_jupyterlab_without_being_scaled_down(devices):
     for name, g in wide_diagrams(devices).items():
         svg_px, png_px = rendered_width_px(g)
-        assert svg_px <= 1000 and png_px <= 1000, f"{name}: {svg_px:.0f} px (SVG), {png_px} px (PNG)"
+        assert svg_px <= diagrams.MAX_WIDTH_PX + 1 and png_px <= diagrams.MAX_WIDTH_PX + 1, \
+            f"{name}: {svg_px:.0f} px (SVG), {png_px} px (PNG)"
         # The layout itself fits: no diagram of the lessons relies on the size limit, which shrinks the text.
         assert natural_width_pt(g) <= diagrams.MAX_WIDTH_IN * 72 + 1, name
 
@@ -321,7 +324,7 @@ def test_a_diagram_too_wide_for_its_layout_is_scaled_to_fit(devices):
         g.node(f"extra{i}", "a long label that makes the drawing far too wide")
     assert natural_width_pt(g) > 2000
     svg_px, png_px = rendered_width_px(g)
-    assert svg_px <= 1000 and png_px <= 1000
+    assert svg_px <= diagrams.MAX_WIDTH_PX + 1 and png_px <= diagrams.MAX_WIDTH_PX + 1
 
 
 def test_devices_left_out_are_drawn_as_an_ellipsis(devices):
@@ -368,3 +371,35 @@ def test_device_topology_of_two_processes_names_the_global_id_and_the_local_inde
 def test_a_placement_of_one_number_per_device_draws_all_eight(devices):
     g = diagrams.array_placement(jax.pmap(lambda v: v * 2)(jnp.arange(8.0)), "norms_pmap")
     assert sorted(device_nodes(g.source)) == list(range(8)) and "_more" not in g.source
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The diagrams stored in the notebooks fit too (they are what a learner sees before running anything).
+
+NOTEBOOKS = sorted((pathlib.Path(__file__).resolve().parent.parent / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def stored_diagram_widths(path: pathlib.Path):
+    """(cell index, SVG width in CSS px, PNG width in px) of each course diagram stored in the notebook."""
+    for k, cell in enumerate(json.loads(path.read_text())["cells"]):
+        for out in cell.get("outputs", []):
+            data = out.get("data", {})
+            if "image/svg+xml" not in data or not "".join(data.get("text/plain", "")).startswith("digraph"):
+                continue
+            svg = "".join(data["image/svg+xml"])
+            width = re.search(r'<svg[^>]*\swidth="([\d.]+)(pt|px)?"', svg)
+            png = base64.b64decode("".join(data.get("image/png", "")))
+            yield (k, float(width.group(1)) * (4 / 3 if width.group(2) in (None, "pt") else 1.0) if width else None,
+                   int.from_bytes(png[16:20], "big") if png.startswith(b"\x89PNG") else None)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_stored_diagram_fits_jupyterlabs_output_area(path):
+    """JupyterLab shows a trusted notebook's SVG at its own size and cuts it at the output area's edge (848 px in
+    a 1280-px window); an untrusted one shows the PNG. Both must fit."""
+    for k, svg_px, png_px in stored_diagram_widths(path):
+        assert svg_px is not None and png_px is not None, f"{path.name} cell {k}: a diagram without SVG width or PNG"
+        assert svg_px <= diagrams.MAX_WIDTH_PX + 1 and png_px <= diagrams.MAX_WIDTH_PX + 1, (
+            f"{path.name} cell {k}: a stored diagram {svg_px:.0f} px (SVG) / {png_px} px (PNG) wide, more than "
+            f"{diagrams.MAX_WIDTH_PX} px; re-execute the notebook (tools/refresh_notebooks.py {path.name}): "
+            "course_lib.diagrams lays diagrams out to fit")

@@ -1,9 +1,11 @@
-"""The Colab/Kaggle install cell: the same in every notebook, pinned to the release tag, never replacing JAX, and
-stopping the notebook with a short clear error when it cannot install (tested offline: pip really runs, against
-local git repositories)."""
+"""The Colab/Kaggle install cell: the same in every notebook, pinned to the release tag, folded, never replacing
+JAX, and stopping the notebook with a short clear error that says why when it cannot install (tested offline: pip
+really runs, against local git repositories and a closed proxy, with its colour output forced on as a notebook
+kernel does, and once inside a real kernel)."""
 
 import builtins
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -29,13 +31,21 @@ def test_the_pin_is_the_release_tag_of_this_version():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_every_notebook_has_the_install_cell_as_cell_1_tagged_for_the_site(path):
+def test_every_notebook_has_the_install_cell_as_cell_1_tagged_for_the_site_and_folded(path):
     cell = json.loads(path.read_text())["cells"][1]
     assert cell["cell_type"] == "code"
-    fix = f"run: python tools/install_cell.py {path.relative_to(ROOT)}"
+    fix = f"run: python tools/install_cell.py --apply {path.relative_to(ROOT)}"
     assert "".join(cell["source"]) == install_cell.source(), f"{path.name}: cell 1 is not the install cell; {fix}"
     assert "remove-cell" in cell.get("metadata", {}).get("tags", []), \
         f"{path.name}: the install cell lacks the tag that keeps it off the website; {fix}"
+    assert install_cell.differs(path) is None, f"{path.name}: {install_cell.differs(path)}; {fix}"
+
+
+def test_the_cell_is_short_to_read_and_folded():
+    lines = install_cell.source().splitlines()
+    assert len(lines) <= 30 and max(map(len, lines)) <= 100, (len(lines), max(map(len, lines)))
+    assert lines[0].startswith("# @title Colab and Kaggle only: install course_lib"), "Colab shows this line"
+    assert install_cell.CELL_METADATA == {"jupyter": {"source_hidden": True}, "cellView": "form"}
 
 
 def test_the_tool_writes_the_cell_and_the_tag_into_a_new_notebook_and_keeps_other_tags(tmp_path):
@@ -49,11 +59,39 @@ def test_the_tool_writes_the_cell_and_the_tag_into_a_new_notebook_and_keeps_othe
     cell = json.loads(path.read_text())["cells"][1]
     assert "".join(cell["source"]) == install_cell.source()
     assert cell["metadata"]["tags"] == ["mine", "remove-cell"]
+    assert cell["metadata"]["jupyter"] == {"source_hidden": True} and cell["metadata"]["cellView"] == "form"
     assert install_cell.apply(path) is False, "a second run changes nothing"
     nb["cells"][1] = {"cell_type": "markdown", "metadata": {}, "source": ["text"]}
     path.write_text(json.dumps(nb))
     with pytest.raises(ValueError, match="cell 1 must be the install code cell"):
         install_cell.apply(path)
+
+
+def test_the_command_applies_the_cell_to_the_notebooks_named_and_checks_them(tmp_path):
+    """`python tools/install_cell.py --apply notebooks/*.ipynb` rewrites cell 1 of each (and nothing else);
+    `--check` fails, naming the notebook, until it has."""
+    old = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": ["# 13 · New"]},
+                     {"cell_type": "code", "metadata": {"tags": ["remove-cell"]}, "source": ["# the old cell\n"],
+                      "outputs": [], "execution_count": None},
+                     {"cell_type": "code", "metadata": {}, "source": ["x = 1"], "outputs": [], "execution_count": 3}],
+           "metadata": {"kernelspec": {"name": "python3"}}, "nbformat": 4, "nbformat_minor": 5}
+    paths = [tmp_path / "13_a.ipynb", tmp_path / "14_b.ipynb"]
+    for p in paths:
+        p.write_text(json.dumps(old))
+    tool = [sys.executable, str(ROOT / "tools" / "install_cell.py")]
+    check = subprocess.run([*tool, "--check", *map(str, paths)], capture_output=True, text=True)
+    assert check.returncode == 1 and "13_a.ipynb: cell 1 is not the install cell" in check.stderr, check.stderr
+    done = subprocess.run([*tool, "--apply", *map(str, paths)], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.count("updated ") == 2, done.stdout + done.stderr
+    for p in paths:
+        nb = json.loads(p.read_text())
+        assert "".join(nb["cells"][1]["source"]) == install_cell.source()
+        assert nb["cells"][2] == old["cells"][2] and nb["cells"][0] == old["cells"][0] and nb["metadata"] == old["metadata"]
+    assert subprocess.run([*tool, "--check", *map(str, paths)], capture_output=True).returncode == 0
+    again = subprocess.run([*tool, "--apply", *map(str, paths)], capture_output=True, text=True)
+    assert again.stdout.count("unchanged ") == 2
+    bad = subprocess.run([*tool, "--apply", str(tmp_path / "missing.ipynb")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "no such notebook" in bad.stderr
 
 
 def test_the_cell_is_plain_python_that_ipython_runs_unchanged():
@@ -78,13 +116,11 @@ def run_cell(monkeypatch, *, platform: str | None, jax_version: str | None = "0.
     elif platform == "kaggle":
         monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
 
-    def fake_version(name):
-        import importlib.metadata
-        if name == "jax" and jax_version is None:
-            raise importlib.metadata.PackageNotFoundError(name)
-        return jax_version if name == "jax" else "0"
+    def fake_distributions(name=None, **kwargs):
+        assert name == "jax", name
+        return [] if jax_version is None else [types.SimpleNamespace(version=jax_version)]
 
-    monkeypatch.setattr("importlib.metadata.version", fake_version)
+    monkeypatch.setattr("importlib.metadata.distributions", fake_distributions)
     calls = []
 
     def record(cmd, **kwargs):
@@ -148,29 +184,103 @@ def real_pip_dry_run(cmd, **kwargs):
     return REAL_RUN([*cmd[:4], "--dry-run", "--no-deps", "--no-build-isolation", *cmd[4:]], **kwargs)
 
 
+# A proxy on a closed port of this machine: git's https fetch fails at once, as it does with no network.
+NO_NETWORK = {"https_proxy": "http://127.0.0.1:9", "HTTPS_PROXY": "http://127.0.0.1:9", "no_proxy": "",
+              "NO_PROXY": ""}
+
+
+@pytest.fixture(params=["colour forced on", "colour off"])
+def colour(request, monkeypatch):
+    """pip's colour as a notebook kernel has it (ipykernel sets FORCE_COLOR=1), and as a terminal script has it."""
+    if request.param == "colour forced on":
+        monkeypatch.setenv("FORCE_COLOR", "1")
+    else:
+        monkeypatch.delenv("FORCE_COLOR", raising=False)
+    return request.param
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("platform", ["colab", "kaggle"])
-def test_a_missing_tag_stops_the_notebook_with_what_pip_said(monkeypatch, capsys, tmp_path, platform):
+def test_a_missing_tag_stops_the_notebook_saying_so_with_what_git_said(monkeypatch, capsys, tmp_path, platform,
+                                                                       colour):
     url = local_repo(tmp_path, tag=None)
     with pytest.raises(RuntimeError) as err:
         run_cell(monkeypatch, platform=platform, pip=real_pip_dry_run, repository=url)
     msg = str(err.value)
-    assert msg.startswith(f"pip could not install course_lib {TAG}.")
-    assert f"check that the release tag exists: {url}/tags" in msg
-    assert f"pathspec '{TAG}' did not match" in msg, msg
-    assert ("turn on Internet" in msg) == (platform == "kaggle")
+    assert msg.startswith(f"Could not install course_lib {TAG}: there is no release tag {TAG} (see {url}/tags).")
+    assert f"pip said: error: pathspec '{TAG}' did not match any file(s) known to git" in msg, msg
+    assert "\x1b" not in msg and "See above" not in msg, msg
+    assert "Internet" not in msg and "network" not in msg
     assert "restart the kernel" not in msg + capsys.readouterr().out
-    assert len(msg.splitlines()) <= 5
+    assert len(msg.splitlines()) <= 4 and msg.endswith("Then run this cell again.")
 
 
 @pytest.mark.timeout(120)
-def test_an_unreachable_repository_stops_the_notebook(monkeypatch, tmp_path):
+@pytest.mark.parametrize("platform", ["colab", "kaggle"])
+def test_no_network_stops_the_notebook_saying_so_with_what_git_said(monkeypatch, platform, colour):
+    for k, v in NO_NETWORK.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(RuntimeError) as err:
+        run_cell(monkeypatch, platform=platform, pip=real_pip_dry_run)
+    msg = str(err.value)
+    first = msg.splitlines()[0]
+    assert first == (f"Could not install course_lib {TAG}: no network"
+                     + (": turn Internet on in the notebook's settings." if platform == "kaggle" else "."))
+    assert f"pip said: fatal: unable to access '{install_cell.REPOSITORY}/'" in msg, msg
+    assert "\x1b" not in msg and "See above" not in msg and "release tag" not in msg, msg
+
+
+@pytest.mark.timeout(120)
+def test_an_unreachable_repository_stops_the_notebook_with_what_git_said(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError) as err:
         run_cell(monkeypatch, platform="colab", pip=real_pip_dry_run,
                  repository=f"file://localhost{tmp_path}/no_such_repository")
     msg = str(err.value)
-    assert "pip could not install course_lib" in msg and "Check the network." in msg
+    assert msg.startswith(f"Could not install course_lib {TAG}: pip failed.")
     assert "fatal:" in msg and "no_such_repository" in msg, msg
+
+
+@pytest.mark.timeout(180)
+def test_inside_a_notebook_kernel_with_colour_on_the_two_failures_say_why(tmp_path):
+    """What the review saw: in a kernel pip writes in colour, and the cell showed "See above for output" for
+    both failures. Here the cell runs in a real ipykernel (FORCE_COLOR=1, as ipykernel sets it), pip really
+    runs (a dry run, so nothing is installed): once against a repository without the tag, once with no network."""
+    jupyter_client = pytest.importorskip("jupyter_client")
+    url = local_repo(tmp_path, tag=None)
+    preamble = ("import subprocess, sys, types\n"
+                "sys.modules['google.colab'] = types.ModuleType('google.colab')\n"
+                "_run = subprocess.run\n"
+                "subprocess.run = lambda cmd, **kw: _run([*cmd[:4], '--dry-run', '--no-deps', "
+                "'--no-build-isolation', *cmd[4:]], **kw)\n"
+                "import os; print('FORCE_COLOR', os.environ.get('FORCE_COLOR'))")
+    cell = install_cell.source()
+    km = jupyter_client.KernelManager(kernel_name="python3")
+    km.start_kernel(env={**os.environ, **NO_NETWORK, "FORCE_COLOR": "1"}, cwd=str(tmp_path))
+    try:
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=60)
+
+        def run(code):
+            outputs = []
+            kc.execute_interactive(code, timeout=90, output_hook=lambda m: outputs.append(m))
+            return {"text": "".join(m["content"].get("text", "") for m in outputs if m["msg_type"] == "stream"),
+                    "error": next((m["content"] for m in outputs if m["msg_type"] == "error"), None)}
+
+        assert "FORCE_COLOR 1" in run(preamble)["text"]
+        no_tag = run(cell.replace(f'url = "{install_cell.REPOSITORY}"', f'url = "{url}"'))["error"]
+        no_network = run(cell)["error"]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert no_tag and no_network, "the cell did not stop the notebook"
+    assert no_tag["ename"] == no_network["ename"] == "RuntimeError"
+    assert no_tag["evalue"].startswith(f"Could not install course_lib {TAG}: there is no release tag {TAG}")
+    assert f"error: pathspec '{TAG}' did not match" in no_tag["evalue"], no_tag["evalue"]
+    assert no_network["evalue"].startswith(f"Could not install course_lib {TAG}: no network.")
+    assert "fatal: unable to access" in no_network["evalue"], no_network["evalue"]
+    for e in (no_tag, no_network):
+        assert "\x1b" not in e["evalue"] and "See above" not in e["evalue"], e["evalue"]
 
 
 @pytest.mark.timeout(120)
@@ -181,18 +291,19 @@ def test_the_real_pip_path_succeeds_against_a_repository_that_has_the_tag(monkey
 
 
 def test_kaggle_without_internet_says_to_turn_it_on(monkeypatch):
-    """What pip prints on a Kaggle kernel with Internet off (git cannot resolve github.com)."""
-    stderr = ("  error: subprocess-exited-with-error\n\n  × git clone --filter=blob:none --quiet "
+    """What pip prints on a Kaggle kernel with Internet off (git cannot resolve github.com), in colour."""
+    red, bold, end = "\x1b[1;31m", "\x1b[1m", "\x1b[0m"
+    stderr = (f"  {red}error{end}: {bold}subprocess-exited-with-error{end}\n\n  × git clone --filter=blob:none --quiet "
               f"{install_cell.REPOSITORY} /tmp/pip-install-x/course-lib did not run successfully.\n"
               "  │ exit code: 128\n  ╰─> [1 lines of output]\n"
-              f"      fatal: unable to access '{install_cell.REPOSITORY}/': Could not resolve host: github.com\n"
-              "      [end of output]\n\n  note: This error originates from a subprocess, and is likely not a problem "
-              "with pip.\nerror: subprocess-exited-with-error\n")
+              f"  \x1b[31m   {end} fatal: unable to access '{install_cell.REPOSITORY}/': Could not resolve host: "
+              "github.com\n      [end of output]\n\n  \x1b[1;35mnote\x1b[0m: This error originates from a subprocess, and "
+              f"is likely not a problem with pip.\n{red}error{end}: {bold}subprocess-exited-with-error{end}\n")
     with pytest.raises(RuntimeError) as err:
         run_cell(monkeypatch, platform="kaggle",
                  pip=lambda cmd, **k: subprocess.CompletedProcess(cmd, 1, "", stderr))
     msg = str(err.value)
-    assert msg.splitlines()[0] == (f"pip could not install course_lib {TAG}. "
-                                   "On Kaggle, turn on Internet in the notebook's settings.")
+    assert msg.splitlines()[0] == (f"Could not install course_lib {TAG}: no network: "
+                                   "turn Internet on in the notebook's settings.")
     assert "pip said: fatal: unable to access" in msg and "Could not resolve host: github.com" in msg
-    assert "subprocess-exited" not in msg and msg.endswith("Then run this cell again.")
+    assert "subprocess-exited" not in msg and "\x1b" not in msg and msg.endswith("Then run this cell again.")

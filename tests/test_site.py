@@ -1,6 +1,11 @@
 """The course's website (./course.sh site, tools/site): built from the stored outputs of a clean copy, offline;
-every lesson a page, in order; warnings are errors (planted broken links fail the build); and, in headless
-Chromium, every lesson page loads with all its pictures, the search finds it, and previous/next lead on.
+every lesson a page, in order (every notebooks/NN_*.ipynb: the lesson list is a glob, kept by no hand);
+warnings are errors (planted broken links fail the build); and, in headless Chromium, every lesson page loads
+with all its pictures, the search finds it, and previous/next lead on. At 390, 1024 and 1280 px the ☰ (lessons)
+and ☷ (contents) buttons open their panels; at 1280 px the code and outputs of lessons 04, 10 and 12 fit their
+column (a line over LINE_LIMIT characters scrolls inside its box), the landing page's code block is whole and
+there is one search box; on a 390-px phone no page is wider than the screen; a search result opens at the match;
+the contents list highlights the section being read; no page logs an error or misses a file (the favicon).
 
 The browser part needs the `chromium` system package and the `playwright` Python package (it downloads no
 browser); without them it skips and says so. The build needs the `site` extra, which ./course.sh installs.
@@ -247,8 +252,11 @@ def search_terms() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def served(site):
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site.out))
-    handler.log_message = lambda *a: None
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(site.out))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -329,3 +337,185 @@ def test_in_a_browser_every_lesson_loads_with_its_pictures_is_found_by_search_an
         assert foreign == [], f"the site asked another host for: {sorted(set(foreign))[:10]}"
     finally:
         page.close()
+
+
+# --- the layout a learner sees, at a phone's, a small laptop's and a laptop's width ---------------------------
+
+# The course keeps its own lines within about 100 characters (GUIDE.md); at 1280 px the column shows 130 of the
+# site's monospace. A line longer than this scrolls inside its own box, deliberately; it is reported, not cut.
+LINE_LIMIT = 120
+WIDE_LESSONS = ["04_collectives", "10_sharded_state", "12_capstone_transformer"]
+
+VISIBLE = """e => { const r = e.getBoundingClientRect(), s = getComputedStyle(e);
+                   return r.width > 0 && r.height > 0 && s.visibility !== 'hidden' && s.display !== 'none'; }"""
+
+
+def visible(page, selector: str):
+    """The elements matching ``selector`` that a learner can see (laid out, not hidden)."""
+    return [h for h in page.query_selector_all(selector) if h.evaluate(VISIBLE)]
+
+
+def new_page(browser, width: int, errors: list):
+    phone = width < 576
+    context = browser.new_context(viewport={"width": width, "height": 860}, is_mobile=phone, has_touch=phone,
+                                  device_scale_factor=2 if phone else 1)
+    page = context.new_page()
+    page.on("console", lambda m: m.type == "error" and errors.append(f"console: {m.text}"))
+    page.on("pageerror", lambda e: errors.append(f"script error: {e}"))
+    page.on("response", lambda r: r.status >= 400 and errors.append(f"{r.status} {r.url}"))
+    return page
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("width", [390, 1024, 1280])
+def test_in_a_browser_the_lesson_list_and_contents_buttons_open_their_panels(site, served, browser, width):
+    """Both themes bind the ☰ and ☷ handlers to a hidden duplicate of each button (course.js passes the click
+    on): below 992 px each opens its panel as a dialog; at 1280 px ☰ folds the lesson list away and back."""
+    errors = []
+    page = new_page(browser, width, errors)
+    try:
+        page.goto(f"{served}notebooks/12_capstone_transformer.html", wait_until="load")
+        lessons = visible(page, ".primary-toggle")
+        contents = visible(page, ".secondary-toggle")
+        assert len(lessons) == 1 and len(contents) == 1, f"{width} px: {len(lessons)} ☰ and {len(contents)} ☷ shown"
+        sidebar = page.locator("#pst-primary-sidebar")
+        if width < 992:
+            assert not sidebar.evaluate(VISIBLE), "the lesson list shows before ☰ is pressed"
+            lessons[0].click()
+            dialog = page.locator("#pst-primary-sidebar-modal")
+            dialog.locator("a", has_text="00 · Setup").wait_for(state="visible", timeout=5000)
+            assert dialog.evaluate("d => d.open"), "☰ did not open the lesson list"
+            dialog.locator("a", has_text="11 · ").click()            # and a lesson in it opens
+            page.wait_for_url("**/11_checkpoints_and_profiles.html")
+            page.go_back(wait_until="load")
+        else:
+            assert sidebar.evaluate(VISIBLE), "the lesson list is not shown beside the lesson"
+            lessons[0].click()
+            page.wait_for_function("() => getComputedStyle(document.getElementById('pst-primary-sidebar'))"
+                                   ".visibility === 'hidden'", timeout=5000)
+            visible(page, ".primary-toggle")[0].click()
+            page.wait_for_function("() => getComputedStyle(document.getElementById('pst-primary-sidebar'))"
+                                   ".visibility === 'visible'", timeout=5000)
+        # ☷: the page's contents, as a dialog (below 1600 px they are not beside the lesson: the code needs the room)
+        visible(page, ".secondary-toggle")[0].click()
+        toc = page.locator("#pst-secondary-sidebar-modal")
+        toc.locator("a", has_text="The decision rule").wait_for(state="visible", timeout=5000)
+        toc.locator("a", has_text="The decision rule").click()
+        page.wait_for_function("() => location.hash.includes('decision')", timeout=5000)
+        assert not toc.evaluate("d => d.open"), "choosing a section closes the contents"
+        heading = page.locator("h2", has_text="The decision rule")
+        top = heading.evaluate("h => h.getBoundingClientRect().top")
+        assert 0 <= top < 300, f"the section is not on screen after choosing it ({top:.0f} px)"
+        # The page itself never scrolls sideways: wide code scrolls inside its own box.
+        overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, f"at {width} px the page is {overflow} px wider than the screen"
+        assert errors == [], errors
+    finally:
+        page.context.close()
+
+
+CELL_WIDTHS = """() => {
+  const column = document.querySelector('article.bd-article').getBoundingClientRect();
+  const longest = e => Math.max(...e.textContent.split('\\n').map(l => l.length));
+  return [...document.querySelectorAll('div.cell_input pre, div.cell_output pre')].map(p => {
+    const box = p.getBoundingClientRect();
+    return {kind: p.closest('.cell_input') ? 'code' : 'output', longest: longest(p), start: p.textContent.slice(0, 50),
+            left: box.left - column.left, right: box.right - column.right, hidden: p.scrollWidth - p.clientWidth,
+            scrolls: ['auto', 'scroll'].includes(getComputedStyle(p).overflowX)};
+  });
+}"""
+
+
+@pytest.mark.timeout(300)
+def test_in_a_browser_code_and_outputs_fit_the_column_at_1280_px_and_the_phone_page_fits_390_px(site, served,
+                                                                                                 browser):
+    errors, report = [], []
+    page = new_page(browser, 1280, errors)
+    try:
+        column = None
+        for name in WIDE_LESSONS:
+            page.goto(f"{served}notebooks/{name}.html", wait_until="load")
+            column = page.evaluate("document.querySelector('article.bd-article').clientWidth")
+            cells = page.evaluate(CELL_WIDTHS)
+            assert len(cells) > 20, f"{name}: only {len(cells)} code cells and outputs found"
+            for c in cells:
+                where = f"{name}: {c['kind']} {c['start']!r}"
+                assert c["left"] >= -1 and c["right"] <= 1, f"{where} is wider than its column: {c}"
+                if c["longest"] <= LINE_LIMIT:
+                    assert c["hidden"] <= 1, f"{where}: {c['hidden']} px cut at the right at 1280 px (column " \
+                                             f"{column} px, longest line {c['longest']} characters)"
+                else:
+                    assert c["scrolls"], f"{where}: a {c['longest']}-character line, not scrollable"
+                    report.append(f"{name}: {c['kind']} with a {c['longest']}-character line scrolls: "
+                                  f"{c['start']!r}")
+        assert column >= 900, f"the lesson column is {column} px at 1280 px"
+        # The landing page's code block is whole too.
+        page.goto(f"{served}index.html", wait_until="load")
+        hidden = page.evaluate("Math.max(...[...document.querySelectorAll('article pre')]"
+                               ".map(p => p.scrollWidth - p.clientWidth))")
+        assert hidden <= 1, f"the landing page's code block is cut by {hidden} px"
+        # One search box, not two.
+        assert len(visible(page, ".search-button, .search-button-field")) == 1
+        assert errors == [], errors
+    finally:
+        page.context.close()
+    print("\n".join(report) or "no line longer than the limit")
+    errors = []
+    phone = new_page(browser, 390, errors)
+    try:
+        for nb in NOTEBOOKS:
+            phone.goto(f"{served}notebooks/{nb.stem}.html", wait_until="load")
+            width = phone.evaluate("document.documentElement.scrollWidth")
+            assert width <= 390, f"{nb.name}: on a 390-px phone the page is {width} px wide"
+            # Code keeps its lines on a phone and scrolls inside its box.
+            assert phone.evaluate("[...document.querySelectorAll('div.cell_input pre')].every("
+                                  "p => getComputedStyle(p).whiteSpace === 'pre' && "
+                                  "getComputedStyle(p).overflowX === 'auto')"), nb.name
+        assert errors == [], errors
+    finally:
+        phone.context.close()
+
+
+@pytest.mark.timeout(300)
+def test_in_a_browser_a_search_result_opens_at_the_match_and_the_contents_follow_the_reading(site, served,
+                                                                                              browser):
+    errors = []
+    page = new_page(browser, 1680, errors)
+    try:
+        page.goto(f"{served}search.html?q=psum_scatter", wait_until="load")
+        result = page.locator("#search-results ul.search li a", has_text="12 ·").first   # far down the page
+        result.wait_for(timeout=60_000)
+        result.click()
+        page.wait_for_url("**/12_capstone_transformer.html*")
+        match = page.locator("article span.highlighted").first
+        match.wait_for(timeout=10_000)
+        page.wait_for_function("() => { const m = document.querySelector('article span.highlighted');"
+                               "const r = m.getBoundingClientRect(); return r.top >= 0 && r.bottom <= innerHeight; }",
+                               timeout=10_000)
+        assert page.evaluate("window.scrollY") > 500, "the page stayed at its top"
+        # The contents list (beside the lesson at 1680 px) highlights the section being read: with section A's
+        # heading just above the reading line and the next heading B in the top third of the window, A.
+        page.goto(f"{served}notebooks/12_capstone_transformer.html", wait_until="load")
+        links = page.locator("#pst-page-toc-nav a.nav-link")
+        assert links.count() > 5 and links.first.evaluate(VISIBLE)
+        sections = page.evaluate("""() => [...document.querySelectorAll('#pst-page-toc-nav > ul > li > a')]
+            .map(a => document.getElementById(decodeURIComponent(a.getAttribute('href').slice(1))))
+            .map(s => s.querySelector('h2'))
+            .map(h => [h.textContent.replace('#', '').trim(), h.getBoundingClientRect().top + scrollY])""")
+        checked = 0
+        for k, ((a, top_a), (b, top_b)) in enumerate(zip(sections, sections[1:])):
+            if top_b - top_a < 400:
+                continue
+            # B's heading 200 px below the top of the window: A's text (or one of its subsections) fills the
+            # screen above it. The highlighted entry is A or one of A's subsections, not B.
+            page.evaluate(f"window.scrollTo(0, {top_b - 200})")
+            page.wait_for_timeout(400)
+            active = page.locator("#pst-page-toc-nav a.nav-link.active").all_inner_texts()
+            inside = page.evaluate(f"""() => {{ const li = document.querySelectorAll('#pst-page-toc-nav > ul > li')[{k}];
+                return [...document.querySelectorAll('#pst-page-toc-nav a.nav-link.active')].every(a => li.contains(a)); }}""")
+            assert active and inside, f"reading {a!r} (and {b!r} below), it highlights {active}"
+            checked += 1
+        assert checked >= 3
+        assert errors == [], errors
+    finally:
+        page.context.close()

@@ -44,6 +44,11 @@ html_baseurl = f"https://{ORG}.github.io/{REPO}/"  # where CI publishes it (GitH
 html_title = project
 html_static_path = ["_static"]
 html_css_files = ["course.css"]
+html_js_files = ["course.js"]
+html_context = {"default_mode": "auto"}  # without it the theme logs "Got invalid theme mode: ." in the console  # the ☰/☷ buttons, the search match, the contents list (see the file)
+html_favicon = "_static/favicon.svg"
+# One search: the button in the article's header (and Ctrl+K), not a second field in the lesson list.
+html_sidebars = {"**": ["navbar-logo.html", "icon-links.html", "sbt-sidebar-nav.html"]}
 html_last_updated_fmt = None
 html_copy_source = True  # the page's "download .ipynb" button serves the notebook from _sources/
 html_theme_options = {
