@@ -29,8 +29,9 @@ HINTS = {
              "scatter: is it a reduce-scatter, and is it a block of columns?"],
     "10.3": ["The peak of a step with K micro-batches is not a formula you know here: the compiler decides it. "
              "Which K are allowed at all?",
-             "Section 1's peak from compiled.memory_analysis() (make_step(K).compile(state, batch)), or "
-             "sharded_state.compiled_memory; section 4 for which K divide a device's examples.",
+             "Section 1's peak from the compiled step's memory_analysis (make_step gives the step, its compile "
+             "method the program), or sharded_state.compiled_memory; section 4 for which K divide a device's "
+             "examples.",
              "Print, for each allowed K, the compiled step's arguments, outputs, aliased and temporaries: which "
              "parts change with K, and does their total fall steadily?"],
     "10.4": ["FSDP keeps only a slice of each parameter on each device: the whole parameters exist only while the "
@@ -43,9 +44,9 @@ HINTS = {
              "slice? What it keeps decides when it must communicate.",
              "Section 2 (ZeRO's step), section 4 (accumulation, the hand-written step) and "
              "sharded_state.collectives, whose in_loop says whether a collective runs once per micro-batch.",
-             "Compile one stage yourself with sharded_state.make_train_step(..., accumulate=K) and read "
-             "sharded_state.collectives of step.compile(state, batch).as_text(): count each one once, or K "
-             "times when in_loop is True."],
+             "Compile one stage yourself, with sharded_state.make_train_step and its accumulate argument, and "
+             "read sharded_state.collectives of the compiled step's text: count each one once, or K times when "
+             "its in_loop is True."],
 }
 
 _OPS = ("all-reduce", "reduce-scatter", "all-gather")
