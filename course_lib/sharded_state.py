@@ -582,11 +582,12 @@ def formula_sent(n_params: int, n_devices: int, stage: str, *, param_bytes: int 
 
 @dataclasses.dataclass(frozen=True)
 class Collective:
-    """One collective instruction of an HLO: ``op``, the result's (first operand's) dtype and shape, the devices per group,
-    ``payload`` bytes (the whole buffer being reduced or gathered; for a reduce-scatter, ``group`` times its
-    result), and ``in_loop``: whether it sits in the body of a ``while`` loop (a ``lax.scan``), so that it runs
-    once per iteration rather than once per step. ``operands``: every ``(dtype, shape)`` of the result, more
-    than one for a tuple all-reduce (XLA's combiner merges several into one); ``described`` prints them all."""
+    """One collective instruction of an HLO: ``op``, the dtype and shape of its (first) result array, the devices
+    per group, ``payload`` bytes (the whole buffers being reduced or gathered, every result array counted; for a
+    reduce-scatter, ``group`` times its results), and ``in_loop``: whether it sits in the body of a ``while`` loop
+    (a ``lax.scan``), so that it runs once per iteration rather than once per step. ``operands``: every
+    ``(dtype, shape)`` the instruction delivers (its result), more than one for a combined collective (XLA's
+    combiner merges several into one instruction); ``described`` prints them all."""
 
     op: str
     dtype: str
@@ -613,11 +614,75 @@ class Collective:
 _BYTES = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "s64": 8, "s32": 4, "u32": 4, "s16": 2, "u16": 2, "s8": 1,
           "u8": 1, "pred": 1, "u64": 8}
 _OPS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
-_LINE = re.compile(r"=\s*(\(.*?\)|\S+)\s+(" + "|".join(_OPS) + r")(?:-start)?\(")
-_ARRAY = re.compile(r"([a-z]+\d*)\[([\d,]*)\]")
+# "%name = TYPE op(" or "%name = TYPE op-start(": the type is everything between " = " and the opcode.
+_LINE = re.compile(r"=\s*(.*?)\s+(" + "|".join(_OPS) + r")(-start)?\(")
+_ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([\d,]*)\]")
+_TOKEN = re.compile(r"\(|\)|,|[a-z][a-z0-9]*\[[\d,]*\](?:\{[^}]*\})?")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*\S.*\s[a-z][\w\-]*\(", re.M)
 _HEADER = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s*(?:\(.*\)\s*->\s*.*)?\{\s*$")
 _CALLS = re.compile(r"(?:to_apply|calls|body|condition|branch_computations)=\{?%?([\w.\-]+)")
 _BODY = re.compile(r"\bbody=%?([\w.\-]+)")
+
+
+def _dtype_bytes(dtype: str) -> int:
+    """Bytes per element of an HLO dtype name (f32 -> 4; the 8-bit floats f8e4m3fn, f8e5m2, ... -> 1)."""
+    return _BYTES.get(dtype, 1 if dtype.startswith("f8") else 4)
+
+
+def _parse_type(text: str):
+    """An HLO type as nested lists: ``"(f32[2]{0}, (s32[], bf16[3,4]))"`` -> ``[("f32", "2"), [("s32", ""),
+    ("bf16", "3,4")]]``; a single array type -> ``("f32", "2")``. Layouts and ``/*index=N*/`` comments are dropped."""
+    tokens = _TOKEN.findall(re.sub(r"/\*.*?\*/", "", text))
+    stack = [[]]
+    for tok in tokens:
+        if tok == "(":
+            stack.append([])
+        elif tok == ")":
+            if len(stack) > 1:
+                inner = stack.pop()
+                stack[-1].append(inner)
+        elif tok != ",":
+            stack[-1].append(_ARRAY.match(tok).groups())
+    top = stack[0]
+    return top[0] if len(top) == 1 else top
+
+
+def _flat(t) -> list:
+    return [t] if isinstance(t, tuple) else [a for x in t for a in _flat(x)]
+
+
+def _result_arrays(type_text: str, op: str, is_start: bool) -> list:
+    """The arrays an instruction delivers, from its HLO type.
+
+    A synchronous collective's type is its result: one array, or a tuple when XLA's combiner merged several
+    (every array counts). An asynchronous ``-start`` (XLA's GPU programs) is typed ``((operands...), results...)``,
+    e.g. ``((f32[8]{0}, f32[8,192]{1,0}), (f32[64]{0}, f32[64,192]{1,0})) all-gather-start(...)``: only the
+    result half, the second element, is what arrives (any later elements are the runtime's context scalars).
+    The older dedicated forms ``all-gather-start``/``collective-permute-start`` are typed ``(operand, result, ...)``,
+    and ``all-reduce-start``'s type may be its result alone."""
+    t = _parse_type(type_text)
+    if not is_start or isinstance(t, tuple):
+        return _flat(t)
+    if t and isinstance(t[0], list) and len(t) >= 2:            # ((operands...), results..., context...)
+        return _flat(t[1])
+    if op != "all-reduce" and len(t) >= 2:                      # (operand, result, context...)
+        return _flat(t[1])
+    return _flat(t)
+
+
+def _check_hlo_text(hlo_text, where: str) -> None:
+    if not isinstance(hlo_text, str):
+        raise TypeError(f"{where}: hlo_text must be the compiled program's text, a str, got "
+                        f"{type(hlo_text).__name__}. Pass step.compile(state, batch).as_text(), not the compiled "
+                        "object.")
+    if "stablehlo." in hlo_text or re.search(r"^\s*module\s+@", hlo_text, re.M):
+        raise ValueError(f"{where}: hlo_text is StableHLO (MLIR) text, which names collectives differently "
+                         "(stablehlo.all_reduce). Pass compiled.as_text() (XLA's HLO after compilation) or "
+                         "lowered.as_text(dialect='hlo').")
+    if "HloModule" not in hlo_text and not _INSTRUCTION.search(hlo_text):
+        raise ValueError(f"{where}: hlo_text does not look like an HLO program (no 'HloModule' line and no "
+                         f"'%name = type op(...)' instruction); it starts {hlo_text[:60]!r}. Pass "
+                         "compiled.as_text() or lowered.as_text(dialect='hlo').")
 
 
 def ring_bytes(op: str, payload: float, group: int) -> float:
@@ -649,15 +714,24 @@ def _group_size(line: str, default: int) -> int:
 
 
 def collectives(hlo_text: str, n_devices: int | None = None) -> list[Collective]:
-    """Every collective instruction in a compiled program's text (``compiled.as_text()``), in order.
+    """Every collective instruction in a program's HLO text (``compiled.as_text()``, or
+    ``lowered.as_text(dialect="hlo")``), in order.
 
-    Async pairs (``all-reduce-start``/``-done``) count once. ``n_devices`` is the group size to assume where the
-    instruction does not say (default: ``jax.device_count()``).
+    Each instruction counts once, with every array it delivers:
+    - a synchronous collective (the CPU backend's form): its result type, one array or a tuple (XLA's combiner
+      merges several collectives into one instruction, e.g. ``(f32[256], f32[64,256], f32[])``);
+    - an asynchronous ``-start`` (``all-reduce-start``, ``all-gather-start``, ``reduce-scatter-start``,
+      ``collective-permute-start``; XLA's GPU form): the RESULT half of its type ``((operands...), results...)``,
+      every array of it (a combined all-gather of 6 arrays counts 6), never the operands; its ``-done`` is not
+      counted again;
+    - an ``async-start`` whose ``calls=`` computation holds the collective: counted once, from that computation's
+      own (synchronous) instruction.
+
+    ``n_devices`` is the group size to assume where the instruction does not say (default: ``jax.device_count()``).
+    Returns ``[]`` when the program has no collective (e.g. compiled for one device). Raises ``ValueError`` for text
+    that is not HLO (StableHLO from ``lowered.as_text()`` included) and ``TypeError`` for a non-string.
     """
-    if not isinstance(hlo_text, str):
-        raise TypeError(f"collectives: hlo_text must be the compiled program's text, a str, got "
-                        f"{type(hlo_text).__name__}. Pass step.compile(state, batch).as_text(), not the compiled "
-                        "object.")
+    _check_hlo_text(hlo_text, "collectives")
     n_devices = _checks.optional_whole(n_devices, "n_devices", "collectives")
     default = jax.device_count() if n_devices is None else n_devices
     found, calls, current = [], {}, None
@@ -670,15 +744,13 @@ def collectives(hlo_text: str, n_devices: int | None = None) -> list[Collective]
         m = _LINE.search(line)
         if not m:
             continue
-        result, op = m.group(1), m.group(2)
-        arrays = _ARRAY.findall(result)
+        type_text, op, is_start = m.group(1), m.group(2), bool(m.group(3))
+        arrays = [(dt, ds) for dt, ds in _result_arrays(type_text, op, is_start) if dt != "token"]
         if not arrays:
             continue
         group = _group_size(line, default)
-        if "-start(" in line:      # async form: the result tuple holds the operands too; the last is the result
-            arrays = arrays[-1:]
         dtype, dims = arrays[0]
-        nbytes = sum(_BYTES.get(dt, 4) * math.prod(int(d) for d in ds.split(",") if d) for dt, ds in arrays)
+        nbytes = sum(_dtype_bytes(dt) * math.prod(int(d) for d in ds.split(",") if d) for dt, ds in arrays)
         payload = nbytes * group if op == "reduce-scatter" else nbytes
         operands = tuple((dt, tuple(int(d) for d in ds.split(",") if d)) for dt, ds in arrays)
         found.append((current, Collective(op, dtype, operands[0][1], group, payload, operands=operands)))
@@ -694,7 +766,8 @@ def collectives(hlo_text: str, n_devices: int | None = None) -> list[Collective]
 
 def communication(hlo_text: str, n_devices: int | None = None) -> dict[str, dict]:
     """``{op: {"count", "in_loop", "payload", "sent_per_device"}}`` over the collectives of a compiled program
-    (see ``collectives``): instructions, how many of them sit in a loop body, and their bytes, each counted once."""
+    (see ``collectives``): instructions, how many of them sit in a loop body, and their bytes, each counted once.
+    ``{}`` when the program has no collective; text that is not HLO raises, as in ``collectives``."""
     out: dict[str, dict] = {}
     for c in collectives(hlo_text, n_devices):
         entry = out.setdefault(c.op, {"count": 0, "in_loop": 0, "payload": 0, "sent_per_device": 0.0})

@@ -173,7 +173,9 @@ def psum_per_leaf(tree, axis_name=AXIS):
     one waits for all its buffers. On GPUs each remaining all-reduce is asynchronous (a start/done pair) and can
     start as soon as its buffers are ready, during the backward pass (the latency-hiding scheduler, opt-in there,
     orders the program for that overlap). On the CPU backend a tuple all-reduce measured two to four times one flat
-    buffer (lesson 09), so ``make_train_step`` uses ``psum_bucketed`` there.
+    buffer (lesson 09), so ``make_train_step`` uses ``psum_bucketed`` there. XLA's GPU compiler does not send the
+    tuple: it concatenates the combined gradients into one flat buffer itself (lesson 10's MLP: one
+    ``all-reduce-start`` of ``f32[19211]``, measured on one NVIDIA H200, JAX 0.11.2 (2026-11)).
     """
     return jax.tree.map(lambda v: jax.lax.psum(v, axis_name), tree)
 

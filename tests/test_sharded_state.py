@@ -330,3 +330,95 @@ def test_bench_variants_keep_at_most_fits_max_ahead_steps_in_flight(devices, mon
     assert len(waited) == 30 - 20
     _, losses, _ = train("fsdp", data=batches(30, size=64))
     assert loss == pytest.approx(losses[-1], rel=RTOL)
+
+
+# ---- GPU-format programs: the async, combined collectives of XLA's GPU compiler (measured.md section 3) ----------
+
+_MESH8 = "replica_groups=mesh['axis_0'=8] {'axis_0'}"
+_SLICES = "(f32[8]{0}, f32[8]{0}, f32[8,192]{1,0}, f32[8,64]{1,0}, f32[32,64]{1,0}, f32[8,256]{1,0})"
+_WHOLES = "(f32[64]{0}, f32[64]{0}, f32[64,192]{1,0}, f32[64,64]{1,0}, f32[256,64]{1,0}, f32[64,256]{1,0})"
+_LAYER = 64 + 64 + 64 * 192 + 64 * 64 + 256 * 64 + 64 * 256          # 49,280 numbers: one layer's 6 arrays
+
+
+def _gpu_fsdp_program():
+    """An FSDP step as XLA's GPU compiler writes it (the line formats of measured.md section 3): three combined
+    all-gathers of a layer's 6 arrays, two combined reduce-scatters, one async all-reduce of 2,497 floats."""
+    ag = [f"  %all-gather-start.{i} = ({_SLICES}, {_WHOLES}) all-gather-start(%s0, %s1, %s2, %s3, %s4, %s5), "
+          f"channel_id={i}, {_MESH8}, dimensions={{0}}, use_global_device_ids=true\n"
+          f"  %all-gather-done.{i} = {_WHOLES} all-gather-done(%all-gather-start.{i})" for i in range(3)]
+    rs = [f"  %reduce-scatter-start.{i} = ({_WHOLES}, {_SLICES}) reduce-scatter-start(%g0, %g1, %g2, %g3, %g4, %g5), "
+          f"channel_id={10 + i}, {_MESH8}, dimensions={{0}}, to_apply=%add\n"
+          f"  %reduce-scatter-done.{i} = {_SLICES} reduce-scatter-done(%reduce-scatter-start.{i})" for i in range(2)]
+    ar = ("  %all-reduce-start = ((f32[2497]{0}), f32[2497]{0}) all-reduce-start(%l), channel_id=20, "
+          f"{_MESH8}, to_apply=%add\n  %all-reduce-done = f32[2497]{{0}} all-reduce-done(%all-reduce-start)")
+    return "\n".join(["HloModule jit_fsdp_step, is_scheduled=true", "",
+                      "%add (x: f32[], y: f32[]) -> f32[] {", "  %x = f32[] parameter(0)", "  %y = f32[] parameter(1)",
+                      "  ROOT %add.1 = f32[] add(%x, %y)", "}", "", "ENTRY %main (p: f32[8]) -> f32[8] {",
+                      *ag, *rs, ar, "  ROOT %r = f32[8]{0} copy(%p)", "}"])
+
+
+def test_a_combined_async_collective_counts_every_array_of_its_result_half():
+    found = ss.collectives(_gpu_fsdp_program(), n_devices=8)
+    assert [c.op for c in found] == ["all-gather"] * 3 + ["reduce-scatter"] * 2 + ["all-reduce"]   # -done not again
+    gather, scatter, loss = found[0], found[3], found[5]
+    assert [s for _, s in gather.operands] == [(64,), (64,), (64, 192), (64, 64), (256, 64), (64, 256)]
+    assert gather.payload == 4 * _LAYER == 197_120                          # the results, not the operands too
+    assert [s for _, s in scatter.operands] == [(8,), (8,), (8, 192), (8, 64), (32, 64), (8, 256)]
+    assert scatter.payload == 8 * 4 * _LAYER // 8 == 197_120                # 8 slices of 24,640 bytes
+    assert loss.operands == (("f32", (2497,)),) and loss.payload == 9_988
+    assert sum(c.payload for c in found) == 995_588                         # measured.md section 3's step
+    comm = ss.communication(_gpu_fsdp_program(), n_devices=8)
+    assert {op: e["count"] for op, e in comm.items()} == {"all-gather": 3, "reduce-scatter": 2, "all-reduce": 1}
+    assert comm["all-gather"]["sent_per_device"] == pytest.approx(3 * 7 / 8 * 197_120)
+
+
+@pytest.mark.parametrize("line, op, arrays, payload", [
+    # measured.md section 3, exactly: the all-reduce and slice became a reduce-scatter on the GPU
+    ("%reduce-scatter-start = ((f32[1024,1024]{1,0}), f32[128,1024]{1,0}) reduce-scatter-start("
+     f"%gemm_fusion_dot.2), channel_id=3, {_MESH8}, dimensions={{0}}, to_apply=%add",
+     "reduce-scatter", [(128, 1024)], 8 * 4 * 128 * 1024),
+    ("%all-reduce-start = ((f32[19211]{0}), f32[19211]{0}) all-reduce-start(%concatenate), channel_id=1, "
+     f"{_MESH8}, to_apply=%add", "all-reduce", [(19211,)], 4 * 19211),
+    ("%all-reduce-start.3 = ((bf16[4214794]{0}), bf16[4214794]{0}) all-reduce-start(%c), channel_id=2, "
+     f"{_MESH8}, to_apply=%add", "all-reduce", [(4214794,)], 2 * 4214794),            # bf16 on the wire
+    ("%all-reduce-start.4 = ((f32[256]{0}, f32[64,256]{1,0}), (f32[256]{0}, f32[64,256]{1,0})) all-reduce-start("
+     f"%a, %b), {_MESH8}, to_apply=%add", "all-reduce", [(256,), (64, 256)], 4 * (256 + 64 * 256)),
+    ("%all-reduce-start.5 = f32[16]{0} all-reduce-start(%a), replica_groups={{0,1,2,3,4,5,6,7}}, to_apply=%add",
+     "all-reduce", [(16,)], 64),                                                    # the type is the result
+    ("%all-gather-start.1 = (f32[8]{0}, f32[64]{0}) all-gather-start(%a), replica_groups=[1,8]<=[8], "
+     "dimensions={0}", "all-gather", [(64,)], 256),                                 # (operand, result)
+    ("%collective-permute-start = (f32[16]{0}, f32[16]{0}, u32[], u32[]) collective-permute-start(%a), "
+     "source_target_pairs={{0,1},{1,0}}", "collective-permute", [(16,)], 64),       # context scalars left out
+])
+def test_each_async_start_form_counts_its_result_once(line, op, arrays, payload):
+    text = f"HloModule m\n\nENTRY %main {{\n  {line}\n  %done = f32[1]{{0}} {op}-done(%x)\n}}"
+    found = ss.collectives(text, n_devices=8)
+    assert len(found) == 1 and found[0].op == op
+    assert [s for _, s in found[0].operands] == arrays and found[0].payload == payload
+
+
+def test_an_async_start_wrapping_a_collective_counts_once_and_in_its_loop():
+    text = "\n".join([
+        "HloModule m, is_scheduled=true", "",
+        "%wrapped (p: f32[64]) -> f32[64] {", "  %p = f32[64]{0} parameter(0)",
+        "  ROOT %ar = f32[64]{0} all-reduce(%p), replica_groups={}, to_apply=%add", "}", "",
+        "%body (c: f32[64]) -> f32[64] {", "  %c = f32[64]{0} parameter(0)",
+        f"  %ags = ((f32[8]{{0}}), f32[64]{{0}}) all-gather-start(%c), {_MESH8}, dimensions={{0}}",
+        "  %agd = f32[64]{0} all-gather-done(%ags)",
+        "  %as = ((f32[64]{0}), f32[64]{0}) async-start(%agd), calls=%wrapped",
+        "  ROOT %ad = f32[64]{0} async-done(%as)", "}", "",
+        "ENTRY %main (x: f32[64]) -> f32[64] {", "  %x = f32[64]{0} parameter(0)",
+        "  ROOT %w = f32[64]{0} while(%x), condition=%cond, body=%body", "}"])
+    found = ss.collectives(text, n_devices=8)
+    assert [(c.op, c.payload, c.in_loop) for c in found] == [("all-reduce", 256, True), ("all-gather", 256, True)]
+
+
+def test_the_readers_say_why_they_find_nothing():
+    one_device = jax.jit(lambda v: v * 2).lower(jnp.ones(4)).compile().as_text()
+    assert ss.collectives(one_device) == [] and ss.communication(one_device) == {}   # documented: no collective
+    with pytest.raises(ValueError, match="does not look like an HLO program"):
+        ss.collectives("step time 3.2 ms")
+    with pytest.raises(ValueError, match="StableHLO"):
+        ss.communication(jax.jit(lambda v: v * 2).lower(jnp.ones(4)).as_text())
+    with pytest.raises(TypeError, match="hlo_text must be"):
+        ss.collectives(jax.jit(lambda v: v * 2).lower(jnp.ones(4)).compile())

@@ -31,8 +31,9 @@ def solution_ms_per_step(dispatch_ms, step_ms, k):
                  "Which part is paid once, and which part k times?",
                  "Lesson 09, section 2: the fixed cost per dispatch is spread over the k steps of one lax.scan; "
                  "each step's own work is not.",
-                 "In words: the whole dispatch costs the fixed part once plus the work of every one of its k steps; "
-                 "divide that total by k."])
+                 "Check your formula against the mechanism, section 2's sweep: at k = 1 it must give the time of "
+                 "one unfused step, and as k grows it must flatten towards a floor. Which of the two costs is that "
+                 "floor, and which one fades?"])
 def check_ms_per_step(ms_per_step):
     for dispatch, step, k in [(0.5, 0.1, 1), (0.5, 0.1, 10), (2.0, 0.03, 25), (1.2, 0.4, 4), (0.0, 0.2, 7)]:
         what = f"ms_per_step(dispatch_ms={dispatch}, step_ms={step}, k={k})"
@@ -84,9 +85,9 @@ def _fake_measurements(dispatch, step, ks, noise, seed):
           hints=["The model is not a straight line in k. Is there a quantity derived from k in which it is one?",
                  "A least-squares straight-line fit: np.polyfit with degree 1 (or np.linalg.lstsq). Exercise 09.1's "
                  "formula says what to put on the horizontal axis.",
-                 "In words: turn each k into its reciprocal, fit one straight line of the times against those "
-                 "reciprocals using every point, and read the dispatch cost from the slope and the step cost from "
-                 "the intercept."])
+                 "Plot section 2's measured times against your chosen variable: the model says the points lie on "
+                 "a straight line. Which feature of that line is the cost of a dispatch, and which the cost of a "
+                 "step? Check the fit against every point, not two."])
 def check_fit_dispatch_and_step(fit_dispatch_and_step):
     ks = [1, 2, 5, 10, 25]
     for dispatch, step, noise, seed in [(0.6, 0.12, 0.0, 0), (1.5, 0.05, 0.03, 1), (0.3, 0.9, 0.05, 2)]:

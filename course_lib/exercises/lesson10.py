@@ -1,5 +1,6 @@
-"""Lesson 10 exercises: bytes per device for each ZeRO stage, the ZeRO update with psum_scatter, choosing K,
-writing the FSDP step, and predicting the collectives of each stage before the compiled program shows them."""
+"""Lesson 10 exercises: bytes per device for each ZeRO stage, the ZeRO update of a column-split matrix with
+psum_scatter, choosing K from the compiled step's peak, the FSDP step of a model split leaf by leaf, and predicting
+how often each stage's collectives run in an accumulated step before the compiled program shows them."""
 
 import jax
 import jax.numpy as jnp
@@ -16,31 +17,36 @@ HINTS = {
     "10.1": ["Start from the replicated form: how many bytes per parameter do the parameters, the gradients and "
              "Adam's state take in float32? Then ask, stage by stage, which of the three is split over the devices.",
              "Section 1 and the table of section 3: ZeRO-1 splits one of the three, ZeRO-2 two, FSDP all three.",
-             "In words: 4, 4 and 8 bytes per parameter; divide the optimizer state by the device count from zero1 "
-             "on, the gradient accumulator from zero2 on, and the parameters for fsdp only."],
+             "Check your numbers against the mechanism: build each stage with sharded_state.init_state and read "
+             "sharded_state.state_bytes of it, or look at the shape of one device's shard of each part."],
     "10.2": ["Each device needs only its own slice of the summed gradient, never the whole sum. Which collective "
-             "hands each device just its slice?",
-             "jax.lax.psum_scatter (tiled), jax.lax.axis_index with jax.lax.dynamic_slice_in_dim, and "
-             "jax.lax.all_gather (tiled): section 2's step.",
-             "In words: reduce-scatter the gradient and divide by the device count; cut this device's slice out of "
-             "the parameters; update that slice; gather the updated slices into the whole vector."],
-    "10.3": ["Activation memory grows with the micro-batch, B // K examples, and every micro-batch has the same size.",
-             "Section 4: K must divide the per-device batch; try the candidates from the smallest up.",
-             "In words: for K from 1 to the per-device batch, return the first K that divides it and whose "
-             "micro-batch fits the budget; None when none does."],
-    "10.4": ["FSDP keeps only a slice of the parameters on each device: the whole vector exists only while the loss "
-             "is computed. Where must the gather happen so that jax.grad turns it into the reduce-scatter?",
+             "hands each device just its slice, and along which axis are the slices cut here?",
+             "jax.lax.psum_scatter and jax.lax.all_gather (both tiled, both with an axis argument), "
+             "jax.lax.axis_index with jax.lax.dynamic_slice_in_dim: section 2's step cuts a flat vector, yours "
+             "cuts another axis.",
+             "Run your function under jax.shard_map on a small matrix whose columns differ, and print "
+             "sharded_state.collectives of the compiled program and the shape each device gets back from the "
+             "scatter: is it a reduce-scatter, and is it a block of columns?"],
+    "10.3": ["The peak of a step with K micro-batches is not a formula you know here: the compiler decides it. "
+             "Which K are allowed at all?",
+             "Section 1's peak from the compiled step's memory_analysis (make_step gives the step, its compile "
+             "method the program), or sharded_state.compiled_memory; section 4 for which K divide a device's "
+             "examples.",
+             "Print, for each allowed K, the compiled step's arguments, outputs, aliased and temporaries: which "
+             "parts change with K, and does their total fall steadily?"],
+    "10.4": ["FSDP keeps only a slice of each parameter on each device: the whole parameters exist only while the "
+             "loss is computed. Where must the gathers happen so that jax.grad turns them into reduce-scatters?",
              "Section 3, the hand-written FSDP step: jax.lax.all_gather (tiled) inside the function you "
-             "differentiate; its transpose is jax.lax.psum_scatter, a sum, not a mean.",
-             "In words: a loss of the slice that gathers the whole vector and calls loss_fn; value_and_grad of it "
-             "with respect to the slice; divide the gradient by the device count; the optimizer's update of the "
-             "slice; apply it; average the loss over the mesh axis."],
-    "10.5": ["Ask, per stage, what each device must receive: the whole summed gradient, or only its slice? And "
-             "does it hold whole parameters, or must it gather them (how many times per step)?",
-             "Section 2 (ZeRO's step), section 3 (FSDP and its backward pass) and the remat policy there.",
-             "In words: data parallelism sums the whole gradient everywhere; ZeRO-1 and ZeRO-2 hand each device its "
-             "slice and gather the updated parameters; FSDP gathers for the forward and again for the backward "
-             "and hands each device its slice of the gradient."],
+             "differentiate, here once per leaf with jax.tree.map; its transpose is jax.lax.psum_scatter, a sum.",
+             "Compile your step under jax.shard_map and print sharded_state.collectives of it: one all-gather "
+             "and one reduce-scatter per sharded leaf, and no gradient-sized all-reduce, is the mechanism."],
+    "10.5": ["Ask, per stage, what each device keeps across the micro-batches: a whole accumulator or only its "
+             "slice? What it keeps decides when it must communicate.",
+             "Section 2 (ZeRO's step), section 4 (accumulation, the hand-written step) and "
+             "sharded_state.collectives, whose in_loop says whether a collective runs once per micro-batch.",
+             "Compile one stage yourself, with sharded_state.make_train_step and its accumulate argument, and "
+             "read sharded_state.collectives of the compiled step's text: count each one once, or K times when "
+             "its in_loop is True."],
 }
 
 _OPS = ("all-reduce", "reduce-scatter", "all-gather")
@@ -173,31 +179,40 @@ def check_zero_bytes(zero_bytes):
 
 
 # ----------------------------------------------------------------------------------------------
-# 10.2 The ZeRO update (stages 1 and 2 in one step), written with psum_scatter
+# 10.2 The ZeRO update of a matrix whose columns are split over the devices, written with psum_scatter
 
 
 def solution_zero2_sgd(params, grads, lr):
     n = jax.lax.axis_size("data")
-    size = params.shape[0] // n
-    mine = jax.lax.psum_scatter(grads, "data", tiled=True) / n                    # mean gradient of my slice
-    start = jax.lax.axis_index("data") * size
-    my_params = jax.lax.dynamic_slice_in_dim(params, start, size)                  # my slice of the parameters
-    return jax.lax.all_gather(my_params - lr * mine, "data", tiled=True)          # everyone gets every slice
+    cols = params.shape[1] // n
+    mine = jax.lax.psum_scatter(grads, "data", scatter_dimension=1, tiled=True) / n     # (R, C // n), averaged
+    start = jax.lax.axis_index("data") * cols
+    my_params = jax.lax.dynamic_slice_in_dim(params, start, cols, axis=1)              # my block of columns
+    return jax.lax.all_gather(my_params - lr * mine, "data", axis=1, tiled=True)       # (R, C) on every device
 
 
 class _NoResult(Exception):
     """The learner's function returned None inside the mapped program."""
 
 
-@exercise("10.2", "The ZeRO update: psum_scatter, update your slice, all_gather", solution=solution_zero2_sgd,
-          returns="the whole updated parameter vector, float32 (P,), on every device")
+def _scatter_hints():
+    return {**_vma_hints(),
+            "must be divisible": "A tiled psum_scatter splits its operand along scatter_dimension (the first axis "
+                                 "unless told): here each device owns a block of columns, and the number of rows "
+                                 "does not divide by the device count.",
+            "scatter dimension": "psum_scatter's scatter_dimension names the axis the slices are cut along."}
+
+
+@exercise("10.2", "The ZeRO update of a column-split matrix: psum_scatter, update your block, all_gather",
+          solution=solution_zero2_sgd, returns="the whole updated parameter matrix, float32 (R, C), on every device")
 def check_zero2_sgd(zero2_sgd):
     rng = np.random.default_rng(10)
-    for n, size, lr in [(len(jax.devices()), 3, 0.1), (4, 5, 0.5)]:
+    for n, rows, cols, lr in [(len(jax.devices()), 3, 2, 0.1), (4, 5, 3, 0.5), (2, 7, 5, 0.25)]:
         mesh = Mesh(np.array(jax.devices()[:n]), (AXIS,))
-        params = rng.normal(size=n * size).astype(np.float32)
-        local = rng.normal(size=(n, n * size)).astype(np.float32)       # device i's own gradient: local[i]
-        grads = jax.device_put(local.reshape(-1), NamedSharding(mesh, P(AXIS)))
+        c = n * cols
+        params = rng.normal(size=(rows, c)).astype(np.float32)
+        local = rng.normal(size=(n, rows, c)).astype(np.float32)          # device i's own gradient: local[i]
+        grads = jax.device_put(local.reshape(n * rows, c), NamedSharding(mesh, P(AXIS)))
         whole = jax.device_put(params, NamedSharding(mesh, P()))
 
         def body(p, g):
@@ -207,7 +222,7 @@ def check_zero2_sgd(zero2_sgd):
             return jnp.asarray(out)[None]
 
         f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(AXIS), check_vma=True))
-        what = f"zero2_sgd on {n} devices, {n * size} parameters"
+        what = f"zero2_sgd on {n} devices, a ({rows}, {c}) matrix ({cols} columns per device)"
         try:
             jax.eval_shape(f, whole, grads)
         except _NoResult:
@@ -216,114 +231,239 @@ def check_zero2_sgd(zero2_sgd):
         except Exception:
             pass                  # reported with the inputs by call() below
         try:
-            out = call(f, whole, grads, name="zero2_sgd", hints=_vma_hints())
+            out = call(f, whole, grads, name="zero2_sgd", hints=_scatter_hints())
         except Mismatch as e:
-            raise Mismatch(f"On {n} devices, {n * size} parameters: {e}") from None
+            raise Mismatch(f"{what}: {e}") from None
         problem = _float_dtype_problem(out, f"{what}: the result")
         if problem:
             raise Mismatch(problem)
         out = np.asarray(out)
         expected = params - lr * local.mean(axis=0)
-        if out.ndim == 3 and out.shape[1:] == (n, size):
-            raise Mismatch(f"{what}: each device returned shape {out.shape[1:]}, the {n} slices stacked on a new "
-                           f"axis; expected the whole vector, ({n * size},). An all_gather that is not tiled stacks "
-                           "what it gathers; a tiled one joins the slices end to end (lesson 04, section 2).")
-        if out.ndim != 2 or out.shape[0] != n:
-            raise Mismatch(f"{what}: each device returned shape {out.shape[1:]}; expected the whole vector, "
-                           f"({n * size},), one per device.")
-        if out.shape[1] == size:
-            raise Mismatch(f"{what}: every device returned only its slice, shape ({size},). The forward pass of the "
-                           "next step needs all the parameters: gather the updated slices.")
-        if out.shape[1] != n * size:
-            raise Mismatch(f"{what}: each device returned shape {out.shape[1:]}; expected the whole vector, "
-                           f"({n * size},).")
+        per = out.shape[1:]
+        if per in ((n, rows, cols), (rows, n, cols)):
+            raise Mismatch(f"{what}: each device returned shape {per}, the {n} blocks stacked on a new axis; "
+                           f"expected the whole matrix, ({rows}, {c}). An all_gather that is not tiled stacks what "
+                           "it gathers; a tiled one joins the blocks along the axis you name (lesson 04).")
+        if per == (n * rows, cols):
+            raise Mismatch(f"{what}: each device returned shape {per}: the blocks of columns were joined along "
+                           f"the rows. Gather along the column axis to get ({rows}, {c}) back.")
+        if per == (rows, cols):
+            raise Mismatch(f"{what}: every device returned only its block, shape ({rows}, {cols}). The forward pass "
+                           "of the next step needs the whole matrix: gather the updated blocks.")
+        if per != (rows, c):
+            raise Mismatch(f"{what}: each device returned shape {per}; expected the whole matrix, ({rows}, {c}).")
         if np.allclose(out[0], params - lr * local.sum(axis=0), rtol=1e-4, atol=1e-5):
             raise Mismatch(f"{what}: the step is {n} times too large. psum_scatter adds the devices' gradients; "
                            "the update needs their mean.")
         if np.allclose(out[0], params - lr * local[0], rtol=1e-4, atol=1e-5):
             raise Mismatch(f"{what}: device 0 applied only its own gradient: the devices' gradients were never "
                            "summed.")
-        if (np.allclose(out[0][:size], expected[:size], rtol=1e-4, atol=1e-5)
-                and not np.allclose(out[0], expected, rtol=1e-4, atol=1e-5)
-                and np.allclose(out[0].reshape(n, size), np.tile(params[:size], (n, 1)) - lr
-                                * local.mean(axis=0).reshape(n, size), rtol=1e-4, atol=1e-5)):
-            raise Mismatch(f"{what}: only the first slice is right: every device updated the parameters "
-                           f"[0, {size}) with its own slice of the gradient. Device i owns the numbers from "
-                           f"i * {size}: cut its slice of the parameters where its index says (section 2).")
+        first = np.tile(params[:, :cols], (1, n)) - lr * local.mean(axis=0)
+        if np.allclose(out[0], first, rtol=1e-4, atol=1e-5) and not np.allclose(out[0], expected, rtol=1e-4,
+                                                                               atol=1e-5):
+            raise Mismatch(f"{what}: only the first block is right: every device updated columns [0, {cols}) of "
+                           "the parameters with its own block of the gradient. Device i owns the columns from "
+                           f"i * {cols}: cut its block where its index says.")
         for i in range(n):
             _expect_close(out[i], expected, f"{what}: the parameters on device {i}", f, whole, grads)
-        # The mechanism, read from the compiled program: XLA removes a collective whose result is unused, so a
-        # psum_scatter whose result was thrown away (the update made from a pmean) leaves no reduce-scatter.
-        found = _big_collectives(f.lower(whole, grads).compile().as_text(), 4 * n * size)
-        ops = [c.op for c in found]
-        if "reduce-scatter" not in ops:
+        # The mechanism, read from the compiled program: each device must receive its block of the summed gradient.
+        found = _big_collectives(f.lower(whole, grads).compile().as_text(), 4 * rows * c)
+        ops = [x.op for x in found]
+        scattered = [x for x in found if x.op == "reduce-scatter"]
+        if not scattered:
             raise Mismatch(f"{what}: the values are right, but the compiled program has no reduce-scatter of the "
                            f"gradient (its gradient-sized collectives: {_listed(found)}). Each device received the "
-                           "whole reduced gradient (an all-reduce: pmean or psum) and kept a slice, or computed a "
-                           "psum_scatter and then did not use its result. ZeRO sends each device only the slice it "
-                           "owns: the update must be made from the scattered slice (section 2).")
+                           "whole reduced gradient (an all-reduce: pmean or psum) and kept a block, or computed a "
+                           "psum_scatter and then did not use its result. ZeRO sends each device only the part it "
+                           "owns: the update must be made from the scattered block.")
+        if any(len(x.shape) != 2 or int(np.prod(x.shape)) != rows * cols for x in scattered):
+            raise Mismatch(f"{what}: the values are right, but the reduce-scatter hands each device "
+                           f"{', '.join(x.described for x in scattered)}, not its ({rows}, {cols}) block of columns: "
+                           "the gradient was flattened or cut along the rows. Scatter along the column axis, so "
+                           "that each device receives the columns it owns.")
         if "all-reduce" in ops:
             raise Mismatch(f"{what}: the values are right, but the compiled program still all-reduces a "
                            f"gradient-sized buffer ({_listed(found)}) besides the reduce-scatter: twice the "
-                           "traffic. Use only the slice the reduce-scatter gives.")
+                           "traffic. Use only the block the reduce-scatter gives.")
         if "all-gather" not in ops:
             raise Mismatch(f"{what}: the values are right, but the compiled program has no all-gather "
-                           f"({_listed(found)}): rebuild the whole vector from the updated slices, not from the "
+                           f"({_listed(found)}): rebuild the whole matrix from the updated blocks, not from the "
                            "whole gradient.")
-    return ("each device receives 1/n of the reduced gradient (reduce-scatter), updates only its slice, and an "
-            "all-gather hands every device every slice: the same traffic as data parallelism's all-reduce.")
+    return ("each device receives its block of columns of the reduced gradient (a reduce-scatter along axis 1), "
+            "updates only that block, and an all-gather along the same axis hands every device every block: the "
+            "same traffic as data parallelism's all-reduce, whichever axis the state is split along.")
 
 
 # ----------------------------------------------------------------------------------------------
-# 10.3 Choosing K for a memory budget
+# 10.3 Choosing K for a memory budget, from the compiled step's peak
 
 
-def solution_choose_k(per_device_batch, bytes_per_example, budget):
-    for k in range(1, per_device_batch + 1):
-        if per_device_batch % k == 0 and (per_device_batch // k) * bytes_per_example <= budget:
+def solution_choose_k(make_step, state, batch, n_devices, budget):
+    per_device = jax.tree.leaves(batch)[0].shape[0] // n_devices
+    for k in range(1, per_device + 1):
+        if per_device % k:
+            continue
+        m = make_step(k).compile(state, batch).memory_analysis()
+        needed = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+        if needed <= budget:
             return k
     return None
 
 
-@exercise("10.3", "Choose the number of micro-batches for a memory budget", solution=solution_choose_k)
+def _k3_model(d_in, hidden, d_out, seed):
+    k1, k2 = jax.random.split(jax.random.key(seed))
+    params = [{"w": jax.random.normal(k1, (d_in, hidden)) * 0.1, "b": jnp.zeros(hidden)},
+              {"w": jax.random.normal(k2, (hidden, d_out)) * 0.1, "b": jnp.zeros(d_out)}]
+
+    def loss_fn(p, b):
+        h = jnp.tanh(b["x"] @ p[0]["w"] + p[0]["b"])
+        logits = h @ p[1]["w"] + p[1]["b"]
+        return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) * jax.nn.one_hot(b["y"], d_out), axis=-1))
+    return params, loss_fn
+
+
+_K3_CASES: dict = {}
+
+
+def _k3_case(stage, n, per_device, d_in, hidden, d_out, optimizer_name):
+    """One case of 10.3, built once per process: (make_step, state, batch, {K: memory parts})."""
+    key = (stage, n, per_device, d_in, hidden, d_out, optimizer_name)
+    if key not in _K3_CASES:
+        from .. import sharded_state
+        optimizer = {"adam": optax.adam(1e-3), "sgd+momentum": optax.sgd(0.1, momentum=0.9)}[optimizer_name]
+        params, loss_fn = _k3_model(d_in, hidden, d_out, seed=n)
+        mesh = sharded_state.data_mesh(jax.devices()[:n])
+        state = sharded_state.init_state(params, optimizer, mesh, stage=stage)
+        rows = n * per_device
+        batch = {"x": np.zeros((rows, d_in), np.float32), "y": np.zeros(rows, np.int32)}
+        steps, calls = {}, []
+
+        def make_step(k):
+            calls.append(k)
+            if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+                raise ValueError(f"make_step: k must be a whole number of micro-batches >= 1, got {k!r}.")
+            if int(k) not in steps:
+                steps[int(k)] = sharded_state.make_train_step(loss_fn, optimizer, stage=stage, accumulate=int(k))
+            return steps[int(k)]
+
+        parts = {}
+        for k in range(1, per_device + 1):
+            if per_device % k == 0:
+                m = make_step(k).compile(state, batch).memory_analysis()
+                parts[k] = {"arguments": int(m.argument_size_in_bytes), "outputs": int(m.output_size_in_bytes),
+                            "aliased": int(m.alias_size_in_bytes), "temporaries": int(m.temp_size_in_bytes),
+                            "xla_peak": int(getattr(m, "peak_memory_in_bytes", -1))}
+                parts[k]["peak"] = (parts[k]["arguments"] + parts[k]["outputs"] - parts[k]["aliased"]
+                                    + parts[k]["temporaries"])
+        _K3_CASES[key] = (make_step, state, batch, parts, calls)
+    return _K3_CASES[key]
+
+
+def _smallest_k(parts, budget, measure):
+    return next((k for k in sorted(parts) if measure(parts[k]) <= budget), None)
+
+
+@exercise("10.3", "Choose the number of micro-batches for a memory budget, from the compiled step",
+          solution=solution_choose_k, returns="the smallest K (an int) whose compiled step fits the budget, or None")
 def check_choose_k(choose_k):
-    cases = [(64, 1_000, 64_000, 1), (64, 1_000, 20_000, 4), (48, 3_000, 40_000, 4), (60, 1_000, 25_000, 3),
-             (12, 1_000, 5_000, 3), (56, 1_000, 11_000, 7), (7, 10_000, 9_999, None), (64, 2**20, 9 * 2**20, 8)]
-    for b, per_example, budget, want in cases:
-        got = call(choose_k, b, per_example, budget, name="choose_k") if want is not None else None
-        if want is None:
+    cases = [("zero2", len(jax.devices()), 6, 20, 160, 6, "adam"), ("replicated", 4, 6, 24, 96, 4, "sgd+momentum"),
+             ("fsdp", 2, 12, 16, 128, 5, "adam")]
+    for stage, n, per_device, d_in, hidden, d_out, opt_name in cases:
+        make_step, state, batch, parts, calls = _k3_case(stage, n, per_device, d_in, hidden, d_out, opt_name)
+        peaks = {k: p["peak"] for k, p in parts.items()}
+        ks = sorted(parts)
+        # budgets: room for every K; exactly the peak of a K that beats every smaller one (not K = 1); too little
+        record = [k for i, k in enumerate(ks) if all(peaks[k] < peaks[j] for j in ks[:i])]
+        budgets = [max(peaks.values()) + 4096, min(peaks.values()) - 1]
+        budgets[1:1] = [peaks[k] for k in record[1:][:2]] or [peaks[ks[0]]]
+        for budget in budgets:
+            want = _smallest_k(parts, budget, lambda p: p["peak"])
+            shown = (f"choose_k(make_step, state, batch, n_devices={n}, budget={budget:_}) for a {stage!r} state "
+                     f"on {n} devices, {per_device} examples per device, {opt_name}")
+            before = len(calls)
             try:
-                got = choose_k(b, per_example, budget)
-            except Exception as e:
-                raise Mismatch(f"choose_k({b}, {per_example}, {budget}) raised {type(e).__name__}: even one "
-                               "example per micro-batch does not fit; return None instead.") from None
-        shown = f"choose_k(per_device_batch={b}, bytes_per_example={per_example:_}, budget={budget:_})"
-        whole = isinstance(got, (int, np.integer)) and not isinstance(got, bool)
-        if (got is None or whole) and got == want:
-            continue
-        if want is None:
-            raise Mismatch(f"{shown} returned {describe(got) if hasattr(got, 'shape') else repr(got)}: not even "
-                           f"one example per micro-batch fits ({per_example:_} > {budget:_} bytes); return None.")
-        if not whole:
-            raise Mismatch(f"{shown} returned {describe(got) if hasattr(got, 'shape') else repr(got)}; expected a "
-                           "whole number of micro-batches, a Python int.")
-        if got < 1:
-            raise Mismatch(f"{shown} returned {got}: K counts micro-batches, a whole number >= 1 (K = 1 is the whole "
-                           f"per-device batch at once). The smallest K that divides {b} and fits is {want}.")
-        if b % got:
-            raise Mismatch(f"{shown} returned {got}, which does not divide the batch of {b}: the micro-batches "
-                           "must all have the same size (B // K).")
-        if (b // got) * per_example > budget:
-            raise Mismatch(f"{shown} returned {got}: micro-batches of {b // got} examples need "
-                           f"{(b // got) * per_example:_} bytes, over the budget.")
-        raise Mismatch(f"{shown} returned {got}; a smaller K that divides the batch fits too. Every extra "
-                       "micro-batch is one more trip through the model with less work in it: take the smallest K "
-                       "that fits.")
-    return "the smallest K that divides the batch and fits: as few passes as the memory allows."
+                got = choose_k(make_step, state, batch, n, budget)
+            except Exception as e:              # noqa: BLE001: the learner's error becomes feedback
+                text = str(e).splitlines()[0][:300] if str(e) else ""
+                why = ""
+                if "divide" in text or "multiple of" in text:
+                    why = (" K must divide each device's examples (the batch's rows divided by n_devices), so "
+                           "that every micro-batch has the same size; try only those K.")
+                elif want is None:
+                    why = " When no K fits, return None rather than raise."
+                raise Mismatch(f"{shown} raised {type(e).__name__}: {text}.{why}") from None
+            built = calls[before:]
+            whole = isinstance(got, (int, np.integer)) and not isinstance(got, bool)
+            if got is None and not built:
+                raise _NotStarted("choose_k(make_step, state, batch, n_devices, budget) returned None: write the "
+                                  "function's body, and `return` its result.")
+            if not built:
+                raise Mismatch(f"{shown} returned {got!r} without building a single step: the peak of a step with "
+                               "K micro-batches is read from its compiled program, make_step(K) compiled for "
+                               "this state and batch.")
+            if (got is None or whole) and got == want:
+                continue
+            if want is None:
+                raise Mismatch(f"{shown} returned {got!r}, but no K fits: the smallest compiled peak is "
+                               f"{min(peaks.values()):_} bytes. Return None.")
+            if not whole and got is not None:
+                raise Mismatch(f"{shown} returned {describe(got) if hasattr(got, 'shape') else repr(got)}; "
+                               "expected a whole number of micro-batches, a Python int.")
+            if got is not None and got not in parts:
+                raise Mismatch(f"{shown} returned {got}, which does not divide the {per_device} examples each "
+                               "device gets: micro-batches must all have the same size.")
+            wrong_measures = [
+                ("temporaries", lambda p: p["temporaries"],
+                 "counted only the temporaries; the step also needs its arguments (the state and the batch) "
+                 "and whatever outputs are not written into donated buffers"),
+                ("xla_peak", lambda p: p["xla_peak"],
+                 "used memory_analysis().peak_memory_in_bytes, which on the CPU backend leaves the temporaries "
+                 "out (section 1); add the parts yourself"),
+                ("arguments+outputs+temporaries", lambda p: p["arguments"] + p["outputs"] + p["temporaries"],
+                 "counted the outputs written into donated buffers twice: subtract the aliased bytes"),
+            ]
+            powers = {k: p for k, p in parts.items() if not k & (k - 1)}
+            mistakes = [(lambda b, m=m: _smallest_k(parts, b, m), why) for _, m, why in wrong_measures]
+            if want & (want - 1):
+                mistakes.append((lambda b: _smallest_k(powers, b, lambda p: p["peak"]),
+                                 f"tried only powers of two; K = {want} is not one, divides the batch and fits. "
+                                 "Try every divisor"))
+            suspects = [w for w in mistakes if got == w[0](budget)]
+            # Several mistakes can give the same K here: ask the answer about budgets where they differ.
+            probes = sorted({m(p) for _, m, _ in wrong_measures for p in parts.values()} | set(peaks.values()))
+            for probe in probes:
+                if len(suspects) < 2:
+                    break
+                said = [w[0](probe) for w in suspects]
+                if len(set(said)) < 2:
+                    continue
+                try:
+                    again = choose_k(make_step, state, batch, n, probe)
+                except Exception:       # noqa: BLE001: the first budget's feedback stands
+                    break
+                suspects = [w for w, k in zip(suspects, said) if k == again] or suspects[:1]
+            if suspects:
+                what_k = f"the compiled peak of K = {got} is {peaks[got]:_} bytes" if got else \
+                    f"K = {want} fits (its compiled peak is {peaks[want]:_} bytes)"
+                raise Mismatch(f"{shown} returned {got}; {what_k}. Your answer {suspects[0][1]}.")
+            if got is None:
+                raise Mismatch(f"{shown} returned None, but K = {want} divides the batch and its compiled step "
+                               f"needs {peaks[want]:_} bytes, within the budget.")
+            if peaks[got] > budget:
+                raise Mismatch(f"{shown} returned {got}, whose compiled step needs {peaks[got]:_} bytes per device, "
+                               "over the budget.")
+            if got == _smallest_k(parts, budget - 1, lambda p: p["peak"]):
+                raise Mismatch(f"{shown} returned {got}; K = {want} needs exactly the budget, {budget:_} bytes, "
+                               "and a step that needs exactly the budget fits.")
+            raise Mismatch(f"{shown} returned {got}; a smaller K that divides the batch fits too (its compiled "
+                           "peak is within the budget). Every extra micro-batch is one more pass through the "
+                           "model: take the smallest K that fits.")
+    return ("the smallest K whose compiled step, arguments + outputs - aliased + temporaries, fits: read from the "
+            "program, not guessed, since the peak need not fall steadily with K.")
 
 
 # ----------------------------------------------------------------------------------------------
-# 10.4 Write the FSDP step
+# 10.4 Write the FSDP step for a model whose every leaf is split along its first axis
 
 
 def solution_fsdp_step(loss_fn, optimizer):
@@ -331,130 +471,145 @@ def solution_fsdp_step(loss_fn, optimizer):
         n = jax.lax.axis_size("data")
 
         def sliced_loss(p):
-            return loss_fn(jax.lax.all_gather(p, "data", tiled=True), batch)    # the whole vector, for the loss
+            whole = jax.tree.map(lambda s: jax.lax.all_gather(s, "data", tiled=True), p)   # every leaf, whole
+            return loss_fn(whole, batch)
 
-        loss, grads = jax.value_and_grad(sliced_loss)(my_params)             # grads: my slice, summed
-        updates, opt_state = optimizer.update(grads / n, opt_state, my_params)
+        loss, grads = jax.value_and_grad(sliced_loss)(my_params)            # grads: my rows of each leaf, summed
+        updates, opt_state = optimizer.update(jax.tree.map(lambda g: g / n, grads), opt_state, my_params)
         return optax.apply_updates(my_params, updates), opt_state, jax.lax.pmean(loss, "data")
 
     return step
 
 
-def _toy_problem(n_params, seed):
-    """A linear softmax model on a flat parameter vector ``(n_params,)``: ``loss_fn(flat, batch)``."""
-    d_in, d_out = 6, 3
-    used = d_in * d_out + d_out                     # 21 numbers used; the rest is padding, as in the lesson
-
-    def loss_fn(flat, batch):
-        w = flat[:d_in * d_out].reshape(d_in, d_out)
-        b = flat[d_in * d_out:used]
-        logits = batch["x"] @ w + b
+def _toy_problem(n, d_in, hidden, d_out, seed):
+    """A one-hidden-layer classifier whose leaves all split along their first axis over ``n`` devices:
+    ``loss_fn(params, batch)`` with ``params = {"w1": (d_in, hidden), "b1": (hidden,), "w2": (hidden, d_out)}``."""
+    def loss_fn(params, batch):
+        h = jnp.tanh(batch["x"] @ params["w1"] + params["b1"])
+        logits = h @ params["w2"]
         return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) * jax.nn.one_hot(batch["y"], d_out), axis=-1))
 
     rng = np.random.default_rng(seed)
-    flat = np.zeros(n_params, np.float32)
-    flat[:used] = rng.normal(size=used) * 0.5
-    data = [{"x": rng.normal(size=(32, d_in)).astype(np.float32), "y": rng.integers(0, d_out, 32).astype(np.int32)}
+    params = {"w1": (rng.normal(size=(d_in, hidden)) * 0.5).astype(np.float32),
+              "b1": (rng.normal(size=hidden) * 0.1).astype(np.float32),
+              "w2": (rng.normal(size=(hidden, d_out)) * 0.5).astype(np.float32)}
+    rows = 4 * n
+    data = [{"x": rng.normal(size=(rows, d_in)).astype(np.float32), "y": rng.integers(0, d_out, rows).astype(np.int32)}
             for _ in range(3)]
-    return loss_fn, flat, data
+    return loss_fn, params, data
 
 
-def _reference(loss_fn, optimizer, flat, data):
-    params, opt_state, losses = jnp.asarray(flat), optimizer.init(jnp.asarray(flat)), []
+def _reference(loss_fn, optimizer, params, data):
+    params = jax.tree.map(jnp.asarray, params)
+    opt_state, losses = optimizer.init(params), []
     for batch in data:
         loss, g = jax.value_and_grad(loss_fn)(params, batch)
         updates, opt_state = optimizer.update(g, opt_state, params)
         params = optax.apply_updates(params, updates)
         losses.append(float(loss))
-    return np.asarray(params), losses
+    return jax.tree.map(np.asarray, params), losses
 
 
-_NEEDS_WHOLE = ("loss_fn needs the whole parameter vector; each device holds only its slice. Gather it inside the "
-                "function you differentiate.")
+_NEEDS_WHOLE = ("loss_fn needs every parameter whole; each device holds only its rows of each leaf. Gather them "
+                "inside the function you differentiate.")
 
 
 def _gradient_all_reduces(found, slice_bytes):
-    """The all-reduces of ``found`` that carry more than a scalar and a slice: a reduced gradient, whole or most of it
-    (XLA may drop the padding the loss never reads, so this is not required to be parameter-sized)."""
+    """The all-reduces of ``found`` that carry more than a scalar and the slices: a reduced gradient, whole or most
+    of it."""
     def non_scalar_bytes(c):
         from .. import sharded_state
-        return sum(sharded_state._BYTES.get(dt, 4) * int(np.prod(shape)) for dt, shape in
+        return sum(sharded_state._dtype_bytes(dt) * int(np.prod(shape)) for dt, shape in
                    (c.operands or ((c.dtype, c.shape),)) if shape)
     return [c for c in found if c.op == "all-reduce" and non_scalar_bytes(c) > slice_bytes]
 
 
-@exercise("10.4", "Write the FSDP step: gather for the loss, reduce-scatter the gradient, update your slice",
+def _tree_close(got, want):
+    return all(np.allclose(g, w, rtol=1e-4, atol=1e-5) for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+
+
+@exercise("10.4", "Write the FSDP step: every leaf split, gathered for the loss, its gradient reduce-scattered",
           solution=solution_fsdp_step,
           returns="a function step(my_params, opt_state, batch) -> (new my_params, new opt_state, mean loss)")
 def check_fsdp_step(make_fsdp_step):
-    n_params = 24                                                      # divides by 8 and by 4
-    for n, (opt_name, optimizer) in [(len(jax.devices()), ("optax.sgd(0.5)", optax.sgd(0.5))),
-                                     (len(jax.devices()), ("optax.adam(0.05)", optax.adam(0.05))),
-                                     (4, ("optax.sgd(0.5)", optax.sgd(0.5)))]:
-        loss_fn, flat, data = _toy_problem(n_params, seed=n)
-        want_params, want_losses = _reference(loss_fn, optimizer, flat, data)
+    for n, (d_in, hidden, d_out), (opt_name, optimizer) in [
+            (len(jax.devices()), (8, 16, 3), ("optax.sgd(0.5)", optax.sgd(0.5))),
+            (4, (12, 8, 5), ("optax.adam(0.05)", optax.adam(0.05))),
+            (2, (6, 10, 4), ("optax.sgd(0.3, momentum=0.9)", optax.sgd(0.3, momentum=0.9)))]:
+        loss_fn, params, data = _toy_problem(n, d_in, hidden, d_out, seed=n)
+        want_params, want_losses = _reference(loss_fn, optimizer, params, data)
+        n_params = sum(p.size for p in jax.tree.leaves(params))
         step = call(make_fsdp_step, loss_fn, optimizer, name="make_fsdp_step")
         if not callable(step):
             raise Mismatch(f"make_fsdp_step(loss_fn, optimizer) returned {describe_tree(step)}; expected the step "
                            "function, step(my_params, opt_state, batch), that runs on each device.")
         mesh = Mesh(np.array(jax.devices()[:n]), (AXIS,))
-        opt_state = optimizer.init(jnp.asarray(flat))
+        split = jax.tree.map(lambda _: P(AXIS), params)
+        opt_state = optimizer.init(jax.tree.map(jnp.asarray, params))
         opt_specs = jax.tree.map(lambda a: P(AXIS) if np.ndim(a) else P(), opt_state)
         put = lambda tree, specs: jax.device_put(tree, jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
                                                                     is_leaf=lambda s: isinstance(s, P)))
-        my_params, opt_state = put(jnp.asarray(flat), P(AXIS)), put(opt_state, opt_specs)
-        what = f"your FSDP step on {n} devices with {opt_name}, {n_params} parameters ({n_params // n} per device)"
+        my_params, opt_state = put(params, split), put(opt_state, opt_specs)
+        what = (f"your FSDP step on {n} devices with {opt_name}, leaves w1 {params['w1'].shape}, b1 "
+                f"{params['b1'].shape}, w2 {params['w2'].shape}, each split along its first axis")
 
         def body(p, o, b):
             out = step(p, o, b)
             if out is None:
                 raise _NoResult
             if not isinstance(out, (tuple, list)) or len(out) != 3:
-                raise Mismatch(f"{what}: step returned {describe_tree(out)}; expected three things: the new slice "
+                raise Mismatch(f"{what}: step returned {describe_tree(out)}; expected three things: the new slices "
                                "of the parameters, the new optimizer state and the loss.")
             return tuple(out)
 
-        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(AXIS), opt_specs, P(AXIS)),
-                                  out_specs=(P(AXIS), opt_specs, P()), check_vma=True))
+        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(split, opt_specs, P(AXIS)),
+                                  out_specs=(split, opt_specs, P()), check_vma=True))
         batch = put(data[0], P(AXIS))
         try:
             shapes = jax.eval_shape(f, my_params, opt_state, batch)
         except _NoResult:
             raise _NotStarted("step(my_params, opt_state, batch) returned None: write the function's body, and "
-                              "`return` the new slice, the new optimizer state and the loss.") from None
+                              "`return` the new slices, the new optimizer state and the loss.") from None
         except Mismatch:
             raise
         except Exception:
             shapes = None         # reported with the inputs by call() below
-        if shapes is not None and shapes[0].shape != (n_params,):
-            raise Mismatch(f"{what}: each device returned parameters of shape "
-                           f"{(shapes[0].shape[0] // n,)}; FSDP keeps only this device's slice, "
-                           f"({n_params // n},), between steps: return the updated slice, not the gathered vector.")
-        losses, got = [], None
-        p, o = my_params, opt_state
+        if shapes is not None:
+            got_shapes = jax.tree.map(lambda s: s.shape, shapes[0])
+            if isinstance(got_shapes, dict) and got_shapes.keys() == params.keys():
+                for k, v in params.items():
+                    if got_shapes[k] and got_shapes[k][0] == n * v.shape[0]:
+                        raise Mismatch(f"{what}: each device returned {k} with {v.shape[0]} rows; FSDP keeps only "
+                                       f"this device's {v.shape[0] // n} rows of it between steps: return the "
+                                       "updated slices, not the gathered parameters.")
+        losses, p, o = [], my_params, opt_state
         for b in data:
             try:
                 p, o, loss = call(f, p, o, put(b, P(AXIS)), name="step", hints={
                     **_vma_hints(), "dot_general requires contracting dimensions": _NEEDS_WHOLE,
-                    "cannot reshape array": _NEEDS_WHOLE})
+                    "Incompatible shapes for broadcasting": _NEEDS_WHOLE, "add got incompatible shapes": _NEEDS_WHOLE})
             except Mismatch as e:
                 raise Mismatch(f"On {n} devices with {opt_name}: {e}") from None
             losses.append(float(np.asarray(loss)))
-        problem = _float_dtype_problem(p, f"{what}: the new parameters")
+        problem = next((_float_dtype_problem(leaf, f"{what}: the new parameters") for leaf in jax.tree.leaves(p)
+                        if _float_dtype_problem(leaf, "")), None)
         if problem:
             raise Mismatch(problem)
-        got = np.asarray(p)
-        every = _big_collectives(f.lower(my_params, opt_state, batch).compile().as_text(), 1)
-        reduced = _gradient_all_reduces(every, 4 * n_params // n) + [c for c in every if c.op == "reduce-scatter"]
-        if not reduced and not np.allclose(got, want_params, rtol=1e-4, atol=1e-5):
+        got = jax.tree.map(np.asarray, p)
+        hlo = f.lower(my_params, opt_state, batch).compile().as_text()
+        every = _big_collectives(hlo, 1)
+        slice_bytes = 4 * n_params // n
+        reduced = _gradient_all_reduces(every, slice_bytes) + [c for c in every if c.op == "reduce-scatter"]
+        if not reduced and not _tree_close(got, want_params):
             raise Mismatch(f"{what}: the parameters differ from data parallelism's, and the compiled program sums no "
-                           f"gradient over the devices ({_listed(every)}): each device updated its slice with the "
-                           "gradient of its own examples only. The gradient of the slice must be summed over the "
+                           f"gradient over the devices ({_listed(every)}): each device updated its slices with the "
+                           "gradient of its own examples only. The gradient of a slice must be summed over the "
                            "devices, which the transpose of a gather inside the differentiated loss does (section 3).")
         if opt_name.startswith("optax.sgd"):
-            summed, _ = _reference(loss_fn, optax.sgd(0.5 * n), flat, data)
-            if np.allclose(got, summed, rtol=1e-4, atol=1e-5):
-                raise Mismatch(f"{what}: the steps are {n} times too large. The gradient of the slice arrives summed "
+            lr = 0.5 if "0.5" in opt_name else 0.3
+            summed = optax.sgd(lr * n, momentum=0.9 if "momentum" in opt_name else None)
+            if _tree_close(got, _reference(loss_fn, summed, params, data)[0]):
+                raise Mismatch(f"{what}: the steps are {n} times too large. The gradient of a slice arrives summed "
                                "over the devices (the transpose of a gather is a reduce-scatter, a sum): the update "
                                "needs the mean. With Adam this bug hardly shows, which is why the checker uses SGD "
                                "too.")
@@ -464,14 +619,14 @@ def check_fsdp_step(make_fsdp_step):
             raise Mismatch(f"{what}: the losses {np.round(losses, 5).tolist()} differ from data parallelism's "
                            f"{np.round(want_losses, 5).tolist()}. The loss must be the mean over every device's "
                            "examples.")
-        _expect_close(got, want_params, f"{what}: the parameters after 3 steps, gathered", f, my_params,
-                      opt_state, batch)
-        found = _big_collectives(f.lower(my_params, opt_state, batch).compile().as_text(), 4 * n_params)
-        ops = [c.op for c in found]
-        if "all-gather" not in ops:
+        for k in params:
+            _expect_close(got[k], want_params[k], f"{what}: {k} after 3 steps, gathered", f, my_params,
+                          opt_state, batch)
+        gathered = [c for c in every if c.op == "all-gather"]
+        if not gathered:
             raise Mismatch(f"{what}: the values are right, but the compiled program gathers no parameters "
-                           f"({_listed(found)}).")
-        all_reduces = _gradient_all_reduces(every, 4 * n_params // n)
+                           f"({_listed(every)}).")
+        all_reduces = _gradient_all_reduces(every, slice_bytes)
         if all_reduces:
             raise Mismatch(f"{what}: the values are right, but the compiled program all-reduces the gradient "
                            f"({_listed(all_reduces)}): each device received the whole summed gradient and threw "
@@ -479,99 +634,111 @@ def check_fsdp_step(make_fsdp_step):
                            "transpose the gather, or scatter the sum yourself (section 3). A gather whose result is "
                            "declared the same on every device (invarying) does this too: jax.grad then sums its "
                            "gradient everywhere before each device keeps its slice.")
-        if not any(c.op == "reduce-scatter" for c in _big_collectives(
-                f.lower(my_params, opt_state, batch).compile().as_text(), 4 * n_params // n)):
+        if not any(c.op == "reduce-scatter" for c in every):
             raise Mismatch(f"{what}: the values are right, but the compiled program has no reduce-scatter of the "
-                           f"gradient ({_listed(found)}).")
-    return ("the parameters stay sharded between steps; the gather inside the loss makes jax.grad return the "
-            "reduce-scattered (summed) slice, divided by n for the mean; the same training as data parallelism.")
+                           f"gradient ({_listed(every)}).")
+    return ("every leaf stays split between steps; the gathers inside the loss make jax.grad return each slice's "
+            "reduce-scattered (summed) gradient, divided by n for the mean; the same training as data parallelism, "
+            "whatever the model's leaves.")
 
 
 # ----------------------------------------------------------------------------------------------
-# 10.5 Predict the collectives of each stage, then read them from the compiled program
+# 10.5 Predict how often each collective runs in one accumulated step, then read it from the compiled program
 
 
-def solution_predict_collectives(stage):
-    # collectives on parameter-sized buffers in one step, no accumulation (the loss's scalar left out)
+def solution_predict_collectives(stage, k):
+    # collectives on parameter-sized buffers, runs per step with k micro-batches (the loss's scalar left out)
     return {"replicated": {"all-reduce": 1},
             "zero1": {"reduce-scatter": 1, "all-gather": 1},
-            "zero2": {"reduce-scatter": 1, "all-gather": 1},
-            "fsdp": {"all-gather": 2, "reduce-scatter": 1}}[stage]
+            "zero2": {"reduce-scatter": k, "all-gather": 1}}[stage]
 
 
 _COMPILED_COUNTS: dict = {}
+_K5 = (3, 5)
 
 
 def _compiled_counts():
-    """``{stage: ({op: count}, [Collective])}`` for sharded_state's steps of a small MLP on every device."""
+    """``{(stage, k): ({op: runs per step}, [Collective])}`` for sharded_state's accumulated steps of a small MLP,
+    read from the compiled programs: a collective inside the loop runs k times."""
     if not _COMPILED_COUNTS:
         from .. import sharded_state
-        k1, k2 = jax.random.split(jax.random.key(0))
-        params = [{"w": jax.random.normal(k1, (12, 24)), "b": jnp.zeros(24)},
-                  {"w": jax.random.normal(k2, (24, 5)), "b": jnp.zeros(5)}]
-
-        def loss_fn(p, batch):
-            h = jnp.tanh(batch["x"] @ p[0]["w"] + p[0]["b"])
-            logits = h @ p[1]["w"] + p[1]["b"]
-            return -jnp.mean(jnp.sum(jax.nn.log_softmax(logits) * jax.nn.one_hot(batch["y"], 5), axis=-1))
-
+        params, loss_fn = _k3_model(10, 24, 3, seed=5)
         n = len(jax.devices())
-        batch = {"x": np.zeros((8 * n, 12), np.float32), "y": np.zeros(8 * n, np.int32)}
         optimizer = optax.adam(1e-3)
-        for stage in sharded_state.STAGES:
-            state = sharded_state.init_state(params, optimizer, stage=stage)
-            step = sharded_state.make_train_step(loss_fn, optimizer, stage=stage)
-            found = [c for c in sharded_state.collectives(step.compile(state, batch).as_text()) if c.shape]
-            counts = {}
-            for c in found:
-                counts[c.op] = counts.get(c.op, 0) + 1
-            _COMPILED_COUNTS[stage] = (counts, found)
+        for k in _K5:
+            batch = {"x": np.zeros((k * 2 * n, 10), np.float32), "y": np.zeros(k * 2 * n, np.int32)}
+            for stage in ("replicated", "zero1", "zero2"):     # FSDP's depends on XLA hoisting a gather
+                if k == _K5[1] and stage in ("replicated", "zero1"):
+                    continue                     # their counts do not depend on k: one k reads them
+                state = sharded_state.init_state(params, optimizer, stage=stage)
+                step = sharded_state.make_train_step(loss_fn, optimizer, stage=stage, accumulate=k)
+                found = [c for c in sharded_state.collectives(step.compile(state, batch).as_text()) if c.shape]
+                counts = {}
+                for c in found:
+                    counts[c.op] = counts.get(c.op, 0) + (k if c.in_loop else 1)
+                _COMPILED_COUNTS[stage, k] = (counts, found)
     return _COMPILED_COUNTS
 
 
-@exercise("10.5", "Predict each stage's collectives before the compiled program shows them",
+def _shown_counts(counts):
+    return ", ".join(f"{op} x{v}" for op, v in sorted(counts.items())) or "no collective"
+
+
+@exercise("10.5", "Predict how often each collective runs in an accumulated step, for each stage",
           solution=solution_predict_collectives,
-          returns='a dict {collective: count}, e.g. {"all-reduce": 1}, for each stage')
+          returns='a dict {collective: runs per step}, e.g. {"all-reduce": 1}, for a stage ("replicated", '
+                  '"zero1" or "zero2") and k micro-batches')
 def check_predict_collectives(predict):
     compiled = _compiled_counts()
-    for stage in ("replicated", "zero1", "zero2", "fsdp"):
-        got = call(predict, stage, name="predict")
+    for (stage, k), (want, found) in compiled.items():
+        got = call(predict, stage, k, name="predict")
         if not isinstance(got, dict):
-            raise Mismatch(f"predict({stage!r}) returned {describe_tree(got)}; expected a dict from a collective's "
-                           'name to how many of it one step runs, e.g. {"all-gather": 1}.')
+            raise Mismatch(f"predict({stage!r}, {k}) returned {describe_tree(got)}; expected a dict from a "
+                           'collective\'s name to how many times one step runs it, e.g. {"all-gather": 1}.')
         counts = {}
         for op, count in got.items():
             if not isinstance(op, str):
-                raise Mismatch(f"predict({stage!r}) has the key {op!r}; the keys are the collectives' names, "
+                raise Mismatch(f"predict({stage!r}, {k}) has the key {op!r}; the keys are the collectives' names, "
                                f"strings: {', '.join(repr(o) for o in _OPS)}.")
             name = _SPELLINGS.get(op.strip().lower().replace(" ", ""), op.strip().lower())
             if name not in _OPS:
-                raise Mismatch(f"predict({stage!r}) names {op!r}; use the compiled program's names: "
+                raise Mismatch(f"predict({stage!r}, {k}) names {op!r}; use the compiled program's names: "
                                f"{', '.join(repr(o) for o in _OPS)} (psum is an all-reduce, psum_scatter a "
                                "reduce-scatter).")
             if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
-                raise Mismatch(f"predict({stage!r})[{op!r}] is {describe(count) if hasattr(count, 'shape') else repr(count)}; "
-                               "expected a whole number of collectives per step, a Python int.")
+                raise Mismatch(f"predict({stage!r}, {k})[{op!r}] is "
+                               f"{describe(count) if hasattr(count, 'shape') else repr(count)}; expected a whole "
+                               "number of runs per step, a Python int.")
             if count:
                 counts[name] = counts.get(name, 0) + int(count)
-        want, found = compiled[stage]
-        if counts != want:
-            shown = ", ".join(f"{k} x{v}" for k, v in sorted(counts.items())) or "no collective"
-            why = {
-                "replicated": "Data parallelism: every device needs the whole summed gradient.",
-                "zero1": "ZeRO-1 updates only its slice of the optimizer state: does it need the whole summed "
-                         "gradient, or only its slice? Section 2.",
-                "zero2": "In one step without accumulation, how does ZeRO-2's program differ from ZeRO-1's? "
-                         "Section 4 says where they part.",
-                "fsdp": "FSDP holds only a slice of the parameters: count what the forward pass needs, what the "
-                        "backward pass needs after the remat policy dropped the gathered copy, and what the "
-                        "gradient needs. Section 3.",
-            }[stage]
-            if set(counts) == set(want) and all(counts[k] >= want[k] for k in want):
-                why += (" You counted more than one step runs: sharded_state ravels all the parameters into one "
-                        "flat vector (section 2), so each collective runs once per step for the whole vector, not "
-                        "once per layer or per array; the loss's scalar does not count.")
-            raise Mismatch(f"{stage}: you predicted {shown}; the compiled program of sharded_state's {stage!r} step "
-                           f"runs {_listed(found)}. {why}")
-    return ("the compiled programs agree: data parallelism one all-reduce; ZeRO-1 and ZeRO-2 a reduce-scatter and "
-            "an all-gather (the same bytes as the all-reduce); FSDP a third collective, the backward pass's gather.")
+        if counts == want:
+            continue
+        where = "; ".join(f"{c.op} {c.described} {'inside the micro-batch loop' if c.in_loop else 'once'}"
+                          for c in found)
+        head = (f"{stage}, k = {k}: you predicted {_shown_counts(counts)} per step; the compiled program of "
+                f"sharded_state's {stage!r} step with accumulate={k} runs {_shown_counts(want)} ({where}).")
+        inside = {op for op in want if any(c.op == op and c.in_loop for c in found)}
+        said = []
+        for op in sorted(set(want) | set(counts)):
+            g, w = counts.get(op, 0), want.get(op, 0)
+            if g == w:
+                continue
+            if op in inside and g * k == w:
+                said.append(f"the {op} sits inside the micro-batch loop, so it runs once per micro-batch, not "
+                            "once per step")
+            elif op not in inside and w and g == w * k:
+                said.append(f"the {op} runs once, after the loop: this stage keeps a whole accumulator (or "
+                            "whole parameters) and communicates once per step")
+            elif w == 0:
+                said.append(f"this stage runs no {op} on parameter-sized buffers")
+            elif g == 0:
+                said.append(f"the {op} is missing")
+        why = {"replicated": "Which accumulator does data parallelism keep across micro-batches, and when must it "
+                             "be summed? (section 4, the hand-written step)",
+               "zero1": "ZeRO-1 keeps a whole local accumulator: when does it need its slice of the sum?",
+               "zero2": "ZeRO-2 keeps only its slice of the accumulator: when must each micro-batch's gradient "
+                        "be scattered?"}[stage]
+        raise Mismatch(f"{head} {'; '.join(said).capitalize() + '.' if said else why}")
+    return ("read from the compiled programs: a collective inside the micro-batch loop runs k times per step. "
+            "ZeRO-1 communicates once per step like data parallelism; ZeRO-2 scatters every micro-batch and "
+            "gathers once.")

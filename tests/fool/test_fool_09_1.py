@@ -1,0 +1,41 @@
+"""Exercise 09.1 (predict the time per step when k steps share one dispatch): answers that try to fool it."""
+
+import numpy as np
+import pytest
+
+from course_lib.exercises import exercises
+
+ID = "09.1"
+
+WRONG = [
+    ("work divided by k too", lambda d, s, k: (d + s) / k, "the step's own work was divided by k too"),
+    ("dispatch only", lambda d, s, k: d / k, "only the dispatch is counted"),
+    ("dispatch times k", lambda d, s, k: d * k + s, "that grows with k"),
+    ("work times k", lambda d, s, k: d + k * s, "that grows with k"),
+    ("floor division", lambda d, s, k: d // k + s, "Floor division"),
+    ("k ignored", lambda d, s, k: d + s, "k has no effect"),
+    ("half precision", lambda d, s, k: np.float16(d / k + s), "float16"),
+    ("a pair", lambda d, s, k: (d / k, s), "should be one number"),
+    ("one dispatch too many", lambda d, s, k: d / (k + 1) + s, "Count the fixed cost once per dispatch"),
+]
+RIGHT = [
+    ("total over k", lambda d, s, k: (d + k * s) / k),
+    ("numpy, reciprocal", lambda d, s, k: float(np.float64(d) * (1.0 / k) + np.float64(s))),
+]
+
+
+def verdict(answer):
+    return exercises()[ID].check(answer)
+
+
+@pytest.mark.parametrize("answer, fragment", [w[1:] for w in WRONG], ids=[w[0] for w in WRONG])
+def test_a_wrong_answer_fails_and_its_feedback_names_the_mistake(answer, fragment):
+    fb = verdict(answer)
+    assert not fb and fb.started, fb.message
+    assert fragment in fb.message, fb.message
+
+
+@pytest.mark.parametrize("answer", [r[1] for r in RIGHT], ids=[r[0] for r in RIGHT])
+def test_a_right_answer_written_another_way_passes(answer):
+    fb = verdict(answer)
+    assert fb, fb.message

@@ -1,0 +1,63 @@
+"""Exercise 09.2 (least-squares fit of dispatch and step costs): answers that try to fool the checker."""
+
+import numpy as np
+import pytest
+
+from course_lib.exercises import exercises
+
+ID = "09.2"
+
+
+def polyfit_inv(ks, ms):
+    d, s = np.polyfit(1.0 / np.asarray(ks, float), np.asarray(ms, float), 1)
+    return float(d), float(s)
+
+
+def two_points(ks, ms):              # a line through the first and the last point only
+    x = 1.0 / np.asarray(ks, float)
+    d = (ms[0] - ms[-1]) / (x[0] - x[-1])
+    return float(d), float(ms[-1] - d * x[-1])
+
+
+def lstsq(ks, ms):
+    a = np.stack([1.0 / np.asarray(ks, float), np.ones(len(ks))], axis=1)
+    (d, s), *_ = np.linalg.lstsq(a, np.asarray(ms, float), rcond=None)
+    return float(d), float(s)
+
+
+def by_covariance(ks, ms):
+    x, y = 1.0 / np.asarray(ks, float), np.asarray(ms, float)
+    d = np.sum((x - x.mean()) * (y - y.mean())) / np.sum((x - x.mean()) ** 2)
+    return d, y.mean() - d * x.mean()
+
+
+WRONG = [
+    ("swapped", lambda ks, ms: polyfit_inv(ks, ms)[::-1], "swapped"),
+    ("line in k", lambda ks, ms: tuple(np.polyfit(np.asarray(ks, float), ms, 1)), "straight line in k itself"),
+    ("time per dispatch against k",
+     lambda ks, ms: tuple(np.polyfit(np.asarray(ks, float), np.asarray(ks) * np.asarray(ms), 1)[::-1]),
+     "time per dispatch"),
+    ("two points only", two_points, "Fit every measurement"),
+    ("last point as the step cost", lambda ks, ms: (float((ms[0] - ms[-1]) / (1 - 1 / ks[-1])), float(ms[-1])),
+     "Fit every measurement"),
+    ("three values", lambda ks, ms: (*polyfit_inv(ks, ms), 0.0), "should return a pair"),
+    ("half precision", lambda ks, ms: tuple(np.float16(v) for v in polyfit_inv(ks, ms)), "float16"),
+]
+RIGHT = [("np.linalg.lstsq", lstsq), ("covariance formula", by_covariance)]
+
+
+def verdict(answer):
+    return exercises()[ID].check(answer)
+
+
+@pytest.mark.parametrize("answer, fragment", [w[1:] for w in WRONG], ids=[w[0] for w in WRONG])
+def test_a_wrong_answer_fails_and_its_feedback_names_the_mistake(answer, fragment):
+    fb = verdict(answer)
+    assert not fb and fb.started, fb.message
+    assert fragment in fb.message, fb.message
+
+
+@pytest.mark.parametrize("answer", [r[1] for r in RIGHT], ids=[r[0] for r in RIGHT])
+def test_a_right_answer_written_another_way_passes(answer):
+    fb = verdict(answer)
+    assert fb, fb.message

@@ -1,0 +1,55 @@
+"""Exercise 10.1 (bytes per device for each ZeRO stage): answers that try to fool the checker."""
+
+from fractions import Fraction
+
+import pytest
+
+from course_lib.exercises import exercises
+
+ID = "10.1"
+SPLIT = {"replicated": (), "zero1": ("opt_state",), "zero2": ("opt_state", "grads"),
+         "fsdp": ("opt_state", "grads", "params")}
+
+
+def table(n_params, n, stage, per=(4, 4, 8), split=SPLIT):
+    parts = dict(zip(("params", "grads", "opt_state"), per))
+    return {k: v * n_params / (n if k in split[stage] else 1) for k, v in parts.items()}
+
+
+WRONG = [
+    ("nothing split", lambda p, n, s: table(p, n, "replicated"), "but this stage splits it"),
+    ("Adam with one moment", lambda p, n, s: table(p, n, s, per=(4, 4, 4)), "Adam keeps two float32"),
+    ("zero1 splits the gradients", lambda p, n, s: table(p, n, s, split={**SPLIT, "zero1": ("opt_state", "grads")}),
+     "ZeRO-1 reduce-scatters too"),
+    ("fsdp keeps whole parameters", lambda p, n, s: table(p, n, s, split={**SPLIT, "fsdp": ("opt_state", "grads")}),
+     "is the whole params"),
+    ("everything split everywhere", lambda p, n, s: table(p, n, "fsdp"), "comes back divided by"),
+    ("a missing key", lambda p, n, s: {"params": 4 * p, "opt_state": 8 * p}, "should return a dict with the keys"),
+    ("text", lambda p, n, s: {k: f"{v:.0f} bytes" for k, v in table(p, n, s).items()}, "should be a number"),
+    ("n - 1 devices", lambda p, n, s: {k: v * (n / (n - 1) if k in SPLIT[s] else 1)
+                                       for k, v in table(p, n, s).items()}, "neither the whole"),
+]
+RIGHT = [
+    ("fractions", lambda p, n, s: {k: Fraction(v).limit_denominator() for k, v in table(p, n, s).items()}),
+    ("by stage number", lambda p, n, s: (lambda i: {"params": 4 * p / (n if i >= 3 else 1),
+                                                     "grads": 4 * p / (n if i >= 2 else 1),
+                                                     "opt_state": 8 * p / (n if i >= 1 else 1)})(
+        ["replicated", "zero1", "zero2", "fsdp"].index(s))),
+]
+
+
+def verdict(answer):
+    return exercises()[ID].check(answer)
+
+
+@pytest.mark.parametrize("answer, fragment", [w[1:] for w in WRONG], ids=[w[0] for w in WRONG])
+def test_a_wrong_answer_fails_and_its_feedback_names_the_mistake(answer, fragment):
+    fb = verdict(answer)
+    assert not fb and fb.started, fb.message
+    assert fragment in fb.message, fb.message
+
+
+@pytest.mark.parametrize("answer", [r[1] for r in RIGHT], ids=[r[0] for r in RIGHT])
+def test_a_right_answer_written_another_way_passes(answer):
+    fb = verdict(answer)
+    assert fb, fb.message

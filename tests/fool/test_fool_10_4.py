@@ -1,0 +1,109 @@
+"""Exercise 10.4 (the FSDP step of a model split leaf by leaf): answers that try to fool the checker."""
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+from course_lib.exercises import exercises
+
+ID = "10.4"
+A = "data"
+
+
+def fsdp(loss_fn, optimizer, *, mean=True, gather_to=None, pmean_loss=True, dtype=None, return_whole=False):
+    def step(my, opt_state, batch):
+        n = jax.lax.axis_size(A)
+
+        def sliced_loss(p):
+            if dtype is not None:
+                p = jax.tree.map(lambda s: s.astype(dtype), p)
+            kw = {"to": gather_to} if gather_to else {}
+            whole = jax.tree.map(lambda s: jax.lax.all_gather(s, A, tiled=True, **kw), p)
+            return loss_fn(whole, batch).astype(jnp.float32)
+
+        loss, grads = jax.value_and_grad(sliced_loss)(my)
+        grads = jax.tree.map(lambda g: g / n if mean else g, grads)
+        updates, opt_state = optimizer.update(grads, opt_state, my)
+        new = optax.apply_updates(my, updates)
+        if return_whole:
+            new = jax.tree.map(lambda s: jax.lax.all_gather(s, A, tiled=True), new)
+        return new, opt_state, jax.lax.pmean(loss, A) if pmean_loss else loss
+    return step
+
+
+def all_reduce_then_slice(loss_fn, optimizer):
+    def step(my, opt_state, batch):
+        n = jax.lax.axis_size(A)
+        whole = jax.tree.map(lambda s: jax.lax.all_gather(s, A, tiled=True), my)
+        loss, g = jax.value_and_grad(loss_fn)(whole, batch)
+        g = jax.tree.map(lambda v, s: jax.lax.dynamic_slice_in_dim(jax.lax.psum(v, A) / n,
+                                                                   jax.lax.axis_index(A) * s.shape[0], s.shape[0]),
+                         g, my)
+        updates, opt_state = optimizer.update(g, opt_state, my)
+        return optax.apply_updates(my, updates), opt_state, jax.lax.pmean(loss, A)
+    return step
+
+
+def never_gathers(loss_fn, optimizer):
+    def step(my, opt_state, batch):
+        loss, g = jax.value_and_grad(loss_fn)(my, batch)
+        updates, opt_state = optimizer.update(g, opt_state, my)
+        return optax.apply_updates(my, updates), opt_state, jax.lax.pmean(loss, A)
+    return step
+
+
+def scatters_itself(loss_fn, optimizer):        # right: gather outside the gradient, reduce-scatter by hand
+    def step(my, opt_state, batch):
+        n = jax.lax.axis_size(A)
+        whole = jax.tree.map(lambda s: jax.lax.all_gather(s, A, tiled=True), my)      # varying: my own copy
+        loss, g = jax.value_and_grad(loss_fn)(whole, batch)
+        mine = jax.tree.map(lambda v: jax.lax.psum_scatter(v, A, tiled=True) / n, g)
+        updates, opt_state = optimizer.update(mine, opt_state, my)
+        return optax.apply_updates(my, updates), opt_state, jax.lax.pmean(loss, A)
+    return step
+
+
+def mean_loss_inside(loss_fn, optimizer):       # right: differentiate the loss already divided by n
+    def step(my, opt_state, batch):
+        n = jax.lax.axis_size(A)
+
+        def f(p):
+            return loss_fn({k: jax.lax.all_gather(v, A, tiled=True) for k, v in p.items()}, batch) / n
+
+        loss, g = jax.value_and_grad(f)(my)
+        updates, opt_state = optimizer.update(g, opt_state, my)
+        new = jax.tree.map(lambda a, u: a + u, my, updates)
+        return new, opt_state, jax.lax.psum(loss, A)
+    return step
+
+
+WRONG = [
+    ("summed, not averaged", lambda l, o: fsdp(l, o, mean=False), "times too large"),
+    ("all-reduce, then slice", all_reduce_then_slice, "all-reduces the gradient"),
+    ("gathered invarying", lambda l, o: fsdp(l, o, gather_to="invarying"), "invarying"),
+    ("never gathers", never_gathers, "needs every parameter whole"),
+    ("returns the gathered parameters", lambda l, o: fsdp(l, o, return_whole=True), "not the gathered parameters"),
+    ("the local loss", lambda l, o: fsdp(l, o, pmean_loss=False), "average it over the mesh axis"),
+    ("bfloat16 compute", lambda l, o: fsdp(l, o, dtype=jnp.bfloat16), "bfloat16"),
+    ("no step", lambda l, o: "step", "expected the step function"),
+    ("two things back", lambda l, o: (lambda p, s, b: (p, s)), "expected three things"),
+]
+RIGHT = [("reduce-scatter by hand", scatters_itself), ("loss divided inside, psum of it", mean_loss_inside)]
+
+
+def verdict(answer):
+    return exercises()[ID].check(answer)
+
+
+@pytest.mark.parametrize("answer, fragment", [w[1:] for w in WRONG], ids=[w[0] for w in WRONG])
+def test_a_wrong_answer_fails_and_its_feedback_names_the_mistake(answer, fragment):
+    fb = verdict(answer)
+    assert not fb and fb.started, fb.message
+    assert fragment in fb.message, fb.message
+
+
+@pytest.mark.parametrize("answer", [r[1] for r in RIGHT], ids=[r[0] for r in RIGHT])
+def test_a_right_answer_written_another_way_passes(answer):
+    fb = verdict(answer)
+    assert fb, fb.message

@@ -1,0 +1,57 @@
+"""Exercise 10.5 (predict how often each collective runs in an accumulated step): answers that try to fool it."""
+
+import numpy as np
+import pytest
+
+from course_lib.exercises import exercises
+
+ID = "10.5"
+RIGHT_TABLE = {"replicated": lambda k: {"all-reduce": 1}, "zero1": lambda k: {"reduce-scatter": 1, "all-gather": 1},
+               "zero2": lambda k: {"reduce-scatter": k, "all-gather": 1}}
+
+
+def table(**changes):
+    t = {**RIGHT_TABLE, **changes}
+    return lambda stage, k: t[stage](k)
+
+
+WRONG = [
+    ("no loop: k ignored", table(zero2=lambda k: {"reduce-scatter": 1, "all-gather": 1}),
+     "inside the micro-batch loop"),
+    ("zero1 scatters every micro-batch", table(zero1=lambda k: {"reduce-scatter": k, "all-gather": 1}),
+     "runs once, after the loop"),
+    ("zero2 gathers every micro-batch", table(zero2=lambda k: {"reduce-scatter": k, "all-gather": k}),
+     "runs once, after the loop"),
+    ("replicated all-reduces every micro-batch", table(replicated=lambda k: {"all-reduce": k}),
+     "runs once, after the loop"),
+    ("zero1 all-reduces", table(zero1=lambda k: {"all-reduce": 1, "all-gather": 1}), "runs no all-reduce"),
+    ("zero2 without its gather", table(zero2=lambda k: {"reduce-scatter": k}), "all-gather is missing"),
+    ("counts as floats", lambda stage, k: {op: float(v) for op, v in RIGHT_TABLE[stage](k).items()},
+     "whole number"),
+    ("made-up names", lambda stage, k: {"gather": 1}, "compiled program's names"),
+    ("a list", lambda stage, k: list(RIGHT_TABLE[stage](k)), "expected a dict"),
+]
+RIGHT = [
+    ("JAX's names", lambda stage, k: {"psum_scatter": k, "all_gather": 1} if stage == "zero2" else
+     {"zero1": {"psum_scatter": 1, "all_gather": 1}, "replicated": {"psum": 1}}[stage]),
+    ("numpy counts and zeros", lambda stage, k: {"all-reduce": np.int64(stage == "replicated"),
+                                                  "reduce-scatter": np.int64({"zero2": k, "zero1": 1}.get(stage, 0)),
+                                                  "all-gather": np.int64(stage != "replicated")}),
+]
+
+
+def verdict(answer):
+    return exercises()[ID].check(answer)
+
+
+@pytest.mark.parametrize("answer, fragment", [w[1:] for w in WRONG], ids=[w[0] for w in WRONG])
+def test_a_wrong_answer_fails_and_its_feedback_names_the_mistake(answer, fragment):
+    fb = verdict(answer)
+    assert not fb and fb.started, fb.message
+    assert fragment in fb.message, fb.message
+
+
+@pytest.mark.parametrize("answer", [r[1] for r in RIGHT], ids=[r[0] for r in RIGHT])
+def test_a_right_answer_written_another_way_passes(answer):
+    fb = verdict(answer)
+    assert fb, fb.message
