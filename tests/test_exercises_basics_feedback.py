@@ -130,7 +130,7 @@ WRONG = {
         ("global index", lambda y, i: y[i], "Indexing the global array"),
         ("global index moved back", lambda y, i: jax.device_put(y[i], jax.devices()[i]), "moved data"),
         ("through NumPy", lambda y, i: jax.device_put(np.asarray(y)[i], jax.devices()[i]), "moved data"),
-        ("keeps the device axis", lambda y, i: y.addressable_shards[i].data, "index it with [0]"),
+        ("keeps the device axis", lambda y, i: y.addressable_shards[i].data, "which a shard's data keeps"),
         ("every axis of size 1 squeezed", lambda y, i: y.addressable_shards[i].data.squeeze(),
          "Every axis of size 1 was dropped"),
         ("device 0's shard", lambda y, i: y.addressable_shards[0].data[0], "holds device 0's block, not device 3's"),

@@ -136,8 +136,8 @@ def check_block_on(block_on):
             what = f"block_on(y {y.shape}, {i})"
             expect_dtype(got, y.dtype, what=what)
             if tuple(as_array(got, what=what, expected_shape=shape[1:]).shape) == (1,) + shape[1:]:
-                raise Mismatch(f"{what} has shape {(1,) + shape[1:]}; expected {shape[1:]}. A shard's data keeps "
-                               "pmap's device axis, of size 1: index it with [0].")
+                raise Mismatch(f"{what} has shape {(1,) + shape[1:]}; expected {shape[1:]}: the extra leading axis "
+                               "of size 1 is pmap's device axis, which a shard's data keeps.")
             squeezed = tuple(size for size in shape[1:] if size != 1)
             if squeezed != shape[1:] and tuple(np.shape(got)) == squeezed:
                 raise Mismatch(f"{what} has shape {squeezed}; expected {shape[1:]}. Every axis of size 1 was "
