@@ -50,7 +50,7 @@ def solution_on_device_3(x):
 def check_on_device_3(on_device_3):
     device = jax.devices()[3]
     for x in [_data((4,), seed=0), jnp.asarray(_data((2, 3), seed=1)),
-              jax.device_put(_data((5,), seed=2), jax.devices()[-1])]:
+              jax.device_put(_data((5,), seed=2), jax.devices()[-1]), np.arange(6, dtype=np.int32).reshape(3, 2)]:
         private = np.array(x, copy=True)
         what = f"on_device_3({describe(x)} on {'the host' if isinstance(x, np.ndarray) else x.devices()})"
         got = call(on_device_3, x.copy() if isinstance(x, np.ndarray) else x, name="on_device_3", hints={

@@ -30,8 +30,10 @@ def solution_split_batch(x, n):
                  "In words: the new shape is the device axis first, then the rows of each block, then every other "
                  "axis of x unchanged; reshape x to it and return it."])
 def check_split_batch(split_batch):
-    for shape, n in [((16, 3), 8), ((12, 2, 2), 4), ((6,), 3), ((8, 5), 1)]:
+    for shape, n in [((16, 3), 8), ((12, 2, 2), 4), ((6,), 3), ((8, 5), 1), ((10, 3, 1), 5)]:
         original = _data(shape, seed=sum(shape) + n)          # private: the learner gets a copy
+        if len(shape) == 3 and shape[-1] == 1:                 # integers too: an answer must not cast them
+            original = (np.arange(np.prod(shape), dtype=np.int32).reshape(shape) * 7) % 11
         x = original.copy()
         b = shape[0]
         expected = original.reshape((n, b // n) + shape[1:]).copy()
@@ -46,6 +48,10 @@ def check_split_batch(split_batch):
         if got_shape == (b // n, n) + shape[1:] and b // n != n:
             raise Mismatch(f"{what} has shape {got_shape}; expected {expected.shape}. The device axis (size {n}) "
                            "comes first: pmap maps over axis 0.")
+        if (got_shape != expected.shape and got_shape[:1] == (n,) and len(shape) > 2
+                and int(np.prod(got_shape)) == int(np.prod(expected.shape))):
+            raise Mismatch(f"{what} has shape {got_shape}; expected {expected.shape}: the {len(shape) - 1} axes "
+                           f"after the batch axis, {shape[1:]}, did not all come through unchanged.")
         if got_shape == expected.shape and np.allclose(np.asarray(got), original.reshape((b // n, n) + shape[1:])
                                                        .swapaxes(0, 1)) and n > 1 and b // n > 1:
             raise Mismatch(f"{what} has the right shape but device 0 got rows 0, {n}, ... (every "

@@ -18,8 +18,8 @@ def _data(shape, seed):
 # Fragments of JAX's messages for the typical mistakes, and what they mean.
 SCALAR_MAPPED = ("rank at least 1", "A scalar was mapped: pmap maps every argument over axis 0 unless told "
                  "otherwise, and an argument passed by keyword always (section 3).")
-TOO_MANY_SLICES = ("squeeze out", "That is pmap's message for more slices than devices: reshape the leading "
-                   "axis to the number of devices first.")
+TOO_MANY_SLICES = ("squeeze out", "That is pmap's message for more slices than devices: the leading axis it "
+                   "mapped is longer than the number of devices.")
 DEVICE_IDS = ("no attribute 'process_index'", "pmap's devices argument takes Device objects (entries of "
               "jax.devices()), not the devices' numbers.")
 LEAF_MAPPED = ("squeeze out", "pmap takes the number of slices from the first mapped argument and cuts the "
@@ -164,8 +164,8 @@ def check_predict(predict):
                            "the parameters broadcast and the batch mapped.")
         expect_placed_on(got, devices[:n], what=what)
     specs = pmap_specs(predict, params, xs, name=name, untraceable=(
-        "If it copies the parameters once per device first (sharding.replicate, np.stack), that copy is what "
-        "in_axes=None saves: pass params as they are, with None as their in_axes entry."))
+        "It seems to copy the parameters once per device first (sharding.replicate, np.stack): the copies that "
+        "in_axes=None makes unnecessary."))
     if not specs:
         raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap: the exercise is "
                        "pmap with the parameters broadcast.")
@@ -364,9 +364,10 @@ def check_smap_predict(smap_predict):
                                   if maps else
                                   ": a sharded computation JAX split by itself, not a map you wrote with "
                                   "jax.smap."))
-            if any(shape == (d, k) and _split(spec) for ops in on_i for shape, spec in ops):
-                raise Mismatch(f"{what} has the right values, but w was split over \"i\" and put back "
-                               "together: the weight is meant to reach every device whole.")
+            # JAX's own inner maps show too, with 3-D operands: a 2-D operand split over "i" that is not x is w
+            if any(_split(spec) and len(shape) == 2 and shape != (B, d) for ops in on_i for shape, spec in ops):
+                raise Mismatch(f"{what} has the right values, but w (or a stack of copies of it) was split over "
+                               "\"i\" and put back together: the weight is meant to reach every device whole.")
             if not any(shape == (B, d) and spec[:1] == ("i",) for ops in on_i for shape, spec in ops):
                 raise Mismatch(f"{what} has the right values, but x did not reach smap split over \"i\" along "
                                "its axis 0: each device should get its own block of rows.")
