@@ -136,8 +136,8 @@ def check_device_ids(device_ids):
                            "or a float.")
         ids = [int(i) for i in got]
         if sorted(ids) == expected and ids != expected:
-            raise Mismatch(f"{what} returned {ids}: the right ids, but not sorted. Sort them, so that the answer "
-                           "does not depend on the order of a set.")
+            raise Mismatch(f"{what} returned {ids}: the right ids, but not sorted (the order of a set is "
+                           "arbitrary, and the answer should not depend on it).")
         if ids != expected:
             raise Mismatch(f"{what} returned {ids}; expected {expected}. Ask the array itself where it lives, "
                            "rather than jax.devices(), a count or a range.")

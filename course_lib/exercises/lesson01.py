@@ -58,8 +58,8 @@ def check_split_across(split_across):
             expect_dtype(piece, x.dtype, what=what)
             as_array(piece, what=what, expected_shape=(size, d))
             if size > 1 and np.shape(piece) == (size, d) and np.allclose(np.asarray(piece), x[i::n]):
-                raise Mismatch(f"{what} holds rows {i}, {i + n}, {i + 2 * n}, ...: every n-th row. Give each "
-                               f"device a run of {size} consecutive rows, piece i starting at row i * {size}.")
+                raise Mismatch(f"{what} holds rows {i}, {i + n}, {i + 2 * n}, ...: every n-th row, where each "
+                               f"device's piece is a run of {size} consecutive rows.")
             expect_array(piece, x[i * size:(i + 1) * size], what=what)
             if not isinstance(piece, jax.Array):
                 raise Mismatch(f"{what} is a {type(piece).__name__}, still in host memory: place it on its device "

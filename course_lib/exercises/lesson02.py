@@ -55,8 +55,8 @@ def check_split_batch(split_batch):
         if got_shape == expected.shape and np.allclose(np.asarray(got), original.reshape((b // n, n) + shape[1:])
                                                        .swapaxes(0, 1)) and n > 1 and b // n > 1:
             raise Mismatch(f"{what} has the right shape but device 0 got rows 0, {n}, ... (every "
-                           f"{n}-th row): the rows were interleaved. Reshape directly to (n, B // n, ...), with no "
-                           "transpose or swap of axes, so each device gets consecutive rows.")
+                           f"{n}-th row): the rows were interleaved (an extra transpose or swap of axes), so no "
+                           "device gets consecutive rows.")
         expect_array(got, expected, what=what)
     return "each device's block is B // n consecutive rows, and the device axis comes first."
 
