@@ -137,7 +137,7 @@ def solution_predict(params, xs):
 def check_predict(predict):
     devices = jax.devices()
     name = getattr(predict, "__name__", "predict")
-    for n, b, d, k in [(len(devices), 2, 3, 2), (4, 3, 2, 5)]:
+    for n, b, d, k in [(len(devices), 2, 3, 2), (4, 3, 2, 5), (2, 4, 5, 3)]:
         params = {"w": jnp.asarray(_data((d, k), seed=d * k)), "b": jnp.asarray(_data((k,), seed=k))}
         xs = jnp.asarray(_data((n, b, d), seed=n * b))
         got = _quiet_call(predict, dict(params), xs, name=name, hints=dict([PARAMS_MAPPED, SCALAR_MAPPED, LEAF_MAPPED]),
