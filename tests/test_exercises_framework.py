@@ -351,11 +351,37 @@ def test_check_prints_its_verdict_in_a_notebook_once_whatever_follows_it(capsys)
         InteractiveShell.clear_instance()
 
 
-def test_check_prints_nothing_outside_ipython(capsys):
+def test_check_prints_its_verdict_once_in_a_plain_python_script(tmp_path):
+    """A learner's script (no IPython) sees each verdict once, without wrapping check in print()."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "answers.py"
+    script.write_text(textwrap.dedent("""
+        import jax
+        from course_lib.exercises import check
+
+        check("00.1", lambda x: x)
+        check("00.1", lambda x: jax.device_put(x, jax.devices()[3]))
+        print("after")
+    """))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root, JAX_NUM_CPU_DEVICES="8", JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert out.count("[00.1] ✘ Not yet") == 1 and out.count("[00.1] ✔ Correct") == 1, out
+    assert out.index("✘ Not yet") < out.index("✔ Correct") < out.index("after"), out
+    assert max(len(line) for line in out.splitlines()) <= 100, out
+
+
+def test_check_returns_the_verdict_it_printed(capsys):
     from course_lib.exercises import check
 
     feedback = check("00.1", lambda x: x)
-    assert not feedback and capsys.readouterr().out == ""
+    assert not feedback and capsys.readouterr().out == feedback.wrapped() + "\n"
 
 
 def test_a_failing_call_shows_small_arguments_by_value():

@@ -17,11 +17,13 @@ def on_two(x, s, in_axes=(0, None)):
 def test_03_1_scale_on_two():
     assert check("03.1", solution_scale_on_two)
     mapped_scalar = check("03.1", lambda x, s: on_two(x, s, in_axes=0).reshape(x.shape))
-    assert "raised ValueError" in mapped_scalar.message and "split a scalar (rank 0)" in mapped_scalar.message and "None sends that argument whole" in mapped_scalar.message
+    assert "raised ValueError" in mapped_scalar.message and "split a scalar (rank 0)" in mapped_scalar.message and "A scalar was mapped" in mapped_scalar.message
+    assert "None" not in mapped_scalar.message  # the fix is left to hint()
     no_reshape = check("03.1", lambda x, s: jax.pmap(lambda a, f: a * f, in_axes=(0, None), devices=TWO)(x, s))
-    assert "more slices than devices: reshape the leading axis" in no_reshape.message
+    assert "more slices than devices: the leading axis it mapped is longer" in no_reshape.message
     not_back = check("03.1", on_two)
-    assert "has shape (2, 2, 3): the per-device blocks. Reshape the result back to (4, 3)" in not_back.message
+    assert "has shape (2, 2, 3): the per-device blocks as pmap stacks them" in not_back.message
+    assert "eshape" not in not_back.message  # the fix is left to hint()
     no_pmap = check("03.1", lambda x, s: x * s)
     assert "lives on 1 device(s) (ids [0]); expected the 2 devices" in no_pmap.message
     hard_coded = check("03.1", lambda x, s: on_two(x, 2.0).reshape(x.shape))
@@ -31,7 +33,7 @@ def test_03_1_scale_on_two():
 def test_03_2_predict():
     assert check("03.2", solution_predict)
     params_mapped = check("03.2", lambda p, xs: jax.pmap(lambda p, x: x @ p["w"] + p["b"])(p, xs))
-    assert "were the parameters mapped? Broadcast them: None in in_axes" in params_mapped.message
+    assert "were the parameters mapped? They are the same for every device" in params_mapped.message
     no_bias = check("03.2", lambda p, xs: jax.pmap(lambda p, x: x @ p["w"], in_axes=(None, 0))(p, xs))
     assert "the bias b is missing" in no_bias.message
     one_device = check("03.2", lambda p, xs: xs @ p["w"] + p["b"])
@@ -56,7 +58,7 @@ def test_03_1_scalar_must_be_broadcast_and_survives_wrong_structures():
         return jax.pmap(lambda a, f: a * f, devices=TWO)(x.reshape(2, -1, x.shape[1]), jnp.full(2, s)).reshape(x.shape)
 
     fb = check("03.1", scalar_stacked)
-    assert not fb and "the scalar was mapped too" in fb.message and "with None for it in in_axes" in fb.message
+    assert not fb and "the scalar was mapped too" in fb.message and "the same for both devices" in fb.message
     fb = check("03.1", lambda x, s: (solution_scale_on_two(x, s), s))
     assert not fb and "should be an array of shape (4, 3), got tuple(" in fb.message
 
@@ -69,7 +71,7 @@ def test_03_2_parameters_must_be_broadcast_not_stacked():
         return jax.pmap(lambda q, x: x @ q["w"] + q["b"])(copies, xs)
 
     fb = check("03.2", stacked)
-    assert not fb and "the parameters were mapped over the devices" in fb.message and "None as their in_axes entry" in (
+    assert not fb and "the parameters were mapped over the devices" in fb.message and "not about mapping copies" in (
         fb.message)
 
     def replicated(p, xs):
@@ -77,7 +79,7 @@ def test_03_2_parameters_must_be_broadcast_not_stacked():
         return jax.pmap(lambda q, x: x @ q["w"] + q["b"])(sharding.replicate(p, jax.devices()[:xs.shape[0]]), xs)
 
     fb = check("03.2", replicated)
-    assert not fb and "in_axes=None saves" in fb.message
+    assert not fb and "in_axes=None makes unnecessary" in fb.message
     assert check("03.2", lambda p, xs: jax.pmap(lambda q, x: x @ q["w"] + q["b"], in_axes=(None, 0))(p, xs))
 
 
@@ -143,12 +145,12 @@ def test_03_4_weight_mapped_is_named():
         with jax.set_mesh(mesh):
             return _smap(in_axes=0)(jax.device_put(x, P("i")), w)
     fb = check("03.4", w_mapped)
-    assert not fb and 'w was mapped over "i" too' in fb.message and "None as its entry of in_axes" in fb.message
+    assert not fb and 'w was mapped over "i" too' in fb.message and "reach every device whole" in fb.message
 
 
 def test_03_4_no_mesh_context_is_named():
     fb = check("03.4", lambda x, w, mesh: _smap()(jax.device_put(x, P("i")), w))
-    assert not fb and "runs inside the mesh's context (section 6)" in fb.message
+    assert not fb and "ran outside the context of any mesh" in fb.message
 
 
 def test_03_4_skipping_smap_is_named():
@@ -174,7 +176,7 @@ def test_03_4_works_on_8_devices_but_not_on_the_4_given():
         with jax.set_mesh(jax.make_mesh((8,), ("i",))):
             return _smap()(jax.device_put(x, P("i")), w)
     fb = check("03.4", own_mesh)
-    assert not fb and "the mesh given has 4: use the mesh passed in" in fb.message
+    assert not fb and "the mesh given has 4: the answer used a mesh of its own" in fb.message
 
     built_once = _smap()
 

@@ -218,18 +218,22 @@ _hints_shown: collections.Counter = collections.Counter()
 def check(id: str, answer) -> Feedback:
     """Check ``answer`` (usually your function) for exercise ``id``: prints the verdict and returns it as a ``Feedback``.
 
-    In a notebook the verdict is printed when ``check`` runs, so it shows whatever follows in the cell; as the
-    cell's last line it still shows once. The returned ``Feedback`` is truthy when the answer passed.
+    The verdict is printed when ``check`` runs, in a notebook and in a plain Python script alike, so it shows
+    whatever follows in the cell; as a notebook cell's last line it still shows once. The returned ``Feedback``
+    is truthy when the answer passed.
     """
     feedback = _get(id).check(answer)
     if feedback.started:
         _attempts[id] += 1
         if feedback.passed:
             _passed.add(id)
-    if _cell_number() is not None:
-        print(feedback.wrapped())
+    # Printed here, in a notebook and in a plain script alike. In IPython the cell's last value is displayed
+    # too: ``Feedback._ipython_display_`` skips a verdict already printed in the same cell.
+    print(feedback.wrapped())
+    number = _cell_number()
+    if number is not None:
         _shown_in_cell.clear()  # only the newest verdicts matter; ids of freed objects may be reused
-        _shown_in_cell[builtins.id(feedback)] = _cell_number()
+        _shown_in_cell[builtins.id(feedback)] = number
     return feedback
 
 

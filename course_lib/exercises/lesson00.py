@@ -50,7 +50,7 @@ def solution_on_device_3(x):
 def check_on_device_3(on_device_3):
     device = jax.devices()[3]
     for x in [_data((4,), seed=0), jnp.asarray(_data((2, 3), seed=1)),
-              jax.device_put(_data((5,), seed=2), jax.devices()[-1])]:
+              jax.device_put(_data((5,), seed=2), jax.devices()[-1]), np.arange(6, dtype=np.int32).reshape(3, 2)]:
         private = np.array(x, copy=True)
         what = f"on_device_3({describe(x)} on {'the host' if isinstance(x, np.ndarray) else x.devices()})"
         got = call(on_device_3, x.copy() if isinstance(x, np.ndarray) else x, name="on_device_3", hints={
@@ -136,8 +136,8 @@ def check_device_ids(device_ids):
                            "or a float.")
         ids = [int(i) for i in got]
         if sorted(ids) == expected and ids != expected:
-            raise Mismatch(f"{what} returned {ids}: the right ids, but not sorted. Sort them, so that the answer "
-                           "does not depend on the order of a set.")
+            raise Mismatch(f"{what} returned {ids}: the right ids, but not sorted (the order of a set is "
+                           "arbitrary, and the answer should not depend on it).")
         if ids != expected:
             raise Mismatch(f"{what} returned {ids}; expected {expected}. Ask the array itself where it lives, "
                            "rather than jax.devices(), a count or a range.")

@@ -58,8 +58,8 @@ def check_split_across(split_across):
             expect_dtype(piece, x.dtype, what=what)
             as_array(piece, what=what, expected_shape=(size, d))
             if size > 1 and np.shape(piece) == (size, d) and np.allclose(np.asarray(piece), x[i::n]):
-                raise Mismatch(f"{what} holds rows {i}, {i + n}, {i + 2 * n}, ...: every n-th row. Give each "
-                               f"device a run of {size} consecutive rows, piece i starting at row i * {size}.")
+                raise Mismatch(f"{what} holds rows {i}, {i + n}, {i + 2 * n}, ...: every n-th row, where each "
+                               f"device's piece is a run of {size} consecutive rows.")
             expect_array(piece, x[i * size:(i + 1) * size], what=what)
             if not isinstance(piece, jax.Array):
                 raise Mismatch(f"{what} is a {type(piece).__name__}, still in host memory: place it on its device "
@@ -95,7 +95,7 @@ def solution_batched_norms(x):
 def check_batched_norms(batched_norms):
     probe = jnp.asarray(_batch(7, 13, seed=713))  # first, and a shape no earlier call is likely to have cached
     vmaps = vmap_calls(batched_norms, probe)
-    for b, d in [(8, 3), (5, 7), (1, 2), (7, 13)]:
+    for b, d in [(8, 3), (5, 7), (1, 2), (7, 13), (12, 4)]:
         x = _batch(b, d, seed=b * 10 + d)
         got = call(batched_norms, jnp.asarray(x), name="batched_norms")
         expect_dtype(got, x.dtype, what=f"batched_norms(x {x.shape})")
@@ -140,7 +140,7 @@ def solution_norms_on_devices(x):
                  "return the result as it comes back."])
 def check_norms_on_devices(norms_on_devices):
     devices = jax.devices()
-    for n, d in [(len(devices), 3), (4, 6)]:
+    for n, d in [(len(devices), 3), (4, 6), (2, 5)]:
         x = _batch(n, d, seed=n + d)
         got = call(norms_on_devices, jnp.asarray(x), name="norms_on_devices")
         what = f"norms_on_devices(x {x.shape})"

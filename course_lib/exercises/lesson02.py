@@ -30,8 +30,10 @@ def solution_split_batch(x, n):
                  "In words: the new shape is the device axis first, then the rows of each block, then every other "
                  "axis of x unchanged; reshape x to it and return it."])
 def check_split_batch(split_batch):
-    for shape, n in [((16, 3), 8), ((12, 2, 2), 4), ((6,), 3), ((8, 5), 1)]:
+    for shape, n in [((16, 3), 8), ((12, 2, 2), 4), ((6,), 3), ((8, 5), 1), ((10, 3, 1), 5)]:
         original = _data(shape, seed=sum(shape) + n)          # private: the learner gets a copy
+        if len(shape) == 3 and shape[-1] == 1:                 # integers too: an answer must not cast them
+            original = (np.arange(np.prod(shape), dtype=np.int32).reshape(shape) * 7) % 11
         x = original.copy()
         b = shape[0]
         expected = original.reshape((n, b // n) + shape[1:]).copy()
@@ -46,11 +48,15 @@ def check_split_batch(split_batch):
         if got_shape == (b // n, n) + shape[1:] and b // n != n:
             raise Mismatch(f"{what} has shape {got_shape}; expected {expected.shape}. The device axis (size {n}) "
                            "comes first: pmap maps over axis 0.")
+        if (got_shape != expected.shape and got_shape[:1] == (n,) and len(shape) > 2
+                and int(np.prod(got_shape)) == int(np.prod(expected.shape))):
+            raise Mismatch(f"{what} has shape {got_shape}; expected {expected.shape}: the {len(shape) - 1} axes "
+                           f"after the batch axis, {shape[1:]}, did not all come through unchanged.")
         if got_shape == expected.shape and np.allclose(np.asarray(got), original.reshape((b // n, n) + shape[1:])
                                                        .swapaxes(0, 1)) and n > 1 and b // n > 1:
             raise Mismatch(f"{what} has the right shape but device 0 got rows 0, {n}, ... (every "
-                           f"{n}-th row): the rows were interleaved. Reshape directly to (n, B // n, ...), with no "
-                           "transpose or swap of axes, so each device gets consecutive rows.")
+                           f"{n}-th row): the rows were interleaved (an extra transpose or swap of axes), so no "
+                           "device gets consecutive rows.")
         expect_array(got, expected, what=what)
     return "each device's block is B // n consecutive rows, and the device axis comes first."
 
@@ -126,18 +132,18 @@ def solution_block_on(y, i):
                  "the block keeps from pmap's device axis."])
 def check_block_on(block_on):
     devices = jax.devices()
-    for shape in [(len(devices), 3), (len(devices), 2, 2), (len(devices), 1, 2)]:
+    for shape in [(len(devices), 3), (len(devices), 2, 2), (len(devices), 1, 2), (4, 2, 3)]:
         def make_y():  # a fresh array each time: NumPy keeps a host copy of an array it has read once
             return jax.pmap(lambda x: x * 2)(jnp.asarray(_data(shape, seed=shape[-1])))
 
         y = make_y()
-        for i in [0, 3, len(devices) - 1]:
+        for i in sorted({0, 3, shape[0] - 1}):
             got = call(block_on, y, i, name="block_on")
             what = f"block_on(y {y.shape}, {i})"
             expect_dtype(got, y.dtype, what=what)
             if tuple(as_array(got, what=what, expected_shape=shape[1:]).shape) == (1,) + shape[1:]:
-                raise Mismatch(f"{what} has shape {(1,) + shape[1:]}; expected {shape[1:]}. A shard's data keeps "
-                               "pmap's device axis, of size 1: index it with [0].")
+                raise Mismatch(f"{what} has shape {(1,) + shape[1:]}; expected {shape[1:]}: the extra leading axis "
+                               "of size 1 is pmap's device axis, which a shard's data keeps.")
             squeezed = tuple(size for size in shape[1:] if size != 1)
             if squeezed != shape[1:] and tuple(np.shape(got)) == squeezed:
                 raise Mismatch(f"{what} has shape {squeezed}; expected {shape[1:]}. Every axis of size 1 was "
@@ -158,7 +164,7 @@ def check_block_on(block_on):
                 ids = sorted(d.id for d in got.devices())
                 hint = (" Indexing the global array (y[i]) computes the value on every device and copies it to "
                         "all of them; read the block device i already holds instead (section 3)."
-                        if len(ids) == len(devices) else "")
+                        if len(ids) == shape[0] > 1 else "")
                 raise Mismatch(f"{what} lives on devices {ids}; expected device {i} only.{hint}")
             moved = _moves_data(block_on, make_y(), i)
             if moved:

@@ -17,18 +17,16 @@ def _data(shape, seed):
 
 # Fragments of JAX's messages for the typical mistakes, and what they mean.
 SCALAR_MAPPED = ("rank at least 1", "A scalar was mapped: pmap maps every argument over axis 0 unless told "
-                 "otherwise, and an argument passed by keyword always (section 3). Broadcast it: in_axes has an "
-                 "entry for each positional argument, and None sends that argument whole to every device.")
-TOO_MANY_SLICES = ("squeeze out", "That is pmap's message for more slices than devices: reshape the leading "
-                   "axis to the number of devices first.")
+                 "otherwise, and an argument passed by keyword always (section 3).")
+TOO_MANY_SLICES = ("squeeze out", "That is pmap's message for more slices than devices: the leading axis it "
+                   "mapped is longer than the number of devices.")
 DEVICE_IDS = ("no attribute 'process_index'", "pmap's devices argument takes Device objects (entries of "
               "jax.devices()), not the devices' numbers.")
 LEAF_MAPPED = ("squeeze out", "pmap takes the number of slices from the first mapped argument and cuts the "
                "others to match, so a mapped argument whose axis 0 is not the device count breaks it: was a "
-               "leaf of the parameters mapped? Every leaf of params goes whole to every device.")
+               "leaf of the parameters mapped? The parameters are the same for every device.")
 PARAMS_MAPPED = ("is partitioned", "An argument was split over the devices along axis 0 but its axis 0 is not "
-                 "the device axis: were the parameters mapped? Broadcast them: None in in_axes for the "
-                 "parameters sends them whole to every device.")
+                 "the device axis: were the parameters mapped? They are the same for every device.")
 
 
 def _quiet_call(fn, *args, name: str, hints: dict[str, str], summaries: dict[str, str]):
@@ -103,8 +101,8 @@ def check_scale_on_two(scale_on_two):
         expect_dtype(got, x.dtype, what=what)
         as_array(got, what=what, expected_shape=shape)
         if tuple(np.shape(got)) == (2, shape[0] // 2) + shape[1:]:
-            raise Mismatch(f"{what} has shape {np.shape(got)}: the per-device blocks. Reshape the result back to "
-                           f"{shape}.")
+            raise Mismatch(f"{what} has shape {np.shape(got)}: the per-device blocks as pmap stacks them, where "
+                           f"x had shape {shape}.")
         expect_array(got, np.asarray(x) * s, what=what)
         expect_placed_on(got, two, what=what + " (computed with pmap on the first 2 devices)")
     specs = pmap_specs(scale_on_two, x, s, name="scale_on_two")
@@ -113,7 +111,7 @@ def check_scale_on_two(scale_on_two):
                        "exercise is pmap with the scalar broadcast.")
     if not _unmapped(specs):
         raise Mismatch("scale_on_two has the right values, but the scalar was mapped too (made into an array with "
-                       "one copy per device): broadcast it instead, with None for it in in_axes (section 1).")
+                       "one copy per device), although it is the same for both devices.")
     return "one block per device, the scalar broadcast with in_axes=None, and the result reshaped back."
 
 
@@ -139,7 +137,7 @@ def solution_predict(params, xs):
 def check_predict(predict):
     devices = jax.devices()
     name = getattr(predict, "__name__", "predict")
-    for n, b, d, k in [(len(devices), 2, 3, 2), (4, 3, 2, 5)]:
+    for n, b, d, k in [(len(devices), 2, 3, 2), (4, 3, 2, 5), (2, 4, 5, 3)]:
         params = {"w": jnp.asarray(_data((d, k), seed=d * k)), "b": jnp.asarray(_data((k,), seed=k))}
         xs = jnp.asarray(_data((n, b, d), seed=n * b))
         got = _quiet_call(predict, dict(params), xs, name=name, hints=dict([PARAMS_MAPPED, SCALAR_MAPPED, LEAF_MAPPED]),
@@ -166,15 +164,15 @@ def check_predict(predict):
                            "the parameters broadcast and the batch mapped.")
         expect_placed_on(got, devices[:n], what=what)
     specs = pmap_specs(predict, params, xs, name=name, untraceable=(
-        "If it copies the parameters once per device first (sharding.replicate, np.stack), that copy is what "
-        "in_axes=None saves: pass params as they are, with None as their in_axes entry."))
+        "It seems to copy the parameters once per device first (sharding.replicate, np.stack): the copies that "
+        "in_axes=None makes unnecessary."))
     if not specs:
         raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap: the exercise is "
                        "pmap with the parameters broadcast.")
     if _unmapped(specs) < len(params):
         raise Mismatch(f"{what} has the right values, but the parameters were mapped over the devices (stacked "
-                       "or replicated into one copy per device, then in_axes=0): broadcast them instead, with None "
-                       "as their in_axes entry, so that pmap sends them whole to every device.")
+                       "or replicated into one copy per device, then in_axes=0): this exercise is about sending "
+                       "them whole to every device, not about mapping copies.")
     return "the parameters went whole to every device, the batch one block per device."
 
 
@@ -244,10 +242,11 @@ def solution_smap_predict(x, w, mesh):
 
 
 def _shard_maps_run(fn, *args):
-    """``[(axis names of the mesh, in_specs)]`` of every ``shard_map`` that ran while ``fn(*args)`` ran (``smap``
-    is one; so is ``pmap``), or ``None`` if JAX cannot tell. ``make_jaxpr`` cannot read an answer that enters
-    ``jax.set_mesh`` itself, so this watches the calls instead. A jit cache can hide a ``shard_map``: if none is
-    seen, JAX's caches are cleared and ``fn`` runs once more.
+    """``[(axis names of the mesh, [(operand shape, spec), ...])]`` of every ``shard_map`` that ran while
+    ``fn(*args)`` ran (``smap`` is one; so is ``pmap``), or ``None`` if JAX cannot tell. ``make_jaxpr`` cannot
+    read an answer that enters ``jax.set_mesh`` itself, so this watches the calls instead. A closed-over array is
+    no operand: only what was passed to the mapped function shows. A jit cache can hide a ``shard_map``: if none
+    is seen, JAX's caches are cleared and ``fn`` runs once more.
     """
     try:
         from jax._src import shard_map as _sm
@@ -259,7 +258,10 @@ def _shard_maps_run(fn, *args):
 
     def watching_bind(*a, **params):
         mesh = params.get("mesh")
-        seen.append((tuple(getattr(mesh, "axis_names", ())), tuple(params.get("in_specs", ()))))
+        specs = tuple(params.get("in_specs", ()))
+        operands = [tuple(getattr(x, "shape", ())) for x in a[-len(specs):]] if specs else []
+        seen.append((tuple(getattr(mesh, "axis_names", ())),
+                     [(shape, tuple(spec)) for shape, spec in zip(operands, specs)]))
         return original(*a, **params)
 
     def run():
@@ -280,30 +282,35 @@ def _shard_maps_run(fn, *args):
     return seen
 
 
+def _split(spec) -> bool:
+    """Whether a PartitionSpec (as a tuple) splits some axis over a mesh axis."""
+    return any(entry is not None for entry in spec)
+
+
 @exercise("03.4", "The prediction with jax.smap on a mesh axis", solution=solution_smap_predict,
           returns='a jax.Array of shape (B, k), x @ w, split over the axis "i" of the mesh given',
           hints=["smap works on blocks that keep their rank, so no reshape is needed; but it does not move an "
                  "input for you, and it needs to know which mesh its axis name belongs to.",
-                 "Section 6 of the lesson: `jax.set_mesh` for the mesh, `jax.device_put` with a `PartitionSpec` "
-                 "naming the axis `i` for the batch, and `jax.smap` with `in_axes`, `out_axes` and `axis_name`.",
+                 "The lesson's last section (Going further: jax.smap): `jax.set_mesh` for the mesh, "
+                 "`jax.device_put` with a `PartitionSpec` naming the axis `i` for the batch, and `jax.smap` with "
+                 "`in_axes`, `out_axes` (required) and `axis_name`.",
                  "In words: inside the context of the mesh you were given, place x split along its axis 0 over the "
-                 "mesh axis `i`; then smap a function of (a block of rows, the weight) that multiplies them, with "
-                 "the batch mapped over axis 0, the weight not mapped, the outputs joined along axis 0, and `i` as "
-                 "the axis name."])
+                 "mesh axis `i`; then smap a function of a block of rows that multiplies it by the weight (closed "
+                 "over, or a second argument that is not mapped), with the batch mapped over axis 0, the outputs "
+                 "joined along axis 0, and `i` as the axis name."])
 def check_smap_predict(smap_predict):
     devices = jax.devices()
     name = getattr(smap_predict, "__name__", "smap_predict")
-    for n, B, d, k, host in [(len(devices), 16, 3, 2, True), (4, 12, 5, 3, False)]:
+    for n, B, d, k, host in [(len(devices), 16, 3, 2, True), (4, 12, 5, 3, False), (2, 10, 4, 3, True)]:
         mesh = jax.make_mesh((n,), ("i",), devices=devices[:n])
         x = _data((B, d), seed=B * d)
         x = x if host else jnp.asarray(x)
-        w = jnp.asarray(_data((d, k), seed=d + k))
+        w = jnp.asarray(_data((d, k), seed=d + k + n))
         w_type = f"float32[{d},{k}]"
         what = f"{name}(x {(B, d)}, w {(d, k)}, a mesh of {n} devices)"
-        not_placed = (f"smap does not move an input for you: x reached it unsplit, where in_axes asks for it split "
-                      "over \"i\". Place it first, inside the mesh's context (section 6).")
-        w_mapped = ("w was mapped over \"i\" too: the weight goes whole to every device, with None as its entry "
-                    "of in_axes (section 6).")
+        not_placed = ("smap does not move an input for you: x reached it unsplit, where in_axes asks for it split "
+                      "over \"i\".")
+        w_mapped = "w was mapped over \"i\" too, as if it were a batch: the weight is meant to reach every device whole."
         out = io.StringIO()
         try:
             with contextlib.redirect_stdout(out):
@@ -314,32 +321,32 @@ def check_smap_predict(smap_predict):
             if "specs of the input" in original:
                 message += " " + (w_mapped if w_type in original.split("for arg")[1][:40] else not_placed)
             elif f"partitioned {len(devices)} times" in original and n != len(devices):
-                message += (f" x was split for {len(devices)} devices, and the mesh given has {n}: use the mesh "
-                            "passed in, not one of your own.")
+                message += (f" x was split for {len(devices)} devices, and the mesh given has {n}: the answer used "
+                            "a mesh of its own.")
             elif "not evenly divisible" in original or "evenly divide" in original:
                 message += " " + (w_mapped if f"[{d},{k}]" in original or f"({d}, {k})" in original
                                   or "not evenly divisible" in original else
                                   "Was the weight mapped, or the mesh given replaced by one of your own?")
             elif "should match the mesh passed to shard_map" in original:
-                message += (" An smap built once and called again keeps the mesh of its first call: build it "
-                            "inside the function, where the mesh given is the context, not once outside it.")
+                message += (" An smap built once and called again keeps the mesh of its first call, and this call "
+                            "gives another mesh.")
             elif "require replication" in original:
                 message += (" out_axes=None says every device holds the same result, and here each device holds a "
-                            "different block of rows: join the blocks along axis 0 instead (section 6).")
+                            "different block of rows.")
             elif any(s in original for s in ("mesh context", "Auto or Manual", "empty mesh", "set a mesh")):
-                message += (" A PartitionSpec names mesh axes, so the call that uses it runs inside the mesh's "
-                            "context (section 6).")
+                message += (" A PartitionSpec names mesh axes, and this call ran outside the context of any "
+                            "mesh.")
             raise Mismatch(message) from None
         print(out.getvalue(), end="")
         expect_dtype(got, jnp.float32, what=what)
         values = as_array(got, what=what, expected_shape=(B, k))
         if values.shape == (B // n, k):
-            raise Mismatch(f"{what} has shape {(B // n, k)}: one device's block. The blocks should be joined "
-                           "along axis 0 of the result (out_axes, section 6).")
+            raise Mismatch(f"{what} has shape {(B // n, k)}: one device's block, not the {n} blocks joined along "
+                           "axis 0.")
         expect_array(got, np.asarray(x) @ np.asarray(w), what=what, rtol=1e-4, atol=1e-5)
         if isinstance(got, jax.Array) and len(got.devices()) != n and len(got.devices()) > 1:
-            raise Mismatch(f"{what} is spread over {len(got.devices())} devices; the mesh given has {n}. Use the "
-                           "mesh passed in, not one of your own.")
+            raise Mismatch(f"{what} is spread over {len(got.devices())} devices; the mesh given has {n}: the answer "
+                           "used a mesh of its own.")
         if isinstance(got, jax.Array) and len(got.devices()) == 1:
             raise Mismatch(f"{what} has the right values but lives on one device: the exercise is jax.smap, the "
                            "batch split over the mesh's axis \"i\".")
@@ -350,14 +357,18 @@ def check_smap_predict(smap_predict):
                            f"(its sharding: {got.sharding}). smap's result is split over the axis it maps.")
         maps = _shard_maps_run(smap_predict, x, w, mesh)
         if maps is not None:
-            on_i = [specs for axes, specs in maps if "i" in axes]
+            on_i = [ops for axes, ops in maps if "i" in axes]
             if not on_i:
                 raise Mismatch(f"{what} has the right values, but no smap over the mesh's axis \"i\" ran"
-                               + (": that is pmap's program, on pmap's own mesh. The exercise is jax.smap on the "
-                                  "mesh given (section 6)." if maps else
-                                  ": the exercise is jax.smap itself, not a sharded computation JAX splits for "
-                                  "you (section 6)."))
-            if not any(len(specs) >= 2 and tuple(specs[1]) == () for specs in on_i):
-                raise Mismatch(f"{what} has the right values, but w was split over \"i\" and put back together: "
-                               "it goes whole to every device, with None as its entry of in_axes (section 6).")
+                               + (": that is pmap's program, on pmap's own mesh, not smap on the mesh given."
+                                  if maps else
+                                  ": a sharded computation JAX split by itself, not a map you wrote with "
+                                  "jax.smap."))
+            # JAX's own inner maps show too, with 3-D operands: a 2-D operand split over "i" that is not x is w
+            if any(_split(spec) and len(shape) == 2 and shape != (B, d) for ops in on_i for shape, spec in ops):
+                raise Mismatch(f"{what} has the right values, but w (or a stack of copies of it) was split over "
+                               "\"i\" and put back together: the weight is meant to reach every device whole.")
+            if not any(shape == (B, d) and spec[:1] == ("i",) for ops in on_i for shape, spec in ops):
+                raise Mismatch(f"{what} has the right values, but x did not reach smap split over \"i\" along "
+                               "its axis 0: each device should get its own block of rows.")
     return 'the batch was split over "i", w went whole to every device, and each device\'s block kept its rank.'

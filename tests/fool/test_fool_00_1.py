@@ -1,0 +1,47 @@
+"""Exercise 00.1 (put an array on device 3): answers that try to fool the checker."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from course_lib.exercises import exercises
+
+ID = "00.1"
+D3 = jax.devices()[3]
+
+WRONG = [
+    ("default device", lambda x: jnp.asarray(x), "the default device, device 0"),
+    ("device number", lambda x: jax.device_put(x, 3), "wants a Device object"),
+    ("off by one", lambda x: jax.device_put(x, jax.devices()[2]), "device 2 (which entry of jax.devices()"),
+    ("the device itself", lambda x: D3, "returned the device itself"),
+    ("left on the host", lambda x: np.asarray(x), "still in host memory"),
+    ("cast to float32", lambda x: jax.device_put(jnp.asarray(x, jnp.float32), D3), "dtype float32; expected int32"),
+    ("on every device", lambda x: jax.device_put(x, NamedSharding(Mesh(np.array(jax.devices()), "d"), P())),
+     "it should be on one device only"),
+    ("device picked from the shape", lambda x: jax.device_put(x, jax.devices()[x.shape[0] - 1]),
+     "which entry of jax.devices()"),
+]
+RIGHT = [
+    ("by id", lambda x: jax.device_put(jnp.asarray(x), next(d for d in jax.devices() if d.id == 3))),
+    ("a single-device sharding", lambda x: jax.device_put(x, jax.sharding.SingleDeviceSharding(D3))),
+]
+
+
+def verdict(answer):
+    return exercises()[ID].check(answer)
+
+
+@pytest.mark.parametrize("answer, fragment", [w[1:] for w in WRONG], ids=[w[0] for w in WRONG])
+def test_a_wrong_answer_fails_and_its_feedback_names_the_mistake(answer, fragment):
+    fb = verdict(answer)
+    assert not fb and fb.started, fb.message
+    assert fragment in fb.message, fb.message
+
+
+@pytest.mark.parametrize("answer", [r[1] for r in RIGHT], ids=[r[0] for r in RIGHT])
+def test_a_right_answer_written_another_way_passes(answer):
+    fb = verdict(answer)
+    assert fb, fb.message
+

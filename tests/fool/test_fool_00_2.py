@@ -1,0 +1,44 @@
+"""Exercise 00.2 (which devices hold an array?): answers that try to fool the checker."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from course_lib.exercises import exercises
+
+ID = "00.2"
+
+WRONG = [
+    ("the Devices themselves", lambda a: sorted(a.devices(), key=lambda d: d.id), "returned the Devices themselves"),
+    (".device of one device", lambda a: [a.device.id], "a.devices() is the set of devices for any array"),
+    ("counted, not asked", lambda a: list(range(len(a.devices()))), "Ask the array itself"),
+    ("every device JAX has", lambda a: sorted(d.id for d in jax.devices()), "Ask the array itself"),
+    ("not sorted", lambda a: sorted((d.id for d in a.devices()), reverse=True), "not sorted"),
+    ("ids as text", lambda a: sorted(str(d.id) for d in a.devices()), "holds str values"),
+    ("one int", lambda a: min(d.id for d in a.devices()), "returned one int"),
+    ("one Device", lambda a: next(iter(a.devices())), "returned one Device"),
+]
+RIGHT = [
+    ("from the shards", lambda a: sorted({s.device.id for s in a.addressable_shards})),
+    ("from the sharding", lambda a: sorted(d.id for d in a.sharding.device_set)),
+]
+
+
+def verdict(answer):
+    return exercises()[ID].check(answer)
+
+
+@pytest.mark.parametrize("answer, fragment", [w[1:] for w in WRONG], ids=[w[0] for w in WRONG])
+def test_a_wrong_answer_fails_and_its_feedback_names_the_mistake(answer, fragment):
+    fb = verdict(answer)
+    assert not fb and fb.started, fb.message
+    assert fragment in fb.message, fb.message
+
+
+@pytest.mark.parametrize("answer", [r[1] for r in RIGHT], ids=[r[0] for r in RIGHT])
+def test_a_right_answer_written_another_way_passes(answer):
+    fb = verdict(answer)
+    assert fb, fb.message
+

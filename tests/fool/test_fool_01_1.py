@@ -1,0 +1,58 @@
+"""Exercise 01.1 (split a batch across devices by hand): answers that try to fool the checker."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from course_lib.exercises import exercises
+
+ID = "01.1"
+
+
+def pieces(x, devices, rows):
+    return [jax.device_put(x[r], d) for r, d in zip(rows, devices)]
+
+
+WRONG = [
+    ("every device JAX has", lambda x, devs: pieces(x, jax.devices(), np.split(np.arange(len(x)), len(jax.devices()))),
+     "the number of pieces is the length of the devices argument"),
+    ("interleaved rows", lambda x, devs: [jax.device_put(x[i::len(devs)], d) for i, d in enumerate(devs)],
+     "every n-th row"),
+    ("not placed", lambda x, devs: list(np.split(x, len(devs))), "still in host memory"),
+    ("device by position in jax.devices()",
+     lambda x, devs: [jax.device_put(p, jax.devices()[i]) for i, p in enumerate(np.split(x, len(devs)))],
+     "the device at position"),
+    ("stacked", lambda x, devs: jnp.stack(np.split(x, len(devs))), "should return a list"),
+    ("cast to half precision", lambda x, devs: [jax.device_put(p.astype(np.float16), d)
+                                                for p, d in zip(np.split(x, len(devs)), devs)], "dtype float16"),
+    ("piece size from jax.devices()", lambda x, devs: [
+        jax.device_put(x[i * (len(x) // len(jax.devices())):(i + 1) * (len(x) // len(jax.devices()))], d)
+        for i, d in enumerate(devs)], "expected ("),
+    ("all on the first device", lambda x, devs: [jax.device_put(p, devs[0]) for p in np.split(x, len(devs))],
+     "the device at position 1"),
+]
+RIGHT = [
+    ("np.split", lambda x, devs: [jax.device_put(p, d) for p, d in zip(np.split(x, len(devs)), devs)]),
+    ("reshape, then index", lambda x, devs: [jax.device_put(b, d) for b, d in
+                                             zip(x.reshape(len(devs), -1, x.shape[1]), devs)]),
+]
+
+
+def verdict(answer):
+    return exercises()[ID].check(answer)
+
+
+@pytest.mark.parametrize("answer, fragment", [w[1:] for w in WRONG], ids=[w[0] for w in WRONG])
+def test_a_wrong_answer_fails_and_its_feedback_names_the_mistake(answer, fragment):
+    fb = verdict(answer)
+    assert not fb and fb.started, fb.message
+    assert fragment in fb.message, fb.message
+
+
+@pytest.mark.parametrize("answer", [r[1] for r in RIGHT], ids=[r[0] for r in RIGHT])
+def test_a_right_answer_written_another_way_passes(answer):
+    fb = verdict(answer)
+    assert fb, fb.message
+

@@ -1,0 +1,53 @@
+"""Exercise 01.3 (the same function on every device, with pmap): answers that try to fool the checker."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from course_lib.exercises import exercises
+
+ID = "01.3"
+
+
+def norm(v):
+    return jnp.sqrt(jnp.sum(v ** 2))
+
+
+def spread(values):
+    mesh = Mesh(np.array(jax.devices()[:values.shape[0]]), ("d",))
+    return jax.device_put(values, NamedSharding(mesh, P("d")))
+
+
+WRONG = [
+    ("vmap", lambda x: jax.vmap(norm)(x), "lives on one device"),
+    ("pmap, then gathered", lambda x: jax.device_put(jax.pmap(norm)(x), jax.devices()[0]), "lives on one device"),
+    ("no square root", lambda x: jax.pmap(lambda v: jnp.sum(v ** 2))(x), "values differ"),
+    ("placed another way", lambda x: spread(jnp.linalg.norm(x, axis=1)), "its program has no jax.pmap"),
+    ("copied to the host", lambda x: np.asarray(jax.pmap(norm)(x)), "should be a jax.Array"),
+    ("half precision", lambda x: jax.pmap(norm)(x.astype(jnp.float16)), "dtype float16"),
+    ("mapped over the columns", lambda x: jax.pmap(norm, in_axes=1)(x), "has shape"),
+]
+RIGHT = [
+    ("pmap of jnp.linalg.norm", lambda x: jax.pmap(jnp.linalg.norm)(x)),
+    ("pmap of a dot product", lambda x: jax.pmap(lambda v: jnp.sqrt(jnp.dot(v, v)))(x)),
+]
+
+
+def verdict(answer):
+    return exercises()[ID].check(answer)
+
+
+@pytest.mark.parametrize("answer, fragment", [w[1:] for w in WRONG], ids=[w[0] for w in WRONG])
+def test_a_wrong_answer_fails_and_its_feedback_names_the_mistake(answer, fragment):
+    fb = verdict(answer)
+    assert not fb and fb.started, fb.message
+    assert fragment in fb.message, fb.message
+
+
+@pytest.mark.parametrize("answer", [r[1] for r in RIGHT], ids=[r[0] for r in RIGHT])
+def test_a_right_answer_written_another_way_passes(answer):
+    fb = verdict(answer)
+    assert fb, fb.message
+

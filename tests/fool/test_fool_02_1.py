@@ -1,0 +1,43 @@
+"""Exercise 02.1 (reshape a batch for pmap): answers that try to fool the checker."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from course_lib.exercises import exercises
+
+ID = "02.1"
+
+WRONG = [
+    ("one trailing axis kept", lambda x, n: x.reshape(n, -1, x.shape[-1]), "did not all come through unchanged"),
+    ("trailing axes flattened", lambda x, n: x.reshape(n, x.shape[0] // n, -1), "expected (4, 3, 2, 2)"),
+    ("device axis second", lambda x, n: x.reshape((x.shape[0] // n, n) + x.shape[1:]), "The device axis"),
+    ("rows interleaved", lambda x, n: x.reshape((x.shape[0] // n, n) + x.shape[1:]).swapaxes(0, 1),
+     "the rows were interleaved"),
+    ("B / n", lambda x, n: x.reshape((n, x.shape[0] / n) + x.shape[1:]), "B / n is a float"),
+    ("half precision", lambda x, n: x.reshape((n, -1) + x.shape[1:]).astype(np.float16), "dtype float16"),
+    ("cast to float32", lambda x, n: x.reshape((n, -1) + x.shape[1:]).astype(np.float32), "expected int32"),
+    ("every device JAX has", lambda x, n: x.reshape((len(jax.devices()), -1) + x.shape[1:]), "has shape"),
+]
+RIGHT = [
+    ("np.split, then stack", lambda x, n: np.stack(np.split(x, n))),
+    ("jnp.reshape with -1", lambda x, n: jnp.reshape(x, (n, -1) + x.shape[1:])),
+]
+
+def verdict(answer):
+    return exercises()[ID].check(answer)
+
+
+@pytest.mark.parametrize("answer, fragment", [w[1:] for w in WRONG], ids=[w[0] for w in WRONG])
+def test_a_wrong_answer_fails_and_its_feedback_names_the_mistake(answer, fragment):
+    fb = verdict(answer)
+    assert not fb and fb.started, fb.message
+    assert fragment in fb.message, fb.message
+
+
+@pytest.mark.parametrize("answer", [r[1] for r in RIGHT], ids=[r[0] for r in RIGHT])
+def test_a_right_answer_written_another_way_passes(answer):
+    fb = verdict(answer)
+    assert fb, fb.message

@@ -1,0 +1,48 @@
+"""Exercise 02.2 (per-device sums of squares with pmap): answers that try to fool the checker."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from course_lib.exercises import exercises
+
+ID = "02.2"
+
+
+def spread(values):
+    mesh = Mesh(np.array(jax.devices()[:values.shape[0]]), ("d",))
+    return jax.device_put(values, NamedSharding(mesh, P("d")))
+
+
+WRONG = [
+    ("last axis only", jax.pmap(lambda b: jnp.sum(b ** 2, axis=-1)), "whole block"),
+    ("vmap", jax.vmap(lambda b: jnp.sum(b ** 2)), "lives on one device"),
+    ("one total", lambda xs: jnp.sum(xs ** 2), "single number"),
+    ("no square", jax.pmap(jnp.sum), "values differ"),
+    ("mean of squares", jax.pmap(lambda b: jnp.mean(b ** 2)), "values differ"),
+    ("copied to the host", lambda xs: np.asarray(jax.pmap(lambda b: jnp.sum(b ** 2))(xs)), "should be a jax.Array"),
+    ("placed another way", lambda xs: spread(jnp.sum(xs ** 2, axis=(1, 2))), "its program has no jax.pmap"),
+    ("half precision", jax.pmap(lambda b: jnp.sum(b.astype(jnp.float16) ** 2)), "dtype float16"),
+]
+RIGHT = [
+    ("b * b", lambda xs: jax.pmap(lambda b: (b * b).sum())(xs)),
+    ("vdot", lambda xs: jax.pmap(lambda b: jnp.vdot(b, b))(xs)),
+]
+
+def verdict(answer):
+    return exercises()[ID].check(answer)
+
+
+@pytest.mark.parametrize("answer, fragment", [w[1:] for w in WRONG], ids=[w[0] for w in WRONG])
+def test_a_wrong_answer_fails_and_its_feedback_names_the_mistake(answer, fragment):
+    fb = verdict(answer)
+    assert not fb and fb.started, fb.message
+    assert fragment in fb.message, fb.message
+
+
+@pytest.mark.parametrize("answer", [r[1] for r in RIGHT], ids=[r[0] for r in RIGHT])
+def test_a_right_answer_written_another_way_passes(answer):
+    fb = verdict(answer)
+    assert fb, fb.message

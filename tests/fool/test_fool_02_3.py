@@ -1,0 +1,44 @@
+"""Exercise 02.3 (read one device's block where it lives): answers that try to fool the checker."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from course_lib.exercises import exercises
+
+ID = "02.3"
+
+WRONG = [
+    ("global index", lambda y, i: y[i], "Indexing the global array"),
+    ("global index moved back", lambda y, i: jax.device_put(y[i], jax.devices()[i]), "moved data"),
+    ("through NumPy", lambda y, i: jax.device_put(np.asarray(y)[i], jax.devices()[i]), "moved data"),
+    ("on the host", lambda y, i: np.asarray(y)[i], "copied to the host"),
+    ("keeps the device axis", lambda y, i: y.addressable_shards[i].data, "pmap's device axis"),
+    ("every axis of size 1 squeezed", lambda y, i: y.addressable_shards[i].data.squeeze(),
+     "Every axis of size 1 was dropped"),
+    ("device 0's shard", lambda y, i: y.addressable_shards[0].data[0], "holds device 0's block, not device 3's"),
+    ("off by one", lambda y, i: y.addressable_shards[i - 1].data[0], "holds device 7's block, not device 0's"),
+]
+RIGHT = [
+    ("squeeze axis 0", lambda y, i: jnp.squeeze(y.addressable_shards[i].data, 0)),
+    ("looked up by device", lambda y, i: next(s.data for s in y.addressable_shards
+                                              if s.device == jax.devices()[i])[0]),
+]
+
+def verdict(answer):
+    return exercises()[ID].check(answer)
+
+
+@pytest.mark.parametrize("answer, fragment", [w[1:] for w in WRONG], ids=[w[0] for w in WRONG])
+def test_a_wrong_answer_fails_and_its_feedback_names_the_mistake(answer, fragment):
+    fb = verdict(answer)
+    assert not fb and fb.started, fb.message
+    assert fragment in fb.message, fb.message
+
+
+@pytest.mark.parametrize("answer", [r[1] for r in RIGHT], ids=[r[0] for r in RIGHT])
+def test_a_right_answer_written_another_way_passes(answer):
+    fb = verdict(answer)
+    assert fb, fb.message

@@ -1,0 +1,58 @@
+"""Exercise 03.1 (scale a batch by a shared scalar on 2 devices): answers that try to fool the checker."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from course_lib.exercises import exercises
+from course_lib import sharding
+
+ID = "03.1"
+TWO = jax.devices()[:2]
+
+
+def blocks(x):
+    return x.reshape(2, -1, *x.shape[1:])
+
+
+WRONG = [
+    ("scalar mapped", lambda x, s: jax.pmap(lambda a, f: a * f, devices=TWO)(blocks(x), s), "A scalar was mapped"),
+    ("no reshape", lambda x, s: jax.pmap(lambda a, f: a * f, in_axes=(0, None), devices=TWO)(x, s),
+     "more slices than devices"),
+    ("not reshaped back", lambda x, s: jax.pmap(lambda a, f: a * f, in_axes=(0, None), devices=TWO)(blocks(x), s),
+     "the per-device blocks as pmap stacks them"),
+    ("no pmap", lambda x, s: x * s, "lives on 1 device(s)"),
+    ("device numbers", lambda x, s: jax.pmap(lambda a, f: a * f, in_axes=(0, None), devices=[0, 1])(
+        blocks(x), s).reshape(x.shape), "takes Device objects"),
+    ("scalar by keyword", lambda x, s: jax.pmap(lambda a, f: a * f, in_axes=(0,), devices=TWO)(
+        blocks(x), f=s).reshape(x.shape), "an argument passed by keyword always"),
+    ("scalar stacked per device", lambda x, s: jax.pmap(lambda a, f: a * f, devices=TWO)(
+        blocks(x), jnp.full((2,), s)).reshape(x.shape), "the scalar was mapped too"),
+    ("the wrong two devices", lambda x, s: jax.pmap(lambda a, f: a * f, in_axes=(0, None), devices=jax.devices()[2:4])(
+        blocks(x), s).reshape(x.shape), "expected the 2 devices with ids [0, 1]"),
+    ("the scalar fixed", lambda x, s: jax.pmap(lambda a: a * 2.0, devices=TWO)(blocks(x)).reshape(x.shape),
+     "values differ"),
+]
+RIGHT = [
+    ("course_lib's shard and unshard", lambda x, s: sharding.unshard(jax.pmap(
+        lambda a, f: a * f, in_axes=(0, None), devices=TWO)(sharding.shard(x, 2), s))),
+    ("the scalar closed over", lambda x, s: jax.pmap(lambda a: a * s, devices=TWO)(blocks(x)).reshape(x.shape)),
+]
+
+def verdict(answer):
+    return exercises()[ID].check(answer)
+
+
+@pytest.mark.parametrize("answer, fragment", [w[1:] for w in WRONG], ids=[w[0] for w in WRONG])
+def test_a_wrong_answer_fails_and_its_feedback_names_the_mistake(answer, fragment):
+    fb = verdict(answer)
+    assert not fb and fb.started, fb.message
+    assert fragment in fb.message, fb.message
+
+
+@pytest.mark.parametrize("answer", [r[1] for r in RIGHT], ids=[r[0] for r in RIGHT])
+def test_a_right_answer_written_another_way_passes(answer):
+    fb = verdict(answer)
+    assert fb, fb.message

@@ -1,0 +1,44 @@
+"""Exercise 03.3 (put the device axis last with out_axes): answers that try to fool the checker."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from course_lib.exercises import exercises
+
+ID = "03.3"
+
+WRONG = [
+    ("out_axes=-1", lambda xs: jax.pmap(lambda r: 2.0 * r, out_axes=-1)(xs), "a negative out_axes"),
+    ("transposed afterwards", lambda xs: jax.pmap(lambda r: 2.0 * r)(xs).T, "the axes were swapped afterwards"),
+    ("swapaxes afterwards", lambda xs: jnp.swapaxes(jax.pmap(lambda r: 2.0 * r)(xs), 0, 1),
+     "the axes were swapped afterwards"),
+    ("device axis still first", lambda xs: jax.pmap(lambda r: 2.0 * r)(xs), "the device axis is still first"),
+    ("vmap", lambda xs: jax.vmap(lambda r: 2.0 * r, out_axes=1)(xs), "lives on 1 device(s)"),
+    ("not doubled", lambda xs: jax.pmap(lambda r: r, out_axes=1)(xs), "values differ"),
+    ("no pmap", lambda xs: 2.0 * xs.T, "lives on 1 device(s)"),
+    ("half precision", lambda xs: jax.pmap(lambda r: (2.0 * r).astype(jnp.float16), out_axes=1)(xs),
+     "dtype float16"),
+]
+RIGHT = [
+    ("r + r", lambda xs: jax.pmap(lambda r: r + r, out_axes=1)(xs)),
+    ("in_axes and out_axes spelled out", lambda xs: jax.pmap(lambda r: r * 2, in_axes=0, out_axes=1)(xs)),
+]
+
+def verdict(answer):
+    return exercises()[ID].check(answer)
+
+
+@pytest.mark.parametrize("answer, fragment", [w[1:] for w in WRONG], ids=[w[0] for w in WRONG])
+def test_a_wrong_answer_fails_and_its_feedback_names_the_mistake(answer, fragment):
+    fb = verdict(answer)
+    assert not fb and fb.started, fb.message
+    assert fragment in fb.message, fb.message
+
+
+@pytest.mark.parametrize("answer", [r[1] for r in RIGHT], ids=[r[0] for r in RIGHT])
+def test_a_right_answer_written_another_way_passes(answer):
+    fb = verdict(answer)
+    assert fb, fb.message
