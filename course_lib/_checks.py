@@ -84,22 +84,23 @@ def device_list(devices, name: str, where: str, *, allow_none: bool = True, desc
     if isinstance(devices, jax.Device):
         fail(where, name, "a list of jax.Device", devices, f"Wrap the one device in a list: {name}=[device].",
              TypeError)
+    given = devices   # the messages below show what was passed, not what it became
     try:
         devices = list(devices.flat) if hasattr(devices, "flat") and not isinstance(devices, list) else list(devices)
     except TypeError:
         devices = None
     if devices is None:
-        fail(where, name, "a list of jax.Device", devices, f"Pass e.g. {name}=jax.devices()[:4].", TypeError)
+        fail(where, name, "a list of jax.Device", given, f"Pass e.g. {name}=jax.devices()[:4].", TypeError)
     if not devices:
-        fail(where, name, "a non-empty list of jax.Device", devices,
+        fail(where, name, "a non-empty list of jax.Device", given,
              f"Pass at least one device, e.g. {name}=jax.devices().")
     wrong = [d for d in devices if not (isinstance(d, jax.Device) or (described and _device_like(d)))]
     if wrong:
-        fail(where, name, "a list of jax.Device", devices,
+        fail(where, name, "a list of jax.Device", given,
              f"It holds {type(wrong[0]).__name__} {shown(wrong[0])}; pass the devices themselves, e.g. "
              f"{name}=[jax.devices()[i] for i in ...], not their indices.", TypeError)
     if len({id(d) for d in devices}) != len(devices):
-        fail(where, name, "a list of distinct devices", devices, "Name each device once.")
+        fail(where, name, "a list of distinct devices", given, "Name each device once.")
     return devices
 
 

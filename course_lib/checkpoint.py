@@ -19,7 +19,8 @@ data iterator, a seed, your notes).
 
 What makes it safe (Orbax does the work; lesson 11 shows each): a save writes into a temporary
 directory and renames it into place only when every file is written, so a crash mid-save leaves
-no step that looks valid (the next save of a ``Checkpoints`` removes such a half-written step);
+no step that looks valid (in a single process, the next save of a ``Checkpoints`` removes such a
+half-written step; with several processes it stays, as with Orbax's default, until a save of that step);
 ``keep=N`` deletes all but the newest N steps; ``asynchronous=True`` writes in a background thread
 while training goes on; with several processes every process calls ``save``, each writes its own
 arrays and process 0 alone writes the metadata.
@@ -297,8 +298,8 @@ class Checkpoints:
     def save(self, step: int, state, extra: dict | None = None) -> None:
         """Save ``state`` (any pytree of arrays, e.g. a ``TrainState``) and ``extra`` (JSON) as ``step``.
 
-        The first save takes the directory for this ``Checkpoints`` until ``close`` and removes the half-written
-        steps a crash left there (``<step>.orbax-checkpoint-tmp``).
+        The first save takes the directory for this ``Checkpoints`` until ``close`` and, in a single process,
+        removes the half-written steps a crash left there (``<step>.orbax-checkpoint-tmp``).
 
         Raises:
           ValueError: ``step`` is not newer than the latest saved step (Orbax would skip it silently), ``extra``
@@ -346,8 +347,10 @@ class Checkpoints:
         Two ``Checkpoints`` saving into one directory race: under ``keep=`` each deletes only its own old steps
         (4 steps with ``keep=2``), and two saves of one step collide inside Orbax. The lock is ``flock`` on the
         directory, held by process 0 (with several processes every process saves into one directory) until
-        ``close``; the operating system releases it if the process dies. A step left as
-        ``<step>.orbax-checkpoint-tmp`` by a crash is then nobody's save in progress, and is deleted.
+        ``close``; the operating system releases it if the process dies. In a single process, a step left as
+        ``<step>.orbax-checkpoint-tmp`` by a crash is then nobody's save in progress, and is deleted. With several
+        processes it is left alone, as Orbax does by default (pass Orbax's ``cleanup_tmp_directories=True`` to
+        your own manager to remove it there).
         """
         if self._lock_fd is not None or jax.process_index() != 0:
             return
@@ -510,6 +513,9 @@ def save(directory, step: int, state, extra: dict | None = None) -> None:
 def restore(directory, like, *, step: int | None = None, devices=None, sharding=None):
     """``(state, extra)`` from ``<directory>/<step>/`` (default: newest), placed as asked (see ``Checkpoints.restore``)."""
     directory = _directory(directory, "restore")
+    if directory.exists() and not directory.is_dir():
+        raise NotADirectoryError(f"restore: directory={directory.name!r} is a file, not a checkpoint directory. Pass "
+                                 "the directory the run saved to (it holds one folder per step).")
     if not directory.is_dir():
         raise CheckpointError(f"restore: directory={str(directory.name)!r} does not exist: no checkpoint to restore. Pass the "
                               "directory the run saved to.")

@@ -98,7 +98,7 @@ def train_and_save(directory, steps=20, save_every=10, batch_size=64, seed=0, lo
                 ckpt.save(i, {"state": state, "last_batch_x": batch["x"]}, extra={"position": i, "seed": seed})
                 saved.append(i)
                 if pid == 0:
-                    log(f"step {i}: loss {losses[-1]:.6f}, checkpoint saved")
+                    log(f"step {i}: loss {losses[-1]:.4f}, checkpoint saved")
     params = jax.tree.map(lambda a: a.addressable_shards[0].data.tolist(), state.params)
     return {"process_index": pid, "process_count": jax.process_count(), "devices": n, "saved": saved,
             "losses": losses, "params": params}

@@ -12,9 +12,10 @@ Lesson 11. ``capture(directory, run_step, steps)`` runs ``run_step(i)`` for ``i`
   run of a compiled program) and ``hlo_op``. Everything below reads this layout.
 * ``"gpu"``: one process per device, ``/device:GPU:0``, its kernels on one line per CUDA stream
   (``Stream #14(Compute)``), each named by the kernel and tagged with its ``hlo_op``, with no ``device_ordinal``
-  and no ``run_id`` (measured on one NVIDIA H200, JAX 0.11.2 (2026-11)). Kernels that XLA ran inside a command
-  buffer (a CUDA graph: by default its fusions and matrix products) all carry ``hlo_op = command_buffer_N``, so
-  ``load`` names those by their kernel. Tested on a file written to that description, not on a GPU's own file:
+  and no ``run_id`` (measured on one NVIDIA H200, JAX 0.11.2 (2026-11)). ``load`` keeps every event of a stream
+  line, named by its ``hlo_op``; by its kernel where XLA ran it inside a command buffer (a CUDA graph: by default
+  its fusions and matrix products), whose kernels all carry ``hlo_op = command_buffer_N``; and by its own name
+  where it has no ``hlo_op`` (memory copies such as ``MemcpyD2H``). Tested on a file written to that description, not on a GPU's own file:
   the device processes' names in the Perfetto file are taken to be the planes' names.
 * ``"tpu"``: ``/device:TPU:N`` processes, each op on a line named ``XLA Ops`` (assumed, not checked against a
   TPU trace).
@@ -136,8 +137,9 @@ def _check_trace(trace, where: str) -> None:
 # What to use instead of the per-dispatch summaries on a GPU or TPU trace.
 ELSEWHERE = ("Read it as a timeline instead: open the trace directory in XProf (pip install xprof; xprof --logdir "
              "<directory>) or the perfetto_trace.json.gz in https://ui.perfetto.dev, and compare where the NCCL "
-             "kernels run with the idle time of the compute stream. trace.ops lists every kernel per device. "
-             "Kernels inside a command buffer (hlo_op command_buffer_N) are named by their kernel; to see XLA's "
+             "kernels run with the idle time of the compute stream. trace.ops lists, per device, every event of its "
+             "stream lines (kernels and memory copies): by its hlo_op, or by its kernel's name where it has none or "
+             "ran inside a command buffer (hlo_op command_buffer_N); to see XLA's "
              "fusion names, profile with XLA_FLAGS=--xla_gpu_enable_command_buffer= (empty: no command buffers).")
 
 
@@ -244,7 +246,9 @@ def load(path) -> Trace:
             elif plane:                                                        # a GPU's or a TPU's own process
                 line = threads.get((e.get("pid"), e.get("tid")), "")
                 hlo_op = str(args.get("hlo_op", ""))
-                if line == "XLA Ops" or (plane.group(1) == "GPU" and hlo_op):
+                # a GPU: every event on a stream line (kernels, and copies such as MemcpyD2H, which carry no
+                # hlo_op) or tagged with an hlo_op; a TPU: its XLA Ops line
+                if line == "XLA Ops" or (plane.group(1) == "GPU" and (hlo_op or line.startswith("Stream"))):
                     # inside a command buffer every kernel's hlo_op is command_buffer_N: name it by its kernel
                     op_name = name if not hlo_op or COMMAND_BUFFER.search(hlo_op) else hlo_op
                     device_ops.append((line, Op(int(plane.group(2)), "", op_name, float(e["ts"]),
@@ -270,7 +274,7 @@ def load(path) -> Trace:
         raise ValueError(
             f"load: path={path.name!r} holds no device op that this reader knows: no event carries "
             "device_ordinal and hlo_op (XLA's CPU runtime), and no /device:GPU:N or /device:TPU:N process holds "
-            f"kernels with an hlo_op or an 'XLA Ops' line. Its processes: {list(planes) or 'none named'}. Was "
+            f"kernels on a 'Stream' line, kernels with an hlo_op, or an 'XLA Ops' line. Its processes: {list(planes) or 'none named'}. Was "
             "anything run inside the trace (after a first call that compiles it)? Another runtime's trace: open "
             "it in XProf or https://ui.perfetto.dev.")
     ops.sort(key=lambda o: (o.device, o.start_us))

@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -116,6 +117,16 @@ def test_clear_errors(tmp_path, devices):
     (tmp_path / "a_file").write_text("")
     with pytest.raises((NotADirectoryError, PermissionError), match="directory="):
         checkpoint.save(tmp_path / "a_file" / "run", 1, {"w": jnp.zeros(3)})
+    # a file where the directory should be: said so, not "does not exist"
+    with pytest.raises(NotADirectoryError, match="restore: directory='a_file' is a file, not a checkpoint directory"):
+        checkpoint.restore(tmp_path / "a_file", {"w": jnp.zeros(8), "b": jnp.float32(0)})
+    # devices= that is not a list: the message shows the value passed (4), not what the check turned it into
+    with pytest.raises(TypeError, match=r"devices must be a list of jax.Device, got 4\. Pass e\.g\. devices="):
+        checkpoint.restore(directory, {"w": jnp.zeros(8), "b": jnp.float32(0)}, devices=4)
+    with pytest.raises(ValueError, match=r"devices must be a non-empty list of jax.Device, got \(\)\."):
+        checkpoint.restore(directory, {"w": jnp.zeros(8), "b": jnp.float32(0)}, devices=())
+    with pytest.raises(TypeError, match=r"devices must be a list of jax.Device, got \(0, 1\)\. It holds int 0"):
+        checkpoint.restore(directory, {"w": jnp.zeros(8), "b": jnp.float32(0)}, devices=(0, 1))
     split3 = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(devices[:3]), ("d",)),
                                         jax.sharding.PartitionSpec("d"))
     with pytest.raises(ValueError, match="evenly divide"):
@@ -130,6 +141,8 @@ def test_two_processes_save_together_and_one_process_restores(tmp_path, devices)
                                  timeout=180)
     assert [r.result["saved"] for r in results] == [[10, 20], [10, 20]]
     assert "checkpoint saved" in results[0].output and "checkpoint saved" not in results[1].output
+    # the logged loss has 4 decimals: more would print the processor's rounding (lesson 11 shows these lines)
+    assert re.findall(r"step (\d+): loss \d\.\d{4}, checkpoint saved", results[0].output) == ["10", "20"]
     step_dir = directory / "20" / "state"
     assert {p.name for p in step_dir.iterdir() if p.name.startswith("ocdbt.process_")} == \
         {"ocdbt.process_0", "ocdbt.process_1"}                  # both processes wrote arrays

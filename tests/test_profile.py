@@ -230,6 +230,30 @@ def test_a_gpu_trace_with_nccl_streams_names_the_collectives_on_each_device(tmp_
     assert {o.device for o in coll} == {0, 1}
 
 
+def test_load_keeps_a_gpu_streams_events_without_hlo_op_named_by_themselves(tmp_path):
+    """measured.md section 2: 54 events on the GPU's stream carry a correlation_id, 51 an hlo_op. The others
+    (memory copies) are device work too: trace.ops keeps every event of a stream line, as its errors say."""
+    trace = gpu_trace_events(steps=1)
+    trace["traceEvents"] += [{"ph": "X", "pid": 1, "tid": 14, "ts": 50.0, "dur": 4.0, "name": "MemcpyD2H",
+                              "args": {"correlation_id": "99", "context_id": "1"}},
+                             {"ph": "X", "pid": 1, "tid": 14, "ts": 60.0, "dur": 2.0, "name": "MemsetD32",
+                              "args": {"correlation_id": "98"}}]
+    got = profile.load(_write_trace(tmp_path / "t.json.gz", trace))
+    names = [o.name for o in got.ops]
+    assert names[:2] == ["MemcpyD2H", "MemsetD32"] and len(names) == 16 + 2
+    assert not any(o.collective for o in got.ops[:2]) and {o.device for o in got.ops} == {0}
+    with pytest.raises(ValueError) as error:
+        profile.summarise(got)
+    assert "every event of its stream lines (kernels and memory copies)" in str(error.value)
+
+
+def test_a_gpu_plane_whose_only_line_is_not_a_stream_and_holds_no_hlo_op_is_no_device_op(tmp_path):
+    events = [_meta(1, "/device:GPU:0"), _meta(1, "Launch Stats", tid=3),
+              {"ph": "X", "pid": 1, "tid": 3, "ts": 0.0, "dur": 5.0, "name": "occupancy", "args": {}}]
+    with pytest.raises(ValueError, match=r"holds no device op.*'Stream' line.*\['/device:GPU:0'\]"):
+        profile.load(_write_trace(tmp_path / "t.json.gz", {"traceEvents": events}))
+
+
 @pytest.mark.parametrize("reader", ["summarise", "collective_fraction", "plot_timeline"])
 def test_summaries_refuse_a_gpu_trace_and_say_what_to_use(tmp_path, reader):
     trace = profile.load(_write_trace(tmp_path / "t.json.gz", gpu_trace_events(nccl=True)))
@@ -326,17 +350,19 @@ def test_the_lessons_reader_names_gpu_kernels_inside_a_command_buffer_by_the_ker
                for i, k in enumerate(GPU_KERNELS * 3)]
     nccl = [_event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 500, {"hlo_op": "all-reduce-start.1",
                                                                     "hlo_module": "jit_step"})]
-    memcpy = [_event("MemcpyH2D", 0, {"correlation_id": 99})]       # no hlo_op: not an op of the program
+    memcpy = [_event("MemcpyH2D", 0, {"correlation_id": 99})]       # no hlo_op: named by itself
     planes = [_plane("/host:metadata", []),
               _plane("/host:CPU", [("python3", [_event("train", 0, {"step_num": 0})])]),
               _plane("/device:GPU:0", [("Stream #14(Compute)", kernels + memcpy), ("Stream #20(Nccl)", nccl)])]
     ops = device_ops(planes)
-    assert list(ops) == ["/device:GPU:0"]
-    names = [name for name, _, _ in ops["/device:GPU:0"]]
-    assert len(names) == 13                                           # 12 kernels and the NCCL all-reduce
-    assert set(names) == {f"{k} [command_buffer_1]" for k in GPU_KERNELS} | {"all-reduce-start.1"}
-    start, duration = ops["/device:GPU:0"][1][1:]
+    assert type(ops) is dict and list(ops) == [0]                    # keyed by device number, as on the CPU
+    names = [name for name, _, _ in ops[0]]
+    assert len(names) == 14                                           # 12 kernels, the copy, the all-reduce
+    assert set(names) == ({f"{k} [command_buffer_1]" for k in GPU_KERNELS} | {"all-reduce-start.1", "MemcpyH2D"})
+    start, duration = ops[0][1][1:]
     assert start == pytest.approx(1e-3) and duration == pytest.approx(9.5e-3)   # ms
+    with pytest.raises(KeyError):                                     # no other device: not an empty list
+        ops[1]
 
 
 def test_the_lessons_reader_keeps_the_cpu_ops_beside_an_idle_gpu_plane_and_reads_tpu_lines():
@@ -348,4 +374,27 @@ def test_the_lessons_reader_keeps_the_cpu_ops_beside_an_idle_gpu_plane_and_reads
     assert sorted(ops) == [0, 1] and [n for n, _, _ in ops[1]] == ["fusion", "psum_invariant"]
     tpu = [_plane("/device:TPU:0", [("XLA Modules", [_event("jit_step(1)", 0, {})]),
                                     ("XLA Ops", [_event("fusion.3", 0, {}), _event("all-reduce.1", 5, {})])])]
-    assert [n for n, _, _ in device_ops(tpu)["/device:TPU:0"]] == ["fusion.3", "all-reduce.1"]
+    assert [n for n, _, _ in device_ops(tpu)[0]] == ["fusion.3", "all-reduce.1"]
+
+
+def test_the_lessons_reader_keys_gpu_planes_by_device_number_and_reads_only_stream_lines():
+    device_ops = notebook_device_ops()
+    kernel = {"hlo_op": "fusion.2", "hlo_module": "jit_step"}
+    planes = [_plane(f"/device:GPU:{d}", [("Stream #14(Compute)", [_event("loop_fusion", 10 * d, kernel)]),
+                                          ("Launch Stats", [_event("occupancy", 0, {})])])
+              for d in (3, 11)]
+    ops = device_ops(planes)
+    assert sorted(ops) == [3, 11] and ops[11] == [("fusion.2", pytest.approx(1.1e-4), pytest.approx(9.5e-3))]   # 110 ns, in ms
+
+
+@pytest.mark.parametrize("planes, found", [
+    ([], "none"),                                                                 # no planes at all
+    ([_plane("/host:CPU", [("python3", [_event("train", 0, {"step_num": 0})])])], "['/host:CPU']"),  # host only
+    ([_plane("/host:CPU", [("tf_XLAExecute/1", [_event("fusion", 0, {"hlo_op": "fusion"})])]),   # no ordinal
+      _plane("/device:GPU:0", [("Stream #14(Compute)", [])])], "['/host:CPU', '/device:GPU:0']"),  # idle GPU
+])
+def test_the_lessons_reader_raises_naming_the_planes_when_it_reads_nothing(planes, found):
+    device_ops = notebook_device_ops()
+    with pytest.raises(ValueError) as error:
+        device_ops(planes)
+    assert str(error.value).startswith(f"device_ops: no device op in these planes: {found}.")
