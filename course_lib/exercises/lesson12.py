@@ -1,14 +1,15 @@
-"""Lesson 12 exercises: the data-parallel step on an Explicit mesh, the FSDP layer gather, predicting collectives.
+"""Lesson 12 exercises: FSDP specs for a 2-D mesh, the FSDP layer gather, predicting an FSDP step's collectives.
 
-Each checker builds its own small model and mesh (8 devices, then 4), runs the learner's code there, and reads
-what the compiler made of it: the shardings of the results, whether the old state was donated, and the
-collectives in the compiled program (``compiled_collectives``, the method of the lesson's
-``collectives_per_step``).
+Each checker builds its own small models and meshes (other shapes, device counts and values than the lesson's), runs
+the learner's code there, and reads what the compiler made of it: the shardings and bytes of the state per device,
+and the collectives in the compiled program (``compiled_collectives``, the method of the lesson's
+``collectives_per_step``; its counts are the CPU compiler's).
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import re
 
 import jax
@@ -22,43 +23,55 @@ from . import Mismatch, _NotStarted, call, describe, describe_tree, exercise
 AXIS = "data"
 
 HINTS = {
-    "12.1": ["The step is the single-device training step you would write anyway: loss and gradients, the "
-             "optimizer's update, the new parameters. Where do the shardings come from, if the step has no sharding "
-             "code?",
-             "Section 2 of the lesson, 'The step, jitted with donation': jax.value_and_grad, the optimizer's update "
-             "method, optax.apply_updates, then jax.jit with donate_argnums for the first two arguments.",
-             "In words: define step(params, opt_state, x, y) that computes the loss and gradients of loss_fn, asks "
-             "the optimizer for updates and its new state, applies the updates, and returns the three; return the "
-             "jitted step from make_dp_step, donating arguments 0 and 1."],
+    "12.1": ["FSDP here is a sharding of each array and nothing else. For every array: which of its axes can the "
+             "'fsdp' axis divide evenly? And which mesh axis should no parameter be split over in hybrid sharding?",
+             "Lesson section 5: CNN_SPECS, and the 2-D mesh cell that turns it into SPECS_2D. A PartitionSpec names, "
+             "per array axis, the mesh axis it is split over (None: not split); mesh.shape gives each axis's size.",
+             "What the checker reads: the bytes of state per device (every array that can be split over 'fsdp' is "
+             "split) and the mesh axes that each all-gather of the compiled step runs over (only 'fsdp', the fast "
+             "links). Walk the parameters with jax.tree.map and decide per array from its shape."],
     "12.2": ["Inside shard_map, each device holds a slice of every leaf. Which collective hands every device all the "
              "slices, in order, as one array?",
              "jax.lax.all_gather (lesson section 4's gather_layer uses it). Read its axis and tiled options: along "
              "which axis were these leaves split, and should the slices come back joined or stacked?",
-             "In words: for each leaf (jax.tree.map), all-gather it over the 'data' axis, tiled so the slices are "
-             "joined rather than stacked, along the leaf's last axis (its index is 1 for a matrix slice, 0 for the "
-             "vector); return the dict of whole leaves."],
-    "12.3": ["Count for one layer and one weight array, then multiply: a scan over n_layers runs its body n_layers "
-             "times. How many passes over the layers does one step make, and which collectives does each need?",
-             "Lesson section 4, 'FSDP': the forward gathers each array once; jax.checkpoint drops the gathered "
-             "weights, so the backward gathers them again; the transpose of each gather is one reduce-scatter; the "
-             "loss's pmean is an all-reduce.",
-             "In words: all-gathers twice the number of arrays times layers, reduce-scatters once that number, and "
-             "a single all-reduce."],
+             "The mechanism the checker reads: the leaves come back in the shape they had before sharding (compare, "
+             "per leaf rank, the shape your gather returns with the whole leaf's), and the compiled step holds the "
+             "gather's transpose, a reduce-scatter, so no stop on the gradient path."],
+    "12.3": ["Count one layer first, then multiply: a scan over n_layers runs its body n_layers times. Which passes "
+             "over a layer need its whole weights, and which of its arrays does each pass need?",
+             "Lesson section 4: the cell that counts the all-gathers of each array of one layer (with a bias inside "
+             "and a bias after the nonlinearity), and the jax.checkpoint bullet above the FSDP step.",
+             "The mechanism: without jax.checkpoint, the backward pass reads what the forward pass saved; with it, "
+             "the backward runs the layer's forward again, but only the operations that its gradients need. Each "
+             "all-gather has a transpose in the backward pass, and the loss is averaged over the devices."],
 }
 
 
 # ----------------------------------------------------------------------------------------------
 # Reading a compiled program
 
-_COLLECTIVE = re.compile(r"= (.+?) (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(")
+_COLLECTIVE = re.compile(r"= (.+?) (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
+                         r"(-start)?\(")
 _BYTES = {"f32": 4, "s32": 4, "u32": 4, "bf16": 2, "f16": 2, "f64": 8, "s64": 8, "pred": 1, "s8": 1, "u8": 1}
+
+
+def _results_of(type_text: str, is_start: bool) -> str:
+    """What a collective delivers: an async ``-start`` op is typed ``((operands...), results...)``, keep the results."""
+    depth = 0
+    for i, ch in enumerate(type_text if is_start else ""):
+        depth += (ch == "(") - (ch == ")")
+        if ch == ")" and depth == 1:
+            return type_text[i + 1:]
+    return type_text
 
 
 def compiled_collectives(text: str) -> dict[str, tuple[int, int]]:
     """``{kind: (ops run per call, bytes of their results per device)}`` from compiled HLO text.
 
     A collective inside a ``while`` loop's body (a compiled ``lax.scan``) counts once per iteration, read from the
-    loop's ``known_trip_count``. Example: ``compiled_collectives(jax.jit(f).lower(x).compile().as_text())``.
+    loop's ``known_trip_count``. Of an async ``-start`` op (a GPU program) only the result half of its type counts;
+    one op counts once however many arrays it carries. Example:
+    ``compiled_collectives(jax.jit(f).lower(x).compile().as_text())``.
     """
     trips = {body: int(n) for body, n in
              re.findall(r'body=%?([\w.\-]+).*?"known_trip_count":\{"n":"(\d+)"\}', text)}
@@ -70,12 +83,20 @@ def compiled_collectives(text: str) -> dict[str, tuple[int, int]]:
             runs = trips.get(name.group(1), 1) if name else 1
         hit = _COLLECTIVE.search(line)
         if hit:
-            shapes = re.findall(r"(\w+)\[([\d,]*)\]", hit.group(1))
+            shapes = re.findall(r"(\w+)\[([\d,]*)\]", _results_of(hit.group(1), bool(hit.group(3))))
             nbytes = sum(_BYTES.get(t, 4) * int(np.prod([int(d) for d in dims.split(",") if d]))
                          for t, dims in shapes)
             found[hit.group(2)][0] += runs
             found[hit.group(2)][1] += runs * nbytes
     return {kind: (v[0], v[1]) for kind, v in sorted(found.items())}
+
+
+def _gather_axes(text: str) -> set[str]:
+    """The mesh axes the all-gathers of compiled HLO text run over (from ``replica_groups=mesh[...] {axes}``)."""
+    axes = set()
+    for group in re.findall(r"all-gather(?:-start)?\(.*?replica_groups=\S+ \{([^}]*)\}", text):
+        axes |= {a.strip().strip("'") for a in group.split(",") if a.strip()}
+    return axes
 
 
 def _no_paths(error) -> str:
@@ -89,199 +110,188 @@ def _mesh(n: int):
 
 def _sizes() -> list[int]:
     n = len(jax.devices())
-    return [n, 4] if n >= 8 else [n]
-
-
-# ----------------------------------------------------------------------------------------------
-# 12.1 The data-parallel step, sharded jit on an Explicit mesh
-
-VOCAB, WIDTH, TOKENS = 7, 16, 4
-
-
-def _toy_params(seed: int = 0) -> dict:
-    rng = np.random.default_rng(seed)
-    return {"embed": rng.normal(size=(VOCAB, WIDTH)).astype(np.float32),
-            "w": (rng.normal(size=(WIDTH, WIDTH)) / 4).astype(np.float32),
-            "out": (rng.normal(size=(WIDTH, VOCAB)) / 4).astype(np.float32)}
-
-
-def _toy_loss(params, x, y):
-    """A one-layer model on token sequences: x, y int32 (B, 4) -> mean cross entropy."""
-    h = params["embed"].at[x].get(out_sharding=jax.typeof(x).sharding)
-    h = jnp.tanh(h @ params["w"])
-    return optax.softmax_cross_entropy_with_integer_labels(h @ params["out"], y).mean()
-
-
-def _toy_batch(seed: int, size: int = 64):
-    rng = np.random.default_rng(seed)
-    return (rng.integers(0, VOCAB, size=(size, TOKENS)).astype(np.int32),
-            rng.integers(0, VOCAB, size=(size, TOKENS)).astype(np.int32))
-
-
-def solution_make_dp_step(loss_fn, optimizer):
-    def step(params, opt_state, x, y):
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return jax.jit(step, donate_argnums=(0, 1))
-
-
-def _reference_step(optimizer, scale=1.0):
-    def step(params, opt_state, x, y):             # the solution's step, without donation (scale: a wrong gradient)
-        loss, grads = jax.value_and_grad(_toy_loss)(params, x, y)
-        grads = jax.tree.map(lambda g: g * scale, grads)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return step
+    return [n] + [k for k in (4, 2) if k < n]
 
 
 def _leaf_names(tree) -> list[tuple[str, object]]:
     return [(jax.tree_util.keystr(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
-def _expect_replicated(tree, mesh, what: str) -> None:
-    for name, leaf in _leaf_names(tree):
-        if not isinstance(leaf, jax.Array):
-            raise Mismatch(f"{what}{name} is {describe(leaf)}, not a jax.Array on the mesh: keep the state in JAX "
-                           "(no NumPy conversion inside or after the step).")
-        sharding = leaf.sharding
-        if set(leaf.devices()) != set(mesh.devices.flat):
-            raise Mismatch(f"{what}{name} lives on {len(leaf.devices())} device(s), but the mesh has "
-                           f"{mesh.devices.size}: the step must follow its inputs' mesh, not build or name its own.")
-        if not sharding.is_fully_replicated:
-            spec = getattr(sharding, "spec", sharding)
-            raise Mismatch(f"{what}{name} comes back split over the devices ({spec}); data parallelism keeps a whole "
-                           "copy of the state on every device, as it came in: let jit follow the inputs' shardings "
-                           "instead of resharding the state.")
+# ----------------------------------------------------------------------------------------------
+# 12.1 FSDP specs for a 2-D mesh (hybrid sharding)
+
+MESH_AXES = ("data", "fsdp")
 
 
-@exercise("12.1", "The data-parallel step: sharded jit on an Explicit mesh, with donation",
-          solution=solution_make_dp_step,
-          returns="a jitted function step(params, opt_state, x, y) -> (params, opt_state, loss)")
-def check_make_dp_step(make_dp_step):
-    optimizer = optax.adam(0.05)
-    for n in _sizes():
-        mesh = _mesh(n)
-        where = f"on {n} devices"
-        step = call(make_dp_step, _toy_loss, optimizer, name="make_dp_step")
-        if not callable(step):
-            raise Mismatch(f"make_dp_step(loss_fn, optimizer) returned {describe_tree(step)}; expected the step "
-                           "function itself (jitted), which the checker then calls.")
-        if not hasattr(step, "lower"):
-            raise Mismatch("make_dp_step returned a plain Python function, not a jitted one: without jit there is "
-                           "no compiled program to donate buffers to, and nothing to read its collectives from. "
-                           "Return the result of jax.jit itself, not a function that calls it.")
-        x, y = _toy_batch(100 + n)                          # a held-out batch: not one the learner has seen
+def solution_fsdp_specs(params, mesh):
+    size = mesh.shape["fsdp"]
+
+    def spec(array):
+        for axis, length in enumerate(array.shape):
+            if length % size == 0:
+                return P(*[None] * axis, "fsdp")
+        return P()
+
+    return jax.tree.map(spec, params)
+
+
+def _cnn_shapes(c_in, c_out, hidden):
+    return {"conv": {"w": (3, 3, c_in, c_out), "b": (c_out,)}, "dense": {"w": (c_out, hidden), "b": (hidden,)},
+            "out": {"w": (hidden, 10), "b": (10,)}}
+
+
+@functools.lru_cache(maxsize=None)
+def _hybrid_cases():
+    """(mesh shape, model shapes, optimizer): fsdp sizes 4, 2 and 8; leaves whose only divisible axis is not the
+    first, leaves that no size divides, and lengths that 4 divides but 8 does not."""
+    n = len(jax.devices())
+    cases = [((2, 4), _cnn_shapes(2, 12, 20), optax.adamw(0.01)),
+             ((4, 2), _cnn_shapes(1, 6, 9), optax.sgd(0.1, momentum=0.9)),
+             ((1, 8), _cnn_shapes(1, 12, 16), optax.adam(0.02))]
+    return [c for c in cases if c[0][0] * c[0][1] <= n] or [((1, n), _cnn_shapes(1, 2 * n, 4 * n), optax.adam(0.02))]
+
+
+def _cnn_params(shapes, seed):
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda s: (rng.normal(size=s) / np.sqrt(np.prod(s[:-1]) or 1)).astype(np.float32), shapes,
+                        is_leaf=lambda s: isinstance(s, tuple))
+
+
+def _cnn_loss(p, x, y, gather=lambda w: w):
+    h = jax.lax.conv_general_dilated(x, gather(p["conv"]["w"]), (1, 1), "SAME",
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    h = jax.nn.relu(h + gather(p["conv"]["b"])).mean(axis=(1, 2))
+    h = jax.nn.relu(h @ gather(p["dense"]["w"]) + gather(p["dense"]["b"]))
+    logits = h @ gather(p["out"]["w"]) + gather(p["out"]["b"])
+    return optax.softmax_cross_entropy(logits, jax.nn.one_hot(y, 10)).mean()
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_update(case: int, sharded: bool):
+    """One jitted step per case (the checker's optimizer; gathered weights when sharded), reused across answers."""
+    optimizer = _hybrid_cases()[case][2]
+    if sharded:
+        return jax.jit(_update(optimizer, lambda w: jax.reshard(w, P())), donate_argnums=(0, 1))
+    return jax.jit(_update(optimizer, lambda w: w))
+
+
+def _update(optimizer, gather):
+    def step(params, opt_state, x, y):
+        loss, grads = jax.value_and_grad(_cnn_loss)(params, x, y, gather)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+    return step
+
+
+def _spec_names(spec) -> list[str]:
+    names = []
+    for entry in spec:
+        if entry is None:
+            continue
+        names += list(entry) if isinstance(entry, (tuple, list)) else [entry]
+    return names
+
+
+def _check_specs(specs, shapes, mesh, where):
+    """Every spec valid, on 'fsdp' only, on an axis the fsdp size divides, and on one wherever one exists."""
+    size = mesh.shape["fsdp"]
+    if isinstance(specs, NamedSharding) or any(isinstance(s, NamedSharding) for s in jax.tree.leaves(
+            specs, is_leaf=lambda s: isinstance(s, NamedSharding))):
+        raise Mismatch("fsdp_specs returned NamedShardings; return the PartitionSpecs themselves (the checker places "
+                       "the arrays on its meshes with them).")
+    want_structure = jax.tree.structure(shapes, is_leaf=lambda s: isinstance(s, tuple))
+    got_structure = jax.tree.structure(specs, is_leaf=lambda s: isinstance(s, P))
+    if got_structure != want_structure:
+        raise Mismatch(f"fsdp_specs should return a dict shaped like params (one PartitionSpec per array, the same "
+                       f"keys); got {describe_tree(specs)}.")
+    flat_specs = jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P))
+    flat = zip(_leaf_names(jax.tree.map(lambda s: 0, shapes, is_leaf=lambda s: isinstance(s, tuple))), flat_specs,
+               jax.tree.leaves(shapes, is_leaf=lambda s: isinstance(s, tuple)))
+    for (name, _), spec, shape in flat:
+        leaf = f"params{name}, shape {shape},"
+        if not isinstance(spec, P):
+            raise Mismatch(f"{where}: the spec for {leaf} is {spec!r:.80}, not a PartitionSpec (P from "
+                           "jax.sharding).")
+        names = _spec_names(spec)
+        unknown = [a for a in names if a not in MESH_AXES]
+        if unknown:
+            raise Mismatch(f"{where}: the spec for {leaf} {spec}, names {unknown[0]!r}, which is not an axis of "
+                           f"the mesh (its axes are {MESH_AXES}).")
+        if "data" in names:
+            raise Mismatch(f"{where}: {leaf} is split over 'data' ({spec}). In hybrid sharding each 'data' group "
+                           "holds a whole copy of the parameters, split only within the group over 'fsdp': an "
+                           "array split over 'data' is gathered across the groups, on the slow links.")
+        if len(spec) > len(shape):
+            raise Mismatch(f"{where}: the spec for {leaf} {spec}, has {len(spec)} entries; the array has only "
+                           f"{len(shape)} axes.")
+        if names.count("fsdp") > 1:
+            raise Mismatch(f"{where}: the spec for {leaf} {spec}, uses 'fsdp' twice; a mesh axis can split one "
+                           "array axis only.")
+        axis = next((i for i, entry in enumerate(spec) if entry is not None), None)
+        if axis is not None and shape[axis] % size:
+            raise Mismatch(f"{where}: {leaf} is split over 'fsdp' along axis {axis}, of length {shape[axis]}; on "
+                           f"this mesh 'fsdp' has {size} devices, which do not divide it. Choose, per array, an "
+                           "axis the mesh's 'fsdp' size divides (read the size from the mesh you are given).")
+        divisible = [i for i, length in enumerate(shape) if length % size == 0]
+        if axis is None and divisible:
+            raise Mismatch(f"{where}: {leaf} stays whole on every device, although its axis {divisible[0]} "
+                           f"(length {shape[divisible[0]]}) splits over the {size} devices of 'fsdp'. FSDP splits "
+                           "every array it can: a whole copy per device is data parallelism's memory.")
+
+
+@exercise("12.1", "FSDP specs for a 2-D mesh: hybrid sharding, checked by running a step",
+          solution=solution_fsdp_specs,
+          returns="a dict like params of PartitionSpecs, split over 'fsdp' only")
+def check_fsdp_specs(fsdp_specs):
+    if not callable(fsdp_specs):
+        raise Mismatch(f"expected a function fsdp_specs(params, mesh); got {describe_tree(fsdp_specs)}.")
+    passed = []
+    for case, (mesh_shape, shapes, optimizer) in enumerate(_hybrid_cases()):
+        mesh = jax.make_mesh(mesh_shape, MESH_AXES, devices=jax.devices()[:mesh_shape[0] * mesh_shape[1]])
+        where = f"on a {mesh_shape[0]} x {mesh_shape[1]} mesh"
+        host = _cnn_params(shapes, 40 + case)
+        given = jax.tree.map(jnp.asarray, host)
+        specs = call(fsdp_specs, given, mesh, name="fsdp_specs")
+        _check_specs(specs, shapes, mesh, where)
+        rng = np.random.default_rng(50 + case)
+        batch = 4 * mesh_shape[0] * mesh_shape[1]
+        x = rng.normal(size=(batch, 4, 4, shapes["conv"]["w"][2])).astype(np.float32)
+        y = rng.integers(0, 10, batch).astype(np.int32)
+        want = _jitted_update(case, False)(host, optimizer.init(host), x, y)
         with jax.set_mesh(mesh):
-            reference = jax.jit(_reference_step(optimizer))
-            ref_params = jax.device_put(_toy_params(), P())
-            ref_opt = optimizer.init(ref_params)
-            xs, ys = jax.device_put(x, P(AXIS)), jax.device_put(y, P(AXIS))
-            ref_params, ref_opt = reference(ref_params, ref_opt, xs, ys)[:2]     # one step in, so Adam has state
-            want_params, want_opt, want_loss = reference(ref_params, ref_opt, xs, ys)
-            params = jax.device_put(_toy_params(), P())
+            try:
+                params = jax.tree.map(lambda a, s: jax.device_put(a, NamedSharding(mesh, s)), host, specs,
+                                      is_leaf=lambda s: isinstance(s, P))
+            except Exception as e:
+                raise Mismatch(f"{where}: placing the arrays with your specs failed: {type(e).__name__}: "
+                               f"{_no_paths(e).splitlines()[0][:200]}") from None
             opt_state = optimizer.init(params)
-            params, opt_state = reference(params, opt_state, xs, ys)[:2]
-            try:
-                text = step.lower(params, opt_state, xs, ys).compile().as_text()
-            except Exception:
-                text = None                                  # the call below reports the error with its inputs
-            try:
-                got = call(step, params, opt_state, xs, ys, name="step", hints={
-                    "unbound axis name": "Sharded jit has no named axes inside the step: there the compiler "
-                                         "inserts the collectives itself. pmean and psum belong in shard_map.",
-                    "Array has been deleted": "The step read an array that an earlier donation deleted.",
-                    "incompatible devices": "The step names a mesh or devices of its own: let it follow its inputs, "
-                                            "whatever mesh they are on.",
-                    "should match the mesh": "The step sets a mesh of its own, which is not the mesh its inputs are "
-                                             "on: let it follow its inputs (the caller sets the mesh).",
-                    "does not match the sharding on the respective arg": "The step pins its inputs' shardings "
-                        "(jit's in_shardings) to something other than what they came in with: the state replicated, "
-                        "the batch split over 'data'. Let jit follow its inputs' shardings.",
-                })
-            except _NotStarted:
-                raise
-            except Mismatch as e:
-                raise Mismatch(f"{where}: {_no_paths(e)}") from None
-        if not isinstance(got, (tuple, list)) or len(got) != 3:
-            raise Mismatch(f"step(params, opt_state, x, y) returned {describe_tree(got)}; expected a tuple of three: "
-                           "the new parameters, the new optimizer state, the loss.")
-        new_params, new_opt, loss = got
-        if jax.tree.structure(new_params) != jax.tree.structure(want_params):
-            raise Mismatch(f"the first result should be the new parameters, structured like the input "
-                           f"{describe_tree(want_params)}; got {describe_tree(new_params)}.")
-        if jax.tree.structure(new_opt) != jax.tree.structure(want_opt):
-            raise Mismatch(f"the second result should be the optimizer's new state, structured like "
-                           f"optimizer.init(params); got {describe_tree(new_opt)}.")
-        loss_dtype = getattr(loss, "dtype", None)
-        if loss_dtype is not None and np.dtype(loss_dtype) != np.float32:
-            raise Mismatch(f"the loss comes back as {np.dtype(loss_dtype).name}; the model computes it in float32: "
-                           "return it as the gradient function gives it, without a cast.")
-        try:
-            got_loss = float(np.asarray(loss))
-        except Exception:
-            raise Mismatch(f"the third result should be the loss, one number; got {describe_tree(loss)}.") from None
-        if not np.isclose(got_loss, float(want_loss), rtol=1e-5, atol=1e-6):
-            raise Mismatch(f"{where}, on a held-out batch: loss {got_loss:.6f}, expected {float(want_loss):.6f}. "
-                           "Return the loss of the parameters the step was given (before the update).")
-        for name, leaf in _leaf_names(new_params):
-            if np.dtype(leaf.dtype) != np.float32:
-                raise Mismatch(f"the new parameters{name} are {np.dtype(leaf.dtype).name}; they came in as float32 "
-                               "and should stay float32.")
-        before = {name: np.asarray(leaf) for name, leaf in _leaf_names(ref_params)}
-        for (name, leaf), (_, want) in zip(_leaf_names(new_params), _leaf_names(want_params)):
-            value = np.asarray(leaf)
-            if np.allclose(value, before[name], rtol=0, atol=0):
-                raise Mismatch(f"{where}: the parameters{name} did not change. Apply the optimizer's updates to the "
-                               "parameters (optax.apply_updates) and return the result.")
-            if np.allclose(2 * before[name] - value, np.asarray(want), rtol=1e-4, atol=1e-6):
-                raise Mismatch(f"{where}: the parameters{name} moved the wrong way. optax's updates already carry "
-                               "the minus sign: add them to the parameters, do not subtract them.")
-            if not np.allclose(value, np.asarray(want), rtol=1e-4, atol=1e-6):
-                for how, scale in ((f"{n} times too large", n), (f"{n} times too small", 1 / n)):
-                    with jax.set_mesh(mesh):                 # what a gradient scaled by n would have given
-                        wrong = jax.jit(_reference_step(optimizer, scale))(ref_params, ref_opt, xs, ys)[0]
-                    if all(np.allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6) for a, b in
-                           zip(jax.tree.leaves(new_params), jax.tree.leaves(wrong))):
-                        raise Mismatch(
-                            f"{where}: the new parameters are one Adam step with a gradient {how}: each device's "
-                            f"gradient was summed or averaged once too often, or not enough. In shard_map, a P() "
-                            f"parameter's gradient already arrives summed over the devices, so a pmean or psum on "
-                            f"top of it leaves it {n} times too large (lesson section 3, 'The same step with "
-                            f"jax.shard_map'). Sharded jit needs no collective at all. Adam hides most of this in "
-                            f"the loss curve; the parameters show it.")
-                raise Mismatch(f"{where}: the new parameters{name} differ from one Adam step on this batch (largest "
-                               f"difference {np.abs(value - np.asarray(want)).max():.2e}). Use the gradients of "
-                               "loss_fn at the given parameters, and the optimizer you were given.")
-        for (name, leaf), (_, want) in zip(_leaf_names(new_opt), _leaf_names(want_opt)):
-            if not np.allclose(np.asarray(leaf), np.asarray(want), rtol=1e-4, atol=1e-6):
-                raise Mismatch(f"{where}: the optimizer state{name} is not the one the optimizer's update returned. "
-                               "Return the new state from the update, not the one passed in.")
-        _expect_replicated(new_params, mesh, "the new parameters")
-        _expect_replicated(new_opt, mesh, "the new optimizer state")
-        kept = [name for name, leaf in _leaf_names(params) + _leaf_names(opt_state) if not leaf.is_deleted()]
-        if kept:
-            raise Mismatch(f"{where}: after the step, the old state ({', '.join(kept[:3])}) still exists: the step "
-                           "does not donate it, so it holds two copies of the state while it runs. Tell jax.jit "
-                           "which arguments it may reuse.")
-        if text is None:
-            raise Mismatch("the checker could not compile your step with .lower(...).compile().")
-        found = compiled_collectives(text)
-        if "all-gather" in found:
-            raise Mismatch(f"{where}: the compiled step holds {found['all-gather'][0]} all-gather(s): something "
-                           "was gathered to every device, most likely the batch (every device then computes the "
-                           "whole batch, and there is nothing left to sum). Keep the batch as it came in, split "
-                           "over 'data'.")
-        if "all-reduce" not in found:
-            raise Mismatch(f"{where}: the compiled step has no all-reduce, so the devices' gradients are never "
-                           "summed. Compute the gradient of the loss over the whole (sharded) batch inside the "
-                           "jitted step.")
-    reduced = ", ".join(f"{k}: {v[0]}" for k, v in found.items())
-    return (f"loss, parameters and Adam state match on {' and '.join(map(str, _sizes()))} devices; the state stays "
-            f"replicated and is donated; the compiled step's collectives ({reduced}) sum the gradients and the "
-            "loss, and nothing else.")
+            both = P(MESH_AXES)
+            xs, ys = jax.device_put(x, both), jax.device_put(y, both)
+            step = _jitted_update(case, True)
+            compiled = step.lower(params, opt_state, xs, ys).compile()
+            new_params, _, loss = step(params, opt_state, xs, ys)
+        if not np.isclose(float(loss), float(want[2]), rtol=1e-5, atol=1e-6):
+            raise Mismatch(f"{where}: the loss is {float(loss):.6f}, expected {float(want[2]):.6f}.")
+        for (name, got), w, spec in zip(_leaf_names(new_params), jax.tree.leaves(want[0]),
+                                        jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P))):
+            if not np.allclose(np.asarray(got), np.asarray(w), rtol=1e-4, atol=1e-5):
+                raise Mismatch(f"{where}: after one step params{name} differs from the single-device step.")
+            if got.sharding.spec != NamedSharding(mesh, spec).spec and \
+                    _spec_names(got.sharding.spec) != _spec_names(spec):
+                raise Mismatch(f"{where}: params{name} came back split as {got.sharding.spec}, not {spec}.")
+        text = compiled.as_text()
+        axes = _gather_axes(text)
+        if axes - {"fsdp"}:
+            raise Mismatch(f"{where}: the compiled step gathers over {sorted(axes)}; the parameters should be "
+                           "gathered over 'fsdp' only.")
+        state = sum(int(np.prod(s)) * 4 // (mesh.shape["fsdp"] if _spec_names(spec) else 1) for s, spec in zip(
+            jax.tree.leaves(shapes, is_leaf=lambda s: isinstance(s, tuple)),
+            jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P))))
+        passed.append(f"{mesh_shape[0]} x {mesh_shape[1]}: {state:,} B of parameters per device, gathers over "
+                      f"{sorted(axes) or 'nothing'}")
+    return ("every array that can be split over 'fsdp' is, none over 'data', and one step matches a single device "
+            "on each mesh (" + "; ".join(passed) + ").")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -437,53 +447,63 @@ def check_gather_layer(gather_layer):
             "and the loss and gradients match the unsharded model.")
 
 
+
 # ----------------------------------------------------------------------------------------------
-# 12.3 Predict the collectives of an FSDP step
+# 12.3 Predict the collectives of an FSDP step: biases inside and after the nonlinearity, with and without remat
 
 
-def solution_predict(n_layers, arrays_per_layer):
-    per_pass = n_layers * arrays_per_layer
-    return {"all-gather": 2 * per_pass, "reduce-scatter": per_pass, "all-reduce": 1}
+def solution_predict(n_layers, matrices, inner_biases, outer_biases, remat):
+    needed_again = matrices + inner_biases                 # what the recomputation reads
+    arrays = needed_again + outer_biases
+    gathers = n_layers * (arrays + (needed_again if remat else 0))
+    return {"all-gather": gathers, "reduce-scatter": n_layers * arrays, "all-reduce": 1}
 
 
-def _square_stack(n_layers, k, mesh, seed=0):
-    rng = np.random.default_rng(seed)
-    host = {f"w{i}": (rng.normal(size=(n_layers, D, D)) / 5).astype(np.float32) for i in range(k)}
+WIDTH = 16
+
+
+def _bias_stack_text(n_layers, k, inner, outer, remat, n_devices):
+    mesh = _mesh(n_devices)
+    rng = np.random.default_rng(n_layers * 100 + k * 10 + inner)
+    host = {f"w{i}": (rng.normal(size=(n_layers, WIDTH, WIDTH)) / 5).astype(np.float32) for i in range(k)}
+    host |= {f"b{i}": (rng.normal(size=(n_layers, WIDTH)) / 5).astype(np.float32) for i in range(inner)}
+    host |= {f"c{j}": (rng.normal(size=(n_layers, WIDTH)) / 5).astype(np.float32) for j in range(outer)}
     specs = {name: P(None, AXIS) for name in host}
 
-    def gather(layer):
-        return jax.tree.map(lambda w: jax.lax.all_gather(w, AXIS, axis=0, tiled=True), layer)
+    def one_layer(h, layer):
+        layer = jax.tree.map(lambda w: jax.lax.all_gather(w, AXIS, axis=0, tiled=True), layer)
+        for i in range(k):
+            z = h @ layer[f"w{i}"]
+            h = h + jnp.tanh(z + layer[f"b{i}"] if i < inner else z)
+        for j in range(outer):
+            h = h / 2 + layer[f"c{j}"]
+        return h, None
 
     def loss(params, x):
-        def one_layer(h, layer):
-            layer = gather(layer)
-            for i in range(k):
-                h = h + jnp.tanh(h @ layer[f"w{i}"])
-            return h, None
-
-        h, _ = jax.lax.scan(jax.checkpoint(one_layer), x, params)
+        h, _ = jax.lax.scan(jax.checkpoint(one_layer) if remat else one_layer, x, params)
         return jnp.mean(h ** 2)
 
     def per_device(params, x):
         value, grads = jax.value_and_grad(loss)(params, x)
         n = jax.lax.axis_size(AXIS)
-        new = jax.tree.map(lambda p, g: p - 0.1 * g / n, params, grads)
-        return new, jax.lax.pmean(value, AXIS)
+        return jax.tree.map(lambda p, g: p - 0.1 * g / n, params, grads), jax.lax.pmean(value, AXIS)
 
     step = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(specs, P(AXIS)), out_specs=(specs, P())))
-    params = {k_: jax.device_put(v, NamedSharding(mesh, specs[k_])) for k_, v in host.items()}
-    x = jax.device_put(np.ones((8 * mesh.devices.size, D), np.float32), NamedSharding(mesh, P(AXIS)))
+    params = {name: jax.device_put(v, NamedSharding(mesh, specs[name])) for name, v in host.items()}
+    x = jax.device_put(np.ones((4 * n_devices, WIDTH), np.float32), NamedSharding(mesh, P(AXIS)))
     return step.lower(params, x).compile().as_text()
 
 
-def measured_collectives(n_layers, arrays_per_layer, n_devices=None) -> dict[str, int]:
-    """How many of each collective one FSDP step (lesson 12, section 4 style) runs, read from its compiled HLO."""
-    mesh = _mesh(n_devices or len(jax.devices()))
-    found = compiled_collectives(_square_stack(n_layers, arrays_per_layer, mesh))
-    return {kind: count for kind, (count, _) in found.items()}
+@functools.lru_cache(maxsize=None)
+def measured_collectives(n_layers, matrices, inner_biases, outer_biases, remat, n_devices=None) -> dict[str, int]:
+    """How many of each collective one FSDP step (lesson 12, section 4 style, in shard_map) runs on this CPU
+    backend, read from its compiled HLO."""
+    text = _bias_stack_text(n_layers, matrices, inner_biases, outer_biases, remat, n_devices or len(jax.devices()))
+    return {kind: count for kind, (count, _) in compiled_collectives(text).items()}
 
 
-_CASES = [(3, 1), (2, 3), (1, 2)]    # 3 layers first: a count per layer and a missing backward gather differ
+# 3 layers first (a count per layer differs), then biases after the nonlinearity, then no remat, then both.
+_CASES = [(3, 1, 1, 0, True), (2, 2, 1, 1, True), (2, 1, 0, 2, True), (3, 2, 1, 1, False), (1, 3, 2, 1, True)]
 
 
 def _whole(value):
@@ -498,14 +518,53 @@ def _whole(value):
     return None
 
 
+def _diagnose(numbers, measured, n_layers, k, inner, outer, remat):
+    """The mistake that explains a wrong prediction, in words (the first that fits)."""
+    ag, rs, ar = numbers["all-gather"], numbers["reduce-scatter"], numbers["all-reduce"]
+    arrays, again = k + inner + outer, k + inner
+    right_ag = measured["all-gather"]
+    if n_layers > 1 and (ag * n_layers, rs * n_layers) == (right_ag, measured["reduce-scatter"]):
+        return (f"Those are one layer's collectives: the step runs the scan's body {n_layers} times in the forward "
+                "pass and again in the backward, each time with its own collectives. Count per step, over all the "
+                "layers.")
+    notes = []
+    if ag != right_ag:
+        if remat and ag == n_layers * arrays:
+            notes.append("All-gathers: only the forward pass's. jax.checkpoint does not keep what the forward "
+                         "computed inside the layer, the gathered weights included. What must the backward pass do "
+                         "before it can use a layer's weights?")
+        elif not remat and ag == n_layers * (arrays + again):
+            notes.append("All-gathers: this step has no jax.checkpoint, so the backward pass uses what the forward "
+                         "pass saved, the gathered weights included: nothing is gathered again.")
+        elif remat and ag == 2 * n_layers * arrays:
+            notes.append("All-gathers: the biases added after the nonlinearity are not gathered again: no gradient "
+                         "needs their values, so the recomputation skips their gathers.")
+        elif remat and ag == n_layers * (arrays + k):
+            notes.append("All-gathers: a bias inside the tanh is gathered again too: the recomputation needs it to "
+                         "rebuild what the tanh's gradient reads.")
+        else:
+            notes.append("All-gathers: count per layer the arrays each pass needs whole, then the passes.")
+    if rs != measured["reduce-scatter"]:
+        notes.append("Reduce-scatters: each sharded array's gradient comes back to its slices once per layer, in the "
+                     "backward pass (the transpose of its gather), however often it was gathered.")
+    if ar != measured["all-reduce"]:
+        notes.append("All-reduces: the sharded arrays' gradients are reduce-scattered, not all-reduced; what else in "
+                     "the step is averaged over the devices, and how often?")
+    return " ".join(notes)
+
+
 @exercise("12.3", "Predict an FSDP step's collectives, then read them from the compiled program",
           solution=solution_predict,
           returns="a dict {'all-gather': int, 'reduce-scatter': int, 'all-reduce': int}")
 def check_predict(predict):
     kinds = ("all-gather", "reduce-scatter", "all-reduce")
-    for n_layers, k in _CASES:
-        got = call(predict, n_layers, k, name="predict")
-        shown = f"predict(n_layers={n_layers}, arrays_per_layer={k})"
+    if not callable(predict):
+        raise Mismatch(f"expected a function predict(n_layers, matrices, inner_biases, outer_biases, remat); got "
+                       f"{describe_tree(predict)}.")
+    for n_layers, k, inner, outer, remat in _CASES:
+        got = call(predict, n_layers, k, inner, outer, remat, name="predict")
+        shown = (f"predict(n_layers={n_layers}, matrices={k}, inner_biases={inner}, outer_biases={outer}, "
+                 f"remat={remat})")
         if not isinstance(got, dict) or set(got) != set(kinds):
             raise Mismatch(f"{shown} should return a dict with exactly the keys {list(kinds)}; got "
                            f"{got!r:.200}.")
@@ -513,32 +572,15 @@ def check_predict(predict):
         for kind in kinds:
             number = _whole(got[kind])
             if number is None:
-                raise Mismatch(f"{shown}[{kind!r}] is {describe(got[kind]) if hasattr(got[kind], 'shape') else repr(got[kind])}; "
-                               "expected a whole number of operations (an int).")
+                shown_value = describe(got[kind]) if hasattr(got[kind], "shape") else repr(got[kind])
+                raise Mismatch(f"{shown}[{kind!r}] is {shown_value}; expected a whole number of operations (an int).")
             numbers[kind] = number
-        measured = measured_collectives(n_layers, k)
+        measured = measured_collectives(n_layers, k, inner, outer, remat)
         measured = {kind: measured.get(kind, 0) for kind in kinds}
-        if numbers == measured:
-            continue
-        lines = [f"{shown}: you predicted {numbers}; the compiled step runs {measured}."]
-        ag, rs, ar = numbers["all-gather"], numbers["reduce-scatter"], numbers["all-reduce"]
-        if n_layers > 1 and (ag * n_layers, rs * n_layers) == (measured["all-gather"], measured["reduce-scatter"]):
-            lines.append(f"Those are one layer's collectives: the step runs the scan's body {n_layers} times in the "
-                         "forward pass and again in the backward, each time with its own collectives. Count per "
-                         "step, over all the layers.")
-            raise Mismatch(" ".join(lines))
-        if ag * 2 == measured["all-gather"]:
-            lines.append("Half the all-gathers: the forward pass gathers each layer's arrays, and jax.checkpoint "
-                         "does not keep what the forward computed inside the layer. What must the backward pass "
-                         "do before it can use a layer's weights?")
-        elif ag != measured["all-gather"]:
-            lines.append("All-gathers: one per weight array per layer per pass over the layers; count the passes.")
-        if rs != measured["reduce-scatter"]:
-            lines.append("Reduce-scatters: each gathered array's gradient comes back to its slices once, in the "
-                         "backward pass (the transpose of an all-gather).")
-        if ar != measured["all-reduce"]:
-            lines.append("All-reduces: the sharded weights' gradients are reduce-scattered, not all-reduced; what "
-                         "else in the step is averaged over the devices?")
-        raise Mismatch(" ".join(lines))
-    return ("right for every size: forward and checkpointed backward each gather every array of every layer, each "
-            "gradient is reduce-scattered once, and the loss's mean is the one all-reduce.")
+        if numbers != measured:
+            raise Mismatch(f"{shown}: you predicted {numbers}; the compiled step runs {measured}. "
+                           + _diagnose(numbers, measured, n_layers, k, inner, outer, remat))
+    return ("right in every case: the forward gathers every array of every layer; with jax.checkpoint the backward "
+            "gathers again what the recomputation reads; each sharded array's gradient is reduce-scattered once per "
+            "layer, and the loss's mean is the one all-reduce. (These are the CPU compiler's counts: a GPU merges "
+            "each layer's arrays into fewer ops.)")

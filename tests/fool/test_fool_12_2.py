@@ -1,0 +1,87 @@
+"""Exercise 12.2 (gather one layer, FSDP-style in shard_map) against answers that try to fool it.
+
+The checker runs each answer on 8, 4 and 2 devices, with per-element values, inside a checkpointed scan, and reads
+the compiled program. Wrong answers must fail with feedback that names their mistake; right answers written another
+way must pass.
+"""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from course_lib.exercises import check
+
+
+def gather_axis_0(layer):
+    return jax.tree.map(lambda w: jax.lax.all_gather(w, "data", axis=0, tiled=True), layer)
+
+
+def not_tiled(layer):
+    return jax.tree.map(lambda w: jax.lax.all_gather(w, "data", axis=w.ndim - 1), layer)
+
+
+def gradient_stopped(layer):
+    return jax.tree.map(lambda w: jax.lax.stop_gradient(jax.lax.all_gather(w, "data", axis=-1, tiled=True)), layer)
+
+
+def by_psum(layer):                      # the right values, but an all-reduce of the whole leaf
+    def whole(w):
+        n, i = jax.lax.axis_size("data"), jax.lax.axis_index("data")
+        full = jnp.zeros(w.shape[:-1] + (n * w.shape[-1],), w.dtype)
+        return jax.lax.psum(jax.lax.dynamic_update_slice_in_dim(full, w, i * w.shape[-1], axis=w.ndim - 1), "data")
+    return jax.tree.map(whole, layer)
+
+
+def eight_written_in(layer):             # right on 8 devices only
+    def whole(w):
+        slices = jax.lax.all_gather(w, "data")
+        return jnp.moveaxis(slices, 0, -2).reshape(w.shape[:-1] + (8 * w.shape[-1],))
+    return jax.tree.map(whole, layer)
+
+
+def reversed_slices(layer):
+    return jax.tree.map(lambda w: jnp.concatenate(list(jax.lax.all_gather(w, "data")[::-1]), axis=-1), layer)
+
+
+def in_bfloat16(layer):
+    return jax.tree.map(lambda w: jax.lax.all_gather(w.astype(jnp.bfloat16), "data", axis=-1, tiled=True), layer)
+
+
+def matrices_only(layer):
+    return {k: jax.lax.all_gather(w, "data", axis=1, tiled=True) if w.ndim == 2 else w for k, w in layer.items()}
+
+
+WRONG = [
+    (gather_axis_0, "whole leaf"),
+    (not_tiled, "stacked along a new axis"),
+    (gradient_stopped, "no gradient flows back"),
+    (by_psum, "no all-gather"),
+    (eight_written_in, "assumes a number of devices"),
+    (reversed_slices, "in device order"),
+    (in_bfloat16, "bfloat16"),
+    (matrices_only, "still split over the devices"),
+]
+
+
+@pytest.mark.parametrize("answer, named", WRONG, ids=[a.__name__ for a, _ in WRONG])
+def test_wrong_answer_fails_and_is_named(answer, named):
+    feedback = check("12.2", answer)
+    assert not feedback, feedback.message
+    assert named in feedback.message, feedback.message
+
+
+def stacked_then_joined(layer):
+    def whole(w):
+        slices = jax.lax.all_gather(w, "data", axis=w.ndim - 1)        # (..., n, size): a new axis before the last
+        return slices.reshape(w.shape[:-1] + (jax.lax.axis_size("data") * w.shape[-1],))
+    return jax.tree.map(whole, layer)
+
+
+def negative_axis(layer):
+    return {name: jax.lax.all_gather(w, axis_name="data", axis=-1, tiled=True) for name, w in layer.items()}
+
+
+@pytest.mark.parametrize("answer", [stacked_then_joined, negative_axis])
+def test_right_answers_written_another_way_pass(answer):
+    feedback = check("12.2", answer)
+    assert feedback, feedback.message

@@ -1,0 +1,68 @@
+"""Exercise 12.3 (predict an FSDP step's collectives) against answers that try to fool it.
+
+Wrong answers: the mistakes the lesson warns about (no re-gather in the checkpointed backward, a re-gather of the
+biases after the nonlinearity, none of the biases inside it, a re-gather without jax.checkpoint, one layer's count)
+and counting mistakes. Each must fail with feedback that names the mistake; right answers written another way pass.
+"""
+
+import numpy as np
+import pytest
+
+from course_lib.exercises import check
+
+
+def _answer(gathers, scatters=lambda n, k, i, o: n * (k + i + o), reduces=lambda n: 1):
+    def predict(n_layers, matrices, inner_biases, outer_biases, remat):
+        return {"all-gather": gathers(n_layers, matrices, inner_biases, outer_biases, remat),
+                "reduce-scatter": scatters(n_layers, matrices, inner_biases, outer_biases),
+                "all-reduce": reduces(n_layers)}
+    return predict
+
+
+WRONG = [
+    (_answer(lambda n, k, i, o, r: n * (k + i + o)), "What must the backward pass do"),
+    (_answer(lambda n, k, i, o, r: n * 2 * (k + i + o) if r else n * (k + i + o)), "after the nonlinearity"),
+    (_answer(lambda n, k, i, o, r: n * (2 * k + i + o) if r else n * (k + i + o)), "inside the tanh"),
+    (_answer(lambda n, k, i, o, r: n * (2 * (k + i) + o)), "no jax.checkpoint"),
+    (_answer(lambda n, k, i, o, r: (2 * (k + i) + o) if r else (k + i + o),
+             scatters=lambda n, k, i, o: k + i + o), "one layer's collectives"),
+    (_answer(lambda n, k, i, o, r: n * (2 * (k + i) + o) if r else n * (k + i + o),
+             scatters=lambda n, k, i, o: n * (k + i)), "Reduce-scatters"),
+    (_answer(lambda n, k, i, o, r: n * (2 * (k + i) + o) if r else n * (k + i + o),
+             scatters=lambda n, k, i, o: n * (2 * (k + i) + o)), "however often it was gathered"),
+    (_answer(lambda n, k, i, o, r: n * (2 * (k + i) + o) if r else n * (k + i + o), reduces=lambda n: n),
+     "All-reduces"),
+    (_answer(lambda n, k, i, o, r: n * (2 * (k + i) + o) if r else n * (k + i + o), reduces=lambda n: 0),
+     "what else in the step"),
+    (lambda n, k, i, o, r: (n, k, 1), "exactly the keys"),
+    (lambda n, k, i, o, r: {"all-gather": 2.5, "reduce-scatter": 1, "all-reduce": 1}, "whole number"),
+]
+
+
+@pytest.mark.parametrize("answer, named", WRONG, ids=[f"wrong-{i}" for i in range(len(WRONG))])
+def test_wrong_answer_fails_and_is_named(answer, named):
+    feedback = check("12.3", answer)
+    assert not feedback, feedback.message
+    assert named in feedback.message, feedback.message
+
+
+def _counted(n_layers, matrices, inner_biases, outer_biases, remat):
+    counts = {"all-gather": 0, "reduce-scatter": 0, "all-reduce": 1}
+    for _ in range(n_layers):
+        for kind in ["matrix"] * matrices + ["inner"] * inner_biases + ["outer"] * outer_biases:
+            counts["all-gather"] += 1                          # forward
+            counts["all-gather"] += int(remat and kind != "outer")   # the recomputation reads it
+            counts["reduce-scatter"] += 1
+    return counts
+
+
+def _numpy_ints(n_layers, matrices, inner_biases, outer_biases, remat):
+    again = (matrices + inner_biases) * (2 if remat else 1)
+    return {"all-reduce": np.int64(1), "all-gather": np.int32(n_layers * (again + outer_biases)),
+            "reduce-scatter": float(n_layers * (matrices + inner_biases + outer_biases))}
+
+
+@pytest.mark.parametrize("answer", [_counted, _numpy_ints])
+def test_right_answers_written_another_way_pass(answer):
+    feedback = check("12.3", answer)
+    assert feedback, feedback.message
