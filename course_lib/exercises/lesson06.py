@@ -36,7 +36,8 @@ def _place_cases(n0):
         (n0, {"w": f32(3, 2), "b": f32(2)}, {"x": f32(4 * n0, 3), "y": rng.integers(0, 9, 4 * n0).astype(np.int32)}),
         (4, {"layer": {"kernel": f32(5, 3), "bias": f32(3)}},
          {"image": f32(3 * 4, 2, 3), "label": rng.integers(0, 9, 3 * 4).astype(np.int32)}),
-        (2, {"w": f32(6)}, {"x": f32(5 * 2, 4), "mask": (rng.random(5 * 2) > 0.5)}),
+        (2, {"w": f32(6), "scale": f32(2).astype(jnp.bfloat16)},     # one bfloat16 leaf: a cast shows
+         {"x": f32(5 * 2, 4), "mask": (rng.random(5 * 2) > 0.5)}),
     ]
 
 
@@ -82,7 +83,7 @@ def check_place(place):
             if any(np.shape(v) == shape for _, v in _leaves(params)):
                 raise Mismatch(f"place {where} split a parameter of shape {shape} over 'i', and its size does not "
                                "divide over the devices. Only the batch is split; the parameters stay whole on "
-                               "every device (a spec that splits nothing).") from None
+                               "every device.") from None
             raise Mismatch(f"place {where} split a batch leaf of shape {shape} along axis "
                            f"{axis.group(1) if axis else '?'}. The batch is split along axis 0, its rows, and "
                            "along no other axis.") from None
@@ -108,8 +109,7 @@ def check_place(place):
                                "one.")
             if not leaf.sharding.is_fully_replicated or len(leaf.devices()) != n:
                 raise Mismatch(f"{name} has sharding {_spec(leaf)} on {len(leaf.devices())} device(s); every one of "
-                               f"the {n} devices needs the whole array: a NamedSharding on the given mesh whose "
-                               "spec splits nothing.")
+                               f"the {n} devices needs the whole array.")
         for (name, leaf), (_, given) in zip(_leaves(b), _leaves(batch)):
             name = f"batch{name}"
             if not isinstance(leaf, jax.Array):
@@ -119,8 +119,8 @@ def check_place(place):
                                f"has {n}: build the NamedSharding on that mesh (the argument mesh), not on another "
                                "one.")
             if leaf.sharding.is_fully_replicated:
-                raise Mismatch(f"{name} is replicated: every device holds the whole batch. Its spec should split "
-                               "axis 0 over the mesh axis 'i' (lesson 06, section 1).")
+                raise Mismatch(f"{name} is replicated: every device holds the whole batch, where each "
+                               "should hold only its own rows.")
             rows = np.shape(given)[0] // n
             blocks = {s.data.shape for s in leaf.addressable_shards}
             if blocks != {(rows,) + np.shape(given)[1:]}:
@@ -132,6 +132,8 @@ def check_place(place):
                 raise Mismatch(f"{name} came back as {np.dtype(leaf.dtype).name}; it came in as "
                                f"{np.dtype(given.dtype).name} (as {np.dtype(jnp.asarray(given).dtype).name} on the "
                                "devices). Placing an array should not change its dtype: no cast.")
+            if np.dtype(leaf.dtype) == np.dtype(jnp.bfloat16):   # compared exactly, in a dtype NumPy checks
+                leaf, given = np.asarray(leaf).astype(np.float32), np.asarray(given).astype(np.float32)
             expect_array(leaf, given, what=f"{name} (the values must not change)", rtol=0, atol=0)
     return "parameters whole on every device (P()), the batch split along axis 0 (P('i')), on 8, 4 and 2 devices."
 
@@ -184,8 +186,8 @@ def check_stats_out_specs(stats_out_specs):
         expected_local = np.asarray(x).reshape(n, 6).sum(axis=1, keepdims=True)
         if np.shape(total) == (n, 1):
             raise Mismatch(f"out_specs {tuple(specs)} runs, but returns the total {n} times, once per device, shape "
-                           f"({n}, 1). It is the same on every device, and check_vma knows it: a spec naming no axis "
-                           "returns it once, shape (1, 1).")
+                           f"({n}, 1). It is the same on every device, and check_vma knows it: stacking it repeats one "
+                           "value.")
         if np.shape(local) == (1, n):
             raise Mismatch(f"out_specs {tuple(specs)} stacks the per-device sums along axis 1, shape (1, {n}): the "
                            "devices' values come one per row of the blocks' first axis, so name 'i' for axis 0.")

@@ -1,5 +1,6 @@
 """Lesson 07 exercises: porting pmap code to shard_map, and a whole training step to a mesh."""
 
+import contextlib
 import re
 
 import jax
@@ -37,15 +38,45 @@ def solution_ported(x, w, mesh):
 _SUMS = ("psum", "psum_invariant", "psum2", "reduce_scatter", "psum_scatter")
 
 
-def _shard_map_collectives(fn, *args, name):
-    """The names of the collectives inside each shard_map of ``fn(*args)``'s program (pmap shows as one too)."""
+def _program(fn, *args, name, mesh):
+    """The equations of ``fn(*args)``'s program. An answer that enters ``jax.set_mesh(mesh)`` itself cannot be
+    traced (set_mesh refuses to run under a trace): it is read again with the mesh entered here instead."""
+    try:
+        return primitives(fn, *args, name=name)
+    except Mismatch as e:
+        if "set_mesh` can only be used outside" not in str(e):
+            raise
+        first = e
+    real = jax.set_mesh
+    swapped = [m for m in (jax, jax.sharding) if getattr(m, "set_mesh", None) is real]
+    try:
+        with real(mesh):
+            for m in swapped:
+                m.set_mesh = lambda *a, **k: contextlib.nullcontext()
+            return primitives(fn, *args, name=name)
+    except Mismatch:
+        raise Mismatch(f"{first} What stopped it is the jax.set_mesh inside your function: JAX refuses it while "
+                       "a program is traced.") from None
+    finally:
+        for m in swapped:
+            m.set_mesh = real
+
+
+def _shard_maps(fn, *args, name, mesh):
+    """(the shard_map equation, the names of the collectives inside it) for each shard_map in ``fn(*args)``'s
+    program (pmap shows as one too: jit(shard_map(..., check_vma=False)) on stacked blocks)."""
     from . import _eqns
     found = []
-    for eqn in primitives(fn, *args, name=name):
+    for eqn in _program(fn, *args, name=name, mesh=mesh):
         if eqn.primitive.name == "shard_map":
             inner = eqn.params["jaxpr"]
-            found.append({e.primitive.name for e in _eqns(getattr(inner, "jaxpr", inner))})
+            found.append((eqn, {e.primitive.name for e in _eqns(getattr(inner, "jaxpr", inner))}))
     return found
+
+
+def _shard_map_collectives(fn, *args, name, mesh):
+    """The names of the collectives inside each shard_map of ``fn(*args)``'s program (pmap shows as one too)."""
+    return [names for _, names in _shard_maps(fn, *args, name=name, mesh=mesh)]
 
 
 @exercise("07.1", "Port a pmap function with a broadcast argument and a replicated output",
@@ -116,8 +147,7 @@ def check_ported(ported):
         if hasattr(total, "shape") and tuple(total.shape) == (n * k,):
             raise Mismatch(f"{what}: the column sums have shape ({n * k},): the same total, once per device, "
                            "stacked. out_specs naming 'i' stacks the devices' values; this one is the same on "
-                           "every device, and a spec naming no axis returns it once, shape "
-                           f"({k},), as pmap's out_axes=None did.")
+                           f"every device, and pmap's out_axes=None returned it once, shape ({k},).")
         totals = as_array(total, what=f"{what}, the column sums", expected_shape=(k,))
         if totals.shape == (k,):
             first = h_ref[:b].sum(axis=0)
@@ -132,9 +162,20 @@ def check_ported(ported):
         if isinstance(total, jax.Array) and len(total.devices()) != n:
             raise Mismatch(f"{what}: the column sums live on {len(total.devices())} device(s); as the pmap "
                            f"version's out_axes=None output, they should be on all {n}, the same everywhere.")
-        inside = _shard_map_collectives(lambda a, c: ported(a, c, mesh), x, w, name="ported")
-        if not inside:
+        maps = _shard_maps(lambda a, c: ported(a, c, mesh), x, w, name="ported", mesh=mesh)
+        if not maps:
             raise Mismatch(f"{what} has the right values but does not use jax.shard_map.")
+        for eqn, _ in maps:
+            shapes = [tuple(v.aval.shape) for v in eqn.invars if hasattr(v.aval, "shape")]
+            if (n, b, d) in shapes:
+                if not eqn.params.get("check_vma", True):
+                    raise Mismatch(f"{what} has the right values, but its program still runs jax.pmap on stacked "
+                                   f"blocks: x reshaped to ({n}, {b}, {d}), one block per device, and a shard_map "
+                                   "with check_vma off (that is what pmap is now). The exercise is the port "
+                                   "itself.")
+                raise Mismatch(f"{what} has the right values, but its shard_map runs on x reshaped to stacked "
+                               f"blocks ({n}, {b}, {d}), one per device: the pmap layout, kept.")
+        inside = [names for _, names in maps]
         if not any(names & set(_SUMS) for names in inside):
             raise Mismatch(f"{what} has the right values, but no shard_map in it adds the devices' sums with a "
                            "collective: the total is computed outside the per-device code. Port the pmap "
@@ -277,7 +318,7 @@ def check_make_sharded_step(make_sharded_step):
         with jax.set_mesh(mesh):
             x, y = jax.device_put(batches[0], split)
             try:
-                inside = _shard_map_collectives(step, params, opt_state, x, y, name="step")
+                inside = _shard_map_collectives(step, params, opt_state, x, y, name="step", mesh=mesh)
             except Mismatch as unreadable:
                 try:
                     call(step, params, opt_state, x, y, name="step", hints=_step_hints(n))
@@ -319,7 +360,8 @@ def check_make_sharded_step(make_sharded_step):
                 kept = [name for name, tree in (("parameters", params), ("optimizer state", opt_state))
                         if not all(getattr(a, "is_deleted", lambda: False)() for a in jax.tree.leaves(tree))]
                 if i == 0 and kept:
-                    raise Mismatch(f"after step 1 {where}, the {' and the '.join(kept)} passed in still exist: the "
+                    raise Mismatch(f"after step 1 {where}, the {' and the '.join(kept)} passed in still "
+                                   f"exist{'s' if kept == ['optimizer state'] else ''}: the "
                                    "step does not donate them, so the devices hold two copies of the state while "
                                    "it runs. Tell jax.jit which arguments it may reuse (lesson 07, section 2, "
                                    "donation).")

@@ -41,14 +41,13 @@ def check_process_rows(process_rows):
                 raise Mismatch(f"{what} returned {got!r}, which cannot select rows ({e}): start and stop must be "
                                "ints.") from None
             if got.step not in (None, 1) and len(rows) == per:
-                raise Mismatch(f"{what} takes every {got.step}-th row (interleaved). Give each process one "
-                               f"contiguous block of {per} rows, so its rows line up with its devices.")
+                raise Mismatch(f"{what} takes every {got.step}-th row (interleaved): its rows do not line up "
+                               "with the devices it owns.")
             if len(rows) != per:
                 raise Mismatch(f"{what} selects {len(rows)} rows; each of the {procs} processes loads the same "
                                f"number, {batch} // {procs} = {per}.")
             if rows != list(range(rows[0], rows[0] + per)):
-                raise Mismatch(f"{what} selects rows that are not one contiguous block ({rows[:4]}...). Give each "
-                               f"process one contiguous block of {per} rows.")
+                raise Mismatch(f"{what} selects rows that are not one contiguous block ({rows[:4]}...).")
             if rows[0] != pid * per:
                 raise Mismatch(f"{what} starts at row {rows[0]}: process {pid}'s block comes right after the blocks "
                                f"of the {pid} process(es) before it, in process order.")
@@ -76,6 +75,20 @@ class FakeDevice:
 def solution_local_part(batch, devices, process_index):
     rows = [i for i, d in enumerate(devices) if d.process_index == process_index]
     return batch[rows]
+
+
+def _from_ids(devices, pid, picked, local_part=None, reference=None) -> bool:
+    """Whether ``picked`` (or, given local_part, the positions of the rows it returns for ``pid``) are the
+    positions a device's id gives when read as one: id modulo the device count or 2048, or id minus the first."""
+    ids = [d.id for d in devices if d.process_index == pid]
+    if local_part is not None:
+        try:
+            got = np.asarray(local_part(reference.copy(), list(devices), pid))
+            picked = [int(np.flatnonzero((reference == row).all(axis=tuple(range(1, reference.ndim))))[0])
+                      for row in got]
+        except Exception:  # noqa: BLE001 - a probe: any failure means "cannot tell"
+            return False
+    return picked in [[i % m for i in ids] for m in (len(devices), 2048)] + [[i - min(ids) for i in ids]]
 
 
 @exercise("08.2", "This process's rows of a sharded batch, from the devices it owns",
@@ -137,6 +150,16 @@ def check_local_part(local_part):
                         raise Mismatch(f"{what} returns the whole batch, every process's rows; a process feeds "
                                        f"only its own devices, here those at positions {owned}. Which process owns a "
                                        "device is its process_index, whatever its id.")
+                    ids = [devices[i].id for i in owned]
+                    others = {devices[i].process_index for i in picked}
+                    theirs = [i for i, d in enumerate(devices) if {d.process_index} == others]
+                    # rows at positions computed from ids; where they are another process's rows too, the
+                    # layout whose ids follow no pattern tells the two mistakes apart
+                    if _from_ids(devices, pid, picked) and (picked != theirs or _from_ids(
+                            layouts["3 processes, ids with no pattern"], 0, None, local_part, reference)):
+                        raise Mismatch(f"{what} returns the rows at positions {picked}, computed from the devices' "
+                                       f"ids {ids}; this process owns the devices at positions {owned}. Device ids "
+                                       "are labels, not positions (lesson 08, section 3).")
                     if sorted(picked) == owned:
                         raise Mismatch(f"{what} returns the right rows in another order (positions {picked}): "
                                        f"keep mesh order, positions {owned}, the order of the devices list.")

@@ -37,6 +37,8 @@ WRONG = {
     "the lesson's axis name": (_put(P(), P("data")), ["names its axis 'i'"]),
     "a cast to float32": (lambda p, b, m: _put(P(), P("i"))(p, jax.tree.map(lambda v: v.astype(np.float32), b), m),
                           ["came back as float32", "no cast"]),
+    "parameters cast to float32": (lambda p, b, m: _put(P(), P("i"))(jax.tree.map(lambda v: v.astype(np.float32), p),
+                                                                     b, m), ["came back as float32", "bfloat16"]),
     "a bare spec, no mesh": (lambda p, b, m: (jax.device_put(p, P()), jax.device_put(b, P("i"))),
                              ["pair it with the mesh you were given"]),
 }

@@ -25,9 +25,29 @@ def _sum_outside(x, w, m):
     return h, h.sum(axis=0)
 
 
+def _pmap_kept(x, w, m):
+    n = m.shape["i"]
+
+    def per_device(xb, wb):
+        h = jnp.tanh(xb @ wb)
+        return h, jax.lax.psum(h.sum(axis=0), "i")
+    h, total = jax.pmap(per_device, in_axes=(0, None), out_axes=(0, None), axis_name="i")(
+        x.reshape(n, -1, x.shape[-1]), w)
+    return h.reshape(x.shape[0], -1), total
+
+
+def _short_form_in_set_mesh(x, w, m):
+    def body(xb, wb):
+        h = jnp.tanh(xb @ wb)
+        return h, jax.lax.psum(jnp.sum(h, axis=0), "i")
+    with jax.set_mesh(m):                                        # lesson 06's short form: mesh and in_specs
+        return jax.shard_map(body, out_specs=(P("i"), P()))(x, w)   # come from the context and the arguments
+
+
 WRONG = {
+    "pmap kept, x reshaped to blocks": (_pmap_kept, ["still runs jax.pmap on stacked blocks"]),
     "rows claimed replicated": (_port(out_specs=(P(), P())), ["same on every device", "differs from device"]),
-    "total stacked per device": (_port(out_specs=(P("i"), P("i"))), ["once per device", "naming no axis"]),
+    "total stacked per device": (_port(out_specs=(P("i"), P("i"))), ["once per device", "returned it once"]),
     "no collective, check off": (_port(reduce=None, check_vma=False), ["device 0's rows only"]),
     "pmean for psum": (_port(reduce=jax.lax.pmean), ["mean over the", "not their sum"]),
     "w split too": (_port(in_specs=(P("i"), P("i"))), ["w is split over 'i' too"]),
@@ -66,6 +86,7 @@ def _psum_rows_then_sum(x, w, m):
 RIGHT = {
     "check_vma off, psum kept": _port(check_vma=False),
     "psum of the block, then the rows": _psum_rows_then_sum,
+    "short form inside jax.set_mesh": _short_form_in_set_mesh,
     "jitted": lambda x, w, m: jax.jit(_port(), static_argnums=2)(x, w, m),
 }
 

@@ -77,7 +77,7 @@ WRONG = {
     "SGD by hand, optimizer ignored": (_sm(own_update=0.1), ["never calls the optimizer it was given"]),
     "sharded jit, no shard_map": (_sharded_jit, ["no jax.shard_map"]),
     "no donation": (_sm(donate=False), ["does not donate"]),
-    "only the parameters donated": (_params_only_donated, ["the optimizer state passed in still exist"]),
+    "only the parameters donated": (_params_only_donated, ["the optimizer state passed in still exists"]),
     "per-device loss, split": (_loss_split, ["the loss is a scalar"]),
     "the lesson's axis name": (_lesson_axis, ["its only axis is 'i'"]),
     "loss of device 0 only": (_sm(average_loss=False, check_vma=False), ["device 0's rows only"]),

@@ -16,6 +16,8 @@ WRONG = {
     "a contiguous block": (lambda b, d, p: b[p * (len(d) // 2):(p + 1) * (len(d) // 2)],
                            ["contiguous block", "process_index"]),
     "ids as positions": (lambda b, d, p: b[[x.id for x in d if x.process_index == p]], ["id is a label"]),
+    "ids modulo the device count": (lambda b, d, p: b[np.array([x.id for x in d if x.process_index == p]) % len(d)],
+                                    ["ids are labels, not positions"]),
     "always process 0": (lambda b, d, p: b[_owned(d, 0)], ["rows of process 0's devices"]),
     "this process, not the argument": (lambda b, d, p: b[_owned(d, jax.process_index())],
                                        ["rows of process 0's devices"]),
