@@ -58,11 +58,56 @@ def _same_dtype(got: np.ndarray, xs: np.ndarray, what: str) -> None:
 
 
 def _ppermute_bytes(fn, xs) -> tuple[int, int]:
-    """(number of ppermutes, bytes one device sends in them) in ``fn``'s program under pmap over ``xs``."""
+    """(ppermutes run, bytes one device sends in them) by ``fn``'s program under pmap over ``xs``.
+
+    A ppermute inside a ``lax.scan`` or ``lax.fori_loop`` (a scan when its bounds are Python ints) runs once per
+    iteration, so it counts that many times; in a ``lax.cond`` the costlier branch counts. A ppermute inside a
+    ``lax.while_loop`` (a fori_loop with traced bounds) runs a number of times the program does not say: that
+    raises ``Mismatch``, since the traffic cannot be counted.
+    """
     mapped = jax.pmap(lambda x: fn(x, AXIS), axis_name=AXIS, devices=jax.devices()[:xs.shape[0]])
-    hops = [e for e in primitives(mapped, jnp.asarray(xs), name="your function") if e.primitive.name == "ppermute"]
-    sent = sum(int(np.prod(v.aval.shape)) * np.dtype(v.aval.dtype).itemsize for e in hops for v in e.invars)
-    return len(hops), sent
+    try:
+        closed = jax.make_jaxpr(mapped)(jnp.asarray(xs))
+    except Exception:                                   # primitives() words the failure for the learner
+        primitives(mapped, jnp.asarray(xs), name="your function")
+        raise
+    return _count_ppermutes(closed.jaxpr)
+
+
+def _sub_jaxprs(value):
+    if hasattr(value, "eqns"):                          # a Jaxpr
+        yield value
+    elif hasattr(getattr(value, "jaxpr", None), "eqns"):  # a ClosedJaxpr
+        yield value.jaxpr
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _sub_jaxprs(v)
+
+
+def _count_ppermutes(jaxpr) -> tuple[int, int]:
+    hops = sent = 0
+    for e in jaxpr.eqns:
+        name = e.primitive.name
+        if name == "ppermute":
+            hops += 1
+            sent += sum(int(np.prod(v.aval.shape)) * np.dtype(v.aval.dtype).itemsize for v in e.invars)
+            continue
+        if name == "cond":
+            counts = [_count_ppermutes(b) for b in _sub_jaxprs(e.params["branches"])]
+            h, b = max(counts, key=lambda c: c[1], default=(0, 0))
+            hops, sent = hops + h, sent + b
+            continue
+        inner = [_count_ppermutes(j) for v in e.params.values() for j in _sub_jaxprs(v)]
+        h, b = sum(c[0] for c in inner), sum(c[1] for c in inner)
+        if h and name == "while":
+            raise Mismatch("the program sends with ppermute inside a lax.while_loop (a lax.fori_loop whose bounds "
+                           "are traced values becomes one), so the checker cannot count how many times it runs, "
+                           "nor the bytes each device sends. Loop a number of times known when the function is "
+                           "traced: a Python for loop, or lax.fori_loop with Python int bounds (jax.lax.axis_size "
+                           "gives one).")
+        times = int(e.params["length"]) if name == "scan" else 1
+        hops, sent = hops + times * h, sent + times * b
+    return hops, sent
 
 
 def _inputs_and_device(xs, got, device: int) -> str:
@@ -148,6 +193,17 @@ def check_ring_allreduce(ring_allreduce):
         if not right and np.shape(got) == xs.shape and np.allclose(got, xs + C.ppermute(xs, C.ring_permutation(n))):
             raise Mismatch(f"{what}: each device ends with its own value plus its left neighbour's: the values "
                            "travelled one hop only, so the others never arrived.")
+        if not right and np.shape(got) == xs.shape and n > 2 and np.allclose(got, np.cumsum(xs, axis=0)):
+            raise Mismatch(f"{what}: device i ends with the sum of devices 0 to i only: the ring is not closed. No "
+                           f"pair sends from the last device ({n - 1}) back to device 0, so nothing travels past "
+                           "the end of the line, and device 0 only ever receives zeros.")
+        snowball = xs.copy()
+        for _ in range(n - 1):
+            snowball = snowball + np.roll(snowball, 1, axis=0)
+        if not right and np.shape(got) == xs.shape and np.allclose(got, snowball):
+            raise Mismatch(f"{what}: the values are far too large: at each hop a device passed on its running "
+                           "total, not the value in transit, so each value arrived again and again, inside the "
+                           "totals it was already part of.")
         if not right and np.shape(got) == xs.shape and np.allclose(got, xs * n):
             raise Mismatch(f"{what}: each device ends with n = {n} times its own value: at each hop it added what "
                            "it sent, not what arrived.")
@@ -163,11 +219,14 @@ def check_ring_allreduce(ring_allreduce):
                        "jax.lax.ppermute (and +).")
     xs = np.ones((len(jax.devices()), 4), np.float32)     # report the traffic for every device, 16-byte x
     n = xs.shape[0]
-    hops, sent = _ppermute_bytes(ring_allreduce, xs)
+    try:
+        hops, sent = _ppermute_bytes(ring_allreduce, xs)
+    except Mismatch as e:
+        return f"every device holds the total: an all-reduce. Its traffic is not reported: {e}"
     v = xs[0].nbytes
     optimal = 2 * (n - 1) * v // n
     how = "(N - 1) x V" if sent == (n - 1) * v else f"{sent / v:g} x V"
-    return (f"every device holds the total: an all-reduce. On {n} devices your ring made {hops} hops and each "
+    return (f"every device holds the total: an all-reduce. On {n} devices your ring ran {hops} ppermutes and each "
             f"device sent {sent} bytes for a {v}-byte x: {how}. Section 4's ring sends 2 (N - 1) / N x V = "
             f"{optimal} bytes, because it passes pieces of x, not all of it: optional exercise 04.5.")
 
@@ -203,9 +262,14 @@ def check_global_mean_var(global_mean_var):
         if mean.shape != (n,) or var.shape != (n,):
             raise Mismatch(f"{what}: mean and var should be one number per device (pmap gives shape ({n},)); got "
                            f"{mean.shape} and {var.shape}.")
-        if not np.allclose(mean, mean[0]) or not np.allclose(var, var[0]):
-            raise Mismatch(f"{what}: the devices disagree (means {[round(float(m), 2) for m in mean]}): each "
-                           "computed its own shard's statistics, not those of the whole batch.")
+        if not np.allclose(mean, mean[0]):
+            raise Mismatch(f"{what}: the devices disagree on the mean (means {[round(float(m), 2) for m in mean]}): "
+                           "each computed its own shard's statistics, not those of the whole batch.")
+        if not np.allclose(var, var[0]):
+            raise Mismatch(f"{what}: the devices agree on the mean but not on the variance (variances "
+                           f"{[round(float(v), 2) for v in var]}): each device's variance is computed from its own "
+                           "shard's values only; the variance of all the data needs an average over the devices "
+                           "too.")
         if np.allclose(var, xs.var(axis=1).mean(), rtol=1e-4) and not np.isclose(xs.var(axis=1).mean(), xs.var()):
             raise Mismatch(f"{what}: the variance is the mean of the per-device variances, "
                            f"{xs.var(axis=1).mean():.4f}; the variance of all the data is {xs.var():.4f}: each "
@@ -220,9 +284,21 @@ def check_global_mean_var(global_mean_var):
         if np.allclose(var, xs.var(ddof=1), rtol=1e-4):
             raise Mismatch(f"{what}: the variance is {float(var[0]):.4f}, the sample variance (divided by the count "
                            f"minus one); the variance of all the data, divided by the count, is {xs.var():.4f}.")
+        if np.allclose(var, xs.mean(axis=1).var(), rtol=1e-4):
+            raise Mismatch(f"{what}: the variance is {float(var[0]):.4f}, the variance of the {n} shard means (how "
+                           "far the devices' means spread), not of all the values: each value's own deviation from "
+                           f"the global mean counts ({xs.var():.4f}).")
         if np.allclose(var, xs.var() * n, rtol=1e-4) or np.allclose(var, n * xs.var(axis=1).mean(), rtol=1e-4):
             raise Mismatch(f"{what}: the variance is {float(var[0]):.4f}, {n} times too large: the {n} shards' "
                            "squared deviations were added, not averaged.")
+        total, count = float(((xs - xs.mean()) ** 2).sum()), xs.size
+        if float(var[0]) > 0 and not np.allclose(var, xs.var(), rtol=1e-4):
+            divisor = total / float(var[0])
+            raise Mismatch(f"{what}: the variance is {float(var[0]):.4f}: the squared deviations of all {count} "
+                           f"values from the global mean add up to {total:.2f}, and your variance is that sum "
+                           f"divided by {divisor:.2f}, not by the number of values, {count}. Count what each "
+                           "division divides by: a pmean divides by the number of devices, jnp.mean by the values "
+                           "on one device, and N - 1 instead of N gives the sample variance.")
         expect_array(var, np.full(n, xs.var()), what=f"{what}: the variance", rtol=1e-4, atol=1e-4)
         _same_dtype(mean, xs, f"{what}: the mean")
     return "every device knows the statistics of the whole batch."
@@ -243,8 +319,9 @@ def solution_rotate_right(x, axis_name):
                  "device's x wraps round to device 0.",
                  "jax.lax.ppermute takes a list of (source, destination) pairs: section 2's ring shift. "
                  "jax.lax.axis_size gives the number of devices n, so the list can be built for any n.",
-                 "Write one pair per device: device i sends to the device on its right, and the last one to "
-                 "device 0 (the modulo operator closes the ring)."])
+                 "Print the perm of section 2's ring shift cell and read it as a rule: which destination does "
+                 "each source get, and what is special about the last device? Then write that rule as a list "
+                 "comprehension over range(n)."])
 def check_rotate_right(rotate_right):
     for xs in _cases([(2,), (2, 3)], seed=3, other_dtype=np.float16):
         n = xs.shape[0]
@@ -257,6 +334,11 @@ def check_rotate_right(rotate_right):
         if not right and np.shape(got) == xs.shape and np.allclose(got[1:], shifted[1:]) and np.allclose(got[0], 0):
             raise Mismatch(f"{what}: device 0 received nothing (zeros), so no pair sends to it: the ring is not "
                            f"closed, and the last device's value ({n - 1}) went nowhere.")
+        if not right and np.shape(got) == xs.shape:
+            for k in range(2, n - 1):
+                if np.allclose(got, np.roll(xs, k, axis=0)):
+                    raise Mismatch(f"{what}: device i got device i - {k}'s value: the values moved {k} devices "
+                                   "to the right, not one.")
         expect_array(got, shifted, what=f"{what} (row i is what device i holds)")
         _same_dtype(got, xs, what)
     if not _uses(rotate_right, xs, "ppermute"):

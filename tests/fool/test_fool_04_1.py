@@ -49,7 +49,25 @@ def cast_to_float(x, a):                # right on float32, but an int32 sum com
     return total
 
 
+def open_line(x, a):                    # the ring is not closed: nothing goes from the last device to device 0
+    total, passing = x, x
+    n = jax.lax.axis_size(a)
+    for _ in range(n - 1):
+        passing = jax.lax.ppermute(passing, a, [(i, i + 1) for i in range(n - 1)])
+        total = total + passing
+    return total
+
+
+def passes_the_total(x, a):             # sends its running total on, not the value in transit
+    total = x
+    for _ in range(jax.lax.axis_size(a) - 1):
+        total = total + jax.lax.ppermute(total, a, ring(a))
+    return total
+
+
 WRONG = [
+    (open_line, ["the ring is not closed", "sum of devices 0 to i only"]),
+    (passes_the_total, ["passed on its running total, not the value in transit"]),
     (n_hops, ["sum plus its own value once more", "one hop too many"]),
     (one_hop, ["one hop only"]),
     (adds_what_it_sent, ["added what it sent, not what arrived"]),
@@ -85,7 +103,16 @@ def every_shift_from_the_start(x, a):   # n - 1 permutations of the original x, 
     return x + sum(jax.lax.ppermute(x, a, ring(a, k)) for k in range(1, n))
 
 
-@pytest.mark.parametrize("answer", [leftward, every_shift_from_the_start])
+def in_a_fori_loop(x, a):               # the hops in lax.fori_loop: the report counts every iteration
+    def hop(_, carry):
+        total, passing = carry
+        passing = jax.lax.ppermute(passing, a, ring(a))
+        return total + passing, passing
+    return jax.lax.fori_loop(0, jax.lax.axis_size(a) - 1, hop, (x, x))[0]
+
+
+@pytest.mark.parametrize("answer", [leftward, every_shift_from_the_start, in_a_fori_loop])
 def test_right_answers_written_differently_pass(answer):
     fb = check("04.1", answer)
     assert fb, fb.message
+    assert "ran 7 ppermutes and each device sent 112 bytes for a 16-byte x: (N - 1) x V" in fb.message, fb.message

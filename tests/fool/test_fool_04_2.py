@@ -36,7 +36,25 @@ def squared_deviations_summed(x, a):
     return mean, jax.lax.psum(jnp.mean((x - mean) ** 2), a)
 
 
+def variance_not_averaged(x, a):        # the global mean, but each device's variance of its own shard
+    mean = jax.lax.pmean(jnp.mean(x), a)
+    return mean, jnp.mean((x - mean) ** 2)
+
+
+def variance_of_device_means(x, a):
+    means = jax.lax.all_gather(jnp.mean(x), a)
+    return means.mean(), means.var()
+
+
+def pmean_of_sums_over_n_minus_1(x, a):  # a pmean of per-device sums, divided by the count minus one
+    mean = jax.lax.pmean(jnp.mean(x), a)
+    return mean, jax.lax.pmean(jnp.sum((x - mean) ** 2), a) / (x.size * jax.lax.axis_size(a) - 1) * x.size
+
+
 WRONG = [
+    (variance_not_averaged, ["agree on the mean but not on the variance", "its own shard's values only"]),
+    (variance_of_device_means, ["the variance of the 8 shard means"]),
+    (pmean_of_sums_over_n_minus_1, ["divided by 62.67, not by the number of values, 48", "a pmean divides by"]),
     (local, ["the devices disagree", "own shard's statistics"]),
     (mean_of_variances, ["mean of the per-device variances", "its own shard's mean"]),
     (summed_means, ["times the mean of all the data", "adds the"]),

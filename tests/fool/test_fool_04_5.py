@@ -41,7 +41,26 @@ def fixed_eight(x, a):
     return total.reshape(x.shape)
 
 
+def whole_x_in_a_fori_loop(x, a):      # 04.1's ring in lax.fori_loop: each iteration sends all of x
+    def hop(_, carry):
+        total, passing = carry
+        passing = jax.lax.ppermute(passing, a, ring(a))
+        return total + passing, passing
+    return jax.lax.fori_loop(0, jax.lax.axis_size(a) - 1, hop, (x, x))[0]
+
+
+def traced_loop_bound(x, a):            # a fori_loop whose bound is a traced value becomes a while_loop
+    n = jax.lax.axis_size(a)
+    me = jax.lax.axis_index(a)
+    chunks = x.reshape(n, -1)
+    send = jax.lax.fori_loop(1, n + 0 * me, lambda s, p: jax.lax.ppermute(p, a, ring(a)) + chunks[(me - s) % n],
+                             chunks[me])
+    return solution_ring_allreduce_chunked(x, a) + 0 * send.sum()
+
+
 WRONG = [
+    (whole_x_in_a_fori_loop, ["sends 672 bytes in 7 ppermutes", "(N - 1) x V: the ring of 04.1"]),
+    (traced_loop_bound, ["inside a lax.while_loop", "cannot count how many times it runs"]),
     (solution_ring_allreduce, ["(N - 1) x V: the ring of 04.1"]),
     (lambda x, a: jax.lax.all_gather(jax.lax.psum_scatter(x, a, tiled=True), a, tiled=True), ["the program uses"]),
     (lambda x, a: jax.lax.psum(x, a), ["the program uses psum"]),
@@ -90,7 +109,22 @@ def gather_into_a_list(x, a):           # the all-gather phase collects the piec
     return stacked[jnp.argsort(order)].reshape(x.shape)
 
 
-@pytest.mark.parametrize("answer", [leftward, gather_into_a_list])
+def phases_in_fori_loops(x, a):         # both phases in lax.fori_loop: the traffic counts every iteration
+    n = jax.lax.axis_size(a)
+    me = jax.lax.axis_index(a)
+    chunks = x.reshape(n, -1)
+    passing = jax.lax.fori_loop(1, n, lambda s, p: jax.lax.ppermute(p, a, ring(a)) + chunks[(me - s) % n], chunks[me])
+
+    def gather(s, carry):
+        total, p = carry
+        p = jax.lax.ppermute(p, a, ring(a))
+        return total.at[(me + 1 - s) % n].set(p), p
+    total = jnp.zeros_like(chunks).at[(me + 1) % n].set(passing)
+    return jax.lax.fori_loop(1, n, gather, (total, passing))[0].reshape(x.shape)
+
+
+@pytest.mark.parametrize("answer", [leftward, gather_into_a_list, phases_in_fori_loops])
 def test_right_answers_written_differently_pass(answer):
     fb = check("04.5", answer)
     assert fb, fb.message
+    assert "each device sent 168 bytes for a 96-byte x" in fb.message, fb.message

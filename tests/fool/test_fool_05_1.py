@@ -52,6 +52,13 @@ def params_averaged(loss_fn, optimizer, params, opt_state, batch):
     return jax.lax.pmean(new_params, "devices"), new_state, jax.lax.pmean(loss, "devices")
 
 
+def updates_averaged(loss_fn, optimizer, params, opt_state, batch):   # pmean of the optimizer's updates
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    updates = jax.lax.pmean(updates, "devices")
+    return optax.apply_updates(params, updates), opt_state, jax.lax.pmean(loss, "devices")
+
+
 def stale_state(loss_fn, optimizer, params, opt_state, batch):
     loss, grads = jax.value_and_grad(loss_fn)(params, batch)
     new_params, _ = update(optimizer, jax.lax.pmean(grads, "devices"), opt_state, params)
@@ -71,7 +78,8 @@ WRONG = [
     (own_sgd, ["the one optax.sgd(0.1) makes", "ignored its optimizer argument"]),
     (local_loss, ["each device returned the loss of its own shard"]),
     (summed_loss, ["8 times the loss of the global batch"]),
-    (params_averaged, ["averaged AFTER the update"]),
+    (params_averaged, ["the average was taken AFTER the optimizer"]),
+    (updates_averaged, ["the average was taken AFTER the optimizer", "of its updates, or of the new parameters"]),
     (stale_state, ["the one dp_step was given, unchanged"]),
     (old_tree_map, ["jax.tree_map was removed"]),
 ]

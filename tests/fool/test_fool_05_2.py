@@ -23,6 +23,7 @@ WRONG = [
     (over_leaves(lambda c: np.max(np.abs(np.diff(c, axis=0)))), ["neighbouring devices"]),
     (over_leaves(lambda c: np.mean(np.abs(c - c[0]))), ["an average of the differences"]),
     (over_leaves(lambda c: np.max(c - c[0])), ["the largest signed difference"]),
+    (over_leaves(lambda c: np.max(np.abs(c - c[0]) / (np.abs(c[0]) + 1e-12))), ["a relative difference"]),
     (over_leaves(lambda c: np.max(np.abs(c - c[-1]))), ["the LAST device's copy"]),
     (over_leaves(lambda c: np.max(np.abs(c[1] - c[0]))), ["only the second device's copy"]),
     (over_leaves(lambda c: np.max(np.abs(c.reshape(len(c), -1)[:, 0] - c.reshape(len(c), -1)[0, 0]))),

@@ -24,6 +24,7 @@ WRONG = [
     (lambda p, y, m: (jnp.sum(m * (p - y) ** 2) / jnp.maximum(jnp.sum(m), 1)).astype(jnp.float16),
      ["returned a float16 number"]),
     (lambda p, y, m: m * (p - y) ** 2, ["one squared error per row is not yet a loss"]),
+    (lambda p, y, m: jnp.sum(jnp.where(m, jnp.abs(p - y), 0)) / jnp.maximum(m.sum(), 1), ["the mean ABSOLUTE error"]),
 ]
 
 
