@@ -398,3 +398,20 @@ def test_the_lessons_reader_raises_naming_the_planes_when_it_reads_nothing(plane
     with pytest.raises(ValueError) as error:
         device_ops(planes)
     assert str(error.value).startswith(f"device_ops: no device op in these planes: {found}.")
+
+
+def test_the_lessons_reader_names_the_lines_of_a_device_plane_it_cannot_read():
+    """A GPU plane whose lines are not named "Stream..." (another profiler's layout): the error lists each device
+    plane's lines, so that the learner sees what to read instead of being asked whether anything ran."""
+    device_ops = notebook_device_ops()
+    planes = [_plane("/host:CPU", [("python3", [_event("train", 0, {"step_num": 0})])]),
+              _plane("/device:GPU:0", [("Kernels", [_event("loop_fusion", 0, {"hlo_op": "fusion.2"})]),
+                                       ("Launch Stats", [])]),
+              _plane("/device:GPU:1", [])]
+    with pytest.raises(ValueError) as error:
+        device_ops(planes)
+    message = str(error.value)
+    assert message.startswith("device_ops: no device op in these planes: ['/host:CPU', '/device:GPU:0', "
+                              "'/device:GPU:1'].")
+    assert "Lines on /device:GPU:0: ['Kernels', 'Launch Stats']." in message
+    assert "Lines on /device:GPU:1: none." in message and "'Stream' lines" in message

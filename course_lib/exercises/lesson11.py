@@ -24,7 +24,9 @@ HINTS = {
              "A device that was busy longer must weigh more in the share over all devices: a share of totals, not "
              "an average of shares."],
     "11.3": ["The host marks where each step began and how long it took: trace.markers.",
-             "Each profile.Marker has .step and .dur_us; Python's max takes a key function.",
+             "Section 3, 'Profiling the step', prints the host's step marks (trace.markers). While the host "
+             "stalls, the devices wait idle and the next step cannot begin: the stall is in the host's time for "
+             "that one step, which each Marker records itself, not in the devices' dispatches.",
              "A marker's place in the list is not its step: the checker's runs do not start at step 0, and each "
              "marker carries its own number."],
     "11.4": ["Without a target Orbax puts each array back where it was saved (the checkpoint stores the "
@@ -150,9 +152,13 @@ def _check_restore_onto_run(restore_onto, directory, saved, steps, counts, devs,
 # 11.2 The fraction of the devices' time spent in collectives
 
 
-def _synthetic(n_devices=4, steps=3, compute=(30.0, 50.0), wait=(10.0, 70.0), gap=500.0, seed=0, collectives=1):
+def _synthetic(n_devices=4, steps=3, compute=(30.0, 50.0), wait=(10.0, 70.0), gap=500.0, seed=0, collectives=1,
+               loop=False):
     """A trace of `steps` dispatches per device: compute, then `collectives` collectives (an all-gather, a
-    reduce-scatter, an all-reduce), then a gap. Every device and op its own duration. Times in us."""
+    reduce-scatter, an all-reduce), then a gap. Every device and op its own duration. Times in us.
+
+    ``loop=True``: as in a fused ``step.steps`` dispatch, a loop op (a while) encloses its body, the fusion and the
+    collectives (ops nest), and the device sits idle for a while inside the dispatch between its ops."""
     rng = np.random.default_rng(seed)
     names = ["all-reduce.1", "all-gather.2", "reduce-scatter.3", "all-reduce.4"][-collectives:]
     ops, markers = [], []
@@ -161,14 +167,24 @@ def _synthetic(n_devices=4, steps=3, compute=(30.0, 50.0), wait=(10.0, 70.0), ga
         markers.append(profile.Marker(100 + s, t, 0.0))
         for d in range(n_devices):
             c = rng.uniform(*compute) * (1 + d % 3)          # some devices compute longer than others
-            ops.append(profile.Op(d, f"run{s}", "fusion", t, c, False))
-            at = t + c
+            start = t + (rng.uniform(5.0, 25.0) if loop else 0.0)
+            ops.append(profile.Op(d, f"run{s}", "fusion", start, c, False))
+            at = start + c
             for name in names:
+                at += rng.uniform(5.0, 40.0) if loop else 0.0    # idle inside the dispatch
                 w = rng.uniform(*wait)
                 ops.append(profile.Op(d, f"run{s}", name, at, w, True))
                 at += w
-        t += 3 * compute[1] + collectives * wait[1] + gap
+            if loop:
+                ops.append(profile.Op(d, f"run{s}", "while.7", t, at - t, False))
+        t += 3 * compute[1] + collectives * (wait[1] + (45.0 if loop else 0.0)) + gap
     return profile.from_ops(ops, markers)
+
+
+def _encloses(op, ops):
+    """Whether ``op`` holds another op of its device's dispatch inside it (a loop op holds its body)."""
+    return any(o is not op and o.device == op.device and o.run_id == op.run_id and op.start_us <= o.start_us
+               and o.end_us <= op.end_us and o.dur_us < op.dur_us for o in ops)
 
 
 def _call_on_trace(fn, trace, name):
@@ -194,9 +210,11 @@ def solution_collective_fraction(trace):
 @exercise("11.2", "From a trace: the fraction of the devices' busy time spent in collectives",
           solution=solution_collective_fraction)
 def check_collective_fraction(collective_fraction):
-    for seed, wait, n_devices, collectives in [(0, (10.0, 70.0), 4, 1), (1, (100.0, 300.0), 8, 3),
-                                               (2, (5.0, 400.0), 2, 2)]:
-        trace = _synthetic(n_devices=n_devices, wait=wait, seed=seed, collectives=collectives)
+    # the last case nests ops (a loop holds its body) and leaves the devices idle inside dispatches, as a real
+    # trace of fused step.steps dispatches does
+    for seed, wait, n_devices, collectives, loop in [(0, (10.0, 70.0), 4, 1, False), (1, (100.0, 300.0), 8, 3, False),
+                                                     (2, (5.0, 400.0), 2, 2, False), (3, (20.0, 90.0), 4, 2, True)]:
+        trace = _synthetic(n_devices=n_devices, wait=wait, seed=seed, collectives=collectives, loop=loop)
         expected = profile.collective_fraction(trace)   # everything expected is computed before the answer runs
         s = profile.summarise(trace)
         span = max(o.end_us for o in trace.ops) - min(o.start_us for o in trace.ops)
@@ -223,10 +241,24 @@ def check_collective_fraction(collective_fraction):
             raise Mismatch(f"collective_fraction(trace) = {value:.3f} is the share of compute; the exercise asks for "
                            f"the share of collectives ({expected:.3f}).")
         coll = sum(v["collective_us"] for v in s.values())
-        if abs(value - coll / (span * len(s))) < 1e-6:
-            raise Mismatch(f"collective_fraction(trace) = {value:.3f} divides by the whole trace, idle gaps "
-                           "included; the exercise asks for a share of the time the devices were busy inside "
-                           "dispatches.")
+        runs = trace.dispatches
+        with_gaps = [span * len(s),                                                      # the whole trace
+                     sum(r[-1].end_us - r[0].start_us for r in runs.values()),           # each device's span
+                     sum(v["busy_us"] + v["gap_us"] * v["dispatches"] for v in s.values()),
+                     sum(v["busy_us"] + v["gap_us"] * (v["dispatches"] - 1) for v in s.values()),
+                     sum(v["busy_us"] + v["gap_us"] for v in s.values())]
+        if any(abs(value - coll / total) < 1e-6 for total in with_gaps):
+            raise Mismatch(f"collective_fraction(trace) = {value:.4f} divides by a time that holds the idle gaps "
+                           "between dispatches; the exercise asks for a share of the time the devices were busy "
+                           "inside dispatches, the gaps left out.")
+        collective_ops = sum(o.dur_us for o in trace.ops if o.collective)
+        summed = [sum(o.dur_us for o in trace.ops)]
+        summed.append(sum(o.dur_us for o in trace.ops if not _encloses(o, trace.ops)))
+        if any(abs(value - collective_ops / total) < 1e-6 for total in summed) and abs(value - expected) > 1e-6:
+            raise Mismatch(f"collective_fraction(trace) = {value:.4f} adds up op durations for the busy time. Ops "
+                           "nest inside others (a loop holds its body, so that counts the same time twice), and "
+                           "a device also sits idle inside a dispatch between its ops: the busy time is the "
+                           "time inside dispatches, from each dispatch's start to its end.")
         if abs(value - 100 * expected) < 1e-4:
             raise Mismatch(f"collective_fraction(trace) = {value:.2f} is a percentage; return the fraction, a number "
                            "between 0 and 1 (format it as a percentage only when you print it).")
@@ -269,12 +301,18 @@ def check_stalled_step(stalled_step):
     for stalled, first, count, stall_us in [(3, 100, 8, 5000.0), (6, 40, 8, 1700.0), (11, 7, 12, 2600.0),
                                             (0, 1000, 5, 1800.0)]:
         markers, ops, t = [], [], 0.0
-        for i in range(count):
-            dur = stall_us if i == stalled else 900.0 + 37 * ((i * 7 + 3) % 5)
+        durations = [stall_us if i == stalled else 900.0 + 37 * ((i * 7 + 3) % 5) for i in range(count)]
+        shortest_at = int(np.argmin(durations))
+        # the stall is on the host: each device's longest dispatch is at another step (not the stalled one, the
+        # first, the last or the shortest), so an answer that reads the devices names a step of its own
+        others = [i for i in range(count) if i not in (stalled, 0, count - 1, shortest_at)]
+        longest_dispatch = {d: others[(d + stalled) % len(others)] for d in range(2)}
+        for i, dur in enumerate(durations):
             markers.append(profile.Marker(first + i, t, dur))
             for d in range(2):
-                ops.append(profile.Op(d, f"run{i}", "fusion", t + 100, 200.0, False))
-                ops.append(profile.Op(d, f"run{i}", "all-reduce", t + 300, 100.0, True))
+                work = 200.0 + 11 * ((i + 3 * d) % 4) + (350.0 + 40 * d if i == longest_dispatch[d] else 0.0)
+                ops.append(profile.Op(d, f"run{i}", "fusion", t + 100, work, False))
+                ops.append(profile.Op(d, f"run{i}", "all-reduce", t + 100 + work, 100.0, True))
             t += dur + 50
         trace = profile.from_ops(ops, markers)
         got = _call_on_trace(stalled_step, trace, "stalled_step")
@@ -298,8 +336,14 @@ def check_stalled_step(stalled_step):
             starts = [m.start_us for m in markers]
             by_start = max(zip(starts, starts[1:], markers), key=lambda x: x[1] - x[0])[2].step
             why = " Compare the host's step marks by how long each took."
+            runs = {d: sorted(r, key=lambda x: x.start_us) for d, r in trace.dispatches.items()}
+            from_devices = {first + i for i in longest_dispatch.values()}
+            from_devices.add(first + int(np.argmax(np.sum([[x.dur_us for x in r] for r in runs.values()], 0))))
             if int(got) == shortest:
                 why = " You returned the shortest step: the stalled one took the longest."
+            elif int(got) in from_devices:
+                why = (" You picked it from the devices' dispatches, but the stall is on the host: the devices "
+                       "wait idle while the host stalls. Read the host's step marks, trace.markers.")
             elif int(got) == by_start and stalled == count - 1:
                 why = (" You measured each step from its start to the next step's start, and the last step has no "
                        "next one: each marker carries its own duration.")
@@ -415,7 +459,7 @@ def check_restore_resharded(restore_resharded):
     half = max(n // 2, 1)
     # (case, devices it is saved from, the steps saved before each call (oldest first), the mesh sizes asked for)
     plans = [(_case_a, devs, [7], [smaller[0]]),
-             (_case_a, devs, [10], smaller[1:] or smaller),     # 10 after 7: compared as text, "7" > "10"
+             (_case_a, devs, [8, 10], smaller[1:] or smaller),  # 7, 8, 10: as text "8" > "10"; 7 the oldest
              (_case_b, devs[:half], [9, 100, 99], [n])]          # saved from fewer devices, restored onto all
     with tempfile.TemporaryDirectory() as tmp:
         saved_steps, values, specs, axis, saved_from = {}, None, None, None, None
@@ -521,7 +565,9 @@ def _check_one_restore(restore_resharded, directory, like, mesh, values, specs, 
                     as_text = max(str(s) for s in saved_steps) == str(step)
                     why = (f" If you picked it by the directories' names: compared as text, '{step}' comes after "
                            f"'{newest}' (the first characters decide); step numbers must be compared as numbers."
-                           if as_text else "")
+                           if as_text else
+                           f" You restored the oldest step the directory holds ({len(saved_steps)} steps)."
+                           if step == min(saved_steps) else "")
                     raise Mismatch(f"{what}: leaf {name} holds the values of step {step}, but the directory's "
                                    f"newest step is {newest} (the checker saved it before this call).{why} "
                                    "Restore the newest step, whatever its number.")

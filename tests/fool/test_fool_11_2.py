@@ -36,6 +36,12 @@ WRONG = {
     "a formatted string": (lambda t: f"{solution_collective_fraction(t):.1%}", "string"),
     "sorts the trace in place": (_sort_in_place, "changed the trace it was given in place (ops)"),
     "half precision": (lambda t: np.float16(solution_collective_fraction(t)), "float16"),
+    "adds up op durations": (lambda t: sum(o.dur_us for o in t.ops if o.collective) / sum(o.dur_us for o in t.ops),
+                             "adds up op durations"),
+    "each device's first-to-last span": (lambda t: _totals(t)[0] / sum(
+        runs[-1].end_us - runs[0].start_us for runs in t.dispatches.values()), "idle gaps"),
+    "busy plus the median gap per dispatch": (lambda t: _totals(t)[0] / sum(
+        v["busy_us"] + v["gap_us"] * v["dispatches"] for v in profile.summarise(t).values()), "idle gaps"),
 }
 
 
@@ -52,13 +58,19 @@ def _from_dispatches(trace):
     return sum(r.collective_us for r in runs) / sum(r.dur_us for r in runs)
 
 
-def _from_ops(trace):
+def _one_minus_compute(trace):
+    per_device = profile.summarise(trace).values()
+    return 1.0 - sum(v["compute_us"] for v in per_device) / sum(v["busy_us"] for v in per_device)
+
+
+def _collective_ops_over_dispatch_spans(trace):     # collectives do not nest inside one another
     durations = np.array([o.dur_us for o in trace.ops])
     collective = np.array([o.collective for o in trace.ops])
-    return float(durations[collective].sum() / durations.sum())
+    spans = sum(r.end_us - r.start_us for runs in trace.dispatches.values() for r in runs)
+    return float(durations[collective].sum() / spans)
 
 
-@pytest.mark.parametrize("answer", [_from_dispatches, _from_ops])
+@pytest.mark.parametrize("answer", [_from_dispatches, _one_minus_compute, _collective_ops_over_dispatch_spans])
 def test_right_answers_written_otherwise_pass(answer):
     feedback = check("11.2", answer)
     assert feedback, feedback.message

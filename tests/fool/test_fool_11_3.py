@@ -18,7 +18,19 @@ def _gap_to_next_start(t):
     return max(zip(marks, marks[1:]), key=lambda pair: pair[1].start_us - pair[0].start_us)[0].step
 
 
+def _longest_dispatch_on_device_0(t):          # reads the devices, not the host's step marks
+    runs = t.dispatches[0]
+    return t.markers[0].step + int(np.argmax([r.dur_us for r in runs]))
+
+
+def _longest_dispatch_over_devices(t):
+    total = np.sum([[r.dur_us for r in runs] for runs in t.dispatches.values()], axis=0)
+    return t.markers[int(np.argmax(total))].step
+
+
 WRONG = {
+    "longest dispatch on device 0": (_longest_dispatch_on_device_0, "the stall is on the host"),
+    "longest dispatch over the devices": (_longest_dispatch_over_devices, "the stall is on the host"),
     "position in the list": (lambda t: max(range(len(t.markers)), key=lambda i: t.markers[i].dur_us),
                              "position in the list"),
     "the marker itself": (lambda t: max(t.markers, key=lambda m: m.dur_us), "should return a step number"),

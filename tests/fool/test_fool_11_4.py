@@ -45,6 +45,12 @@ def _step_seven(d, like, mesh):
     return _restore(d, _on(mesh, like), step=7)
 
 
+def _oldest_step(d, like, mesh):
+    with ocp.CheckpointManager(d) as manager:
+        oldest = manager.all_steps()[0]
+    return _restore(d, _on(mesh, like), step=oldest)
+
+
 def _newest_by_text(d, like, mesh):
     return _restore(d, _on(mesh, like), step=int(max(p.name for p in d.iterdir() if p.name.isdigit())))
 
@@ -86,6 +92,7 @@ WRONG = {
     "bfloat16 target": (_bfloat16, "bfloat16"),
     "step 7 written in": (_step_seven, "values of step 7"),
     "newest step by its name as text": (_newest_by_text, "compared as text"),
+    "the oldest step": (_oldest_step, "You restored the oldest step"),
     "restored where saved, then moved": (_then_move, "onto the sharding stored in the checkpoint"),
     "read on the host, then placed": (_via_host, "onto the host (NumPy)"),
     "course_lib instead of Orbax": (_course_lib, "called course_lib's checkpoint.restore"),
