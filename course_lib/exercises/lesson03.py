@@ -203,8 +203,8 @@ def solution_device_axis_last(xs):
                  "`out_axes` (section 4 of the lesson) is the output's counterpart of in_axes: the axis of the "
                  "result along which the per-device results are stacked.",
                  "In words: pmap a function that doubles one row. Section 4 prints the result's shape for "
-                 "the default out_axes and for another value: count the axes of the (b, n) result from 0 to find where the "
-                 "device axis must go."])
+                 "the default out_axes and for another value: count the axes of the (b, n) result from 0 to "
+                 "find where the device axis must go."])
 def check_device_axis_last(device_axis_last):
     devices = jax.devices()
     for n, b in [(len(devices), 5), (4, 3), (3, 3)]:
