@@ -163,9 +163,10 @@ def check_predict(predict):
         if (tuple(np.shape(got)) == (n, k, b) and (k != b or not np.allclose(as_array(got, what=what), expected,
                                                                              rtol=1e-4, atol=1e-5))
                 and np.allclose(as_array(got, what=what), expected.swapaxes(1, 2), rtol=1e-4, atol=1e-5)):
-            raise Mismatch(f"{what} holds each block's predictions transposed, shape {(n, k, b)} where "
-                           f"{(n, b, k)} is expected: the product was taken the other way round (the weight "
-                           "first, the block transposed), so a column, not a row, is one example.")
+            shapes = f", shape {(n, k, b)} where {(n, b, k)} is expected" if k != b else ""
+            raise Mismatch(f"{what} holds each block's predictions transposed{shapes}: the product was taken the "
+                           "other way round (the weight first, the block transposed), so a column, not a row, is "
+                           "one example.")
         as_array(got, what=what, expected_shape=(n, b, k))
         if tuple(np.shape(got)) == expected.shape and np.allclose(np.asarray(got), np.asarray(xs) @ params["w"],
                                                                   atol=1e-5):
