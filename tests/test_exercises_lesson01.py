@@ -29,7 +29,7 @@ def test_01_2_batched_norms():
     columns = check("01.2", lambda x: jnp.sqrt(jnp.sum(x**2, axis=0)))
     assert not columns and "returned shape (3,)" in columns.message and "not axis 1" in columns.message
     squares = check("01.2", jax.vmap(lambda v: jnp.sum(v**2)))
-    assert "values differ" in squares.message
+    assert "the square root is missing" in squares.message
 
 
 def test_01_3_norms_on_devices():

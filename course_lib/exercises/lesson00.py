@@ -61,14 +61,13 @@ def check_on_device_3(on_device_3):
         expect_dtype(got, private.dtype, what=what)
         as_array(got, what=what, expected_shape=private.shape)
         if not isinstance(got, jax.Array):
-            raise Mismatch(f"{what} is a {describe(got)}, still in host memory: a jax.Array on a device is what "
-                           "jax.device_put returns.")
+            raise Mismatch(f"{what} is a {describe(got)}, still in host memory: it never reached a device.")
         expect_array(got, private, what=what)
         ids = sorted(d.id for d in got.devices())
         if ids != [device.id]:
             if ids == [jax.devices()[0].id]:
-                where = ("the default device, device 0. Creating or converting an array (jnp.asarray, jnp.array) "
-                         "puts it there; moving it takes jax.device_put with the target Device")
+                where = ("the default device, device 0, where creating or converting an array (jnp.asarray, "
+                         "jnp.array) puts it: it was never moved to device 3")
             elif len(ids) > 1:
                 where = f"{len(ids)} devices, ids {ids}: it should be on one device only"
             else:
@@ -115,6 +114,12 @@ def check_device_ids(device_ids):
                                      "a.devices() is the set of devices for any array.",
             "single device": "a.device works only for an array on one device; a.devices() works for any array."})
         what = f"device_ids({label})"
+        held = a.devices()
+        if sorted(d.id for d in held) != expected:  # JAX caches that set: an answer that pops from it changes it
+            held.update(d for d in devs if d.id in expected)  # put back what was taken, for the rest of the session
+            raise Mismatch(f"{what} changed the set that a.devices() returns (a set's pop or remove takes the "
+                           "element out): JAX keeps that set with the array's sharding, so later code would see a "
+                           "device missing. Read the set without changing it.")
         if isinstance(got, (set, frozenset)) or (isinstance(got, (list, tuple)) and got
                                                  and all(isinstance(d, jax.Device) for d in got)):
             raise Mismatch(f"{what} returned the Devices themselves ({type(got).__name__} of {len(got)}); expected "
@@ -138,6 +143,10 @@ def check_device_ids(device_ids):
         if sorted(ids) == expected and ids != expected:
             raise Mismatch(f"{what} returned {ids}: the right ids, but not sorted (the order of a set is "
                            "arbitrary, and the answer should not depend on it).")
+        if ids and set(ids) < set(expected) and len(set(ids)) == len(ids):
+            raise Mismatch(f"{what} returned {ids}: {len(ids)} of the {len(expected)} ids, {expected}. The array "
+                           f"lives on {len(expected)} devices, and the answer kept only part of the set it "
+                           "asked for (one element picked from it?).")
         if ids != expected:
             raise Mismatch(f"{what} returned {ids}; expected {expected}. Ask the array itself where it lives, "
                            "rather than jax.devices(), a count or a range.")

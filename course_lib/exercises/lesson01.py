@@ -13,6 +13,17 @@ def _batch(b, d, seed):
     return np.random.default_rng(seed).normal(size=(b, d)).astype(np.float32)
 
 
+def _expect_norms(got, x, *, what: str) -> None:
+    """``got`` holds the norms of x's rows; the squared norm (no square root) is named."""
+    norms = np.sqrt((np.asarray(x, np.float64) ** 2).sum(axis=1))
+    values = np.asarray(got) if np.shape(got) == norms.shape else None
+    if values is not None and not np.allclose(values, norms, rtol=1e-4) and np.allclose(values, norms**2,
+                                                                                          rtol=1e-4):
+        raise Mismatch(f"{what} holds the squared norms (the sum of the squares of each row): the square root is "
+                       "missing.")
+    expect_array(got, norms.astype(np.float32), what=what, rtol=1e-4)
+
+
 # ----------------------------------------------------------------------------------------------
 # 01.1 Split a batch across devices by hand
 
@@ -106,7 +117,7 @@ def check_batched_norms(batched_norms):
         if hasattr(got, "shape") and tuple(got.shape) == (d,):
             raise Mismatch(f"batched_norms(x {x.shape}) returned shape ({d},): one value per column. Map over "
                            "axis 0 (the rows), not axis 1.")
-        expect_array(got, np.sqrt((x**2).sum(axis=1)), what=f"batched_norms(x {x.shape})", rtol=1e-4)
+        _expect_norms(got, x, what=f"batched_norms(x {x.shape})")
         if b > 1 and isinstance(got, jax.Array) and len(got.devices()) > 1:
             raise Mismatch(f"batched_norms(x {x.shape}) has the right values, but spread over "
                            f"{len(got.devices())} devices: that is jax.pmap's answer, one row per device, which "
@@ -146,7 +157,7 @@ def check_norms_on_devices(norms_on_devices):
         what = f"norms_on_devices(x {x.shape})"
         expect_dtype(got, x.dtype, what=what)
         as_array(got, what=what, expected_shape=(n,))
-        expect_array(got, np.sqrt((x**2).sum(axis=1)), what=what, rtol=1e-4)
+        _expect_norms(got, x, what=what)
         if isinstance(got, jax.Array) and len(got.devices()) == 1:
             raise Mismatch(f"{what} has the right values but lives on one device: computed there (vmap, plain "
                            "jnp) or brought there afterwards. The exercise is jax.pmap, so that each of the "

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import Mismatch, as_array, call, describe, exercise, expect_array, expect_placed_on, pmap_specs
+from . import Mismatch, as_array, call, describe, exercise, expect_array, expect_placed_on, pmap_specs, primitives
 from .lesson00 import expect_dtype
 
 
@@ -89,15 +89,32 @@ def check_sum_of_squares(sum_of_squares):
                            f"block ({b}, {d}), not only its last axis.")
         if got_shape == ():
             raise Mismatch(f"{what} is a single number; expected one sum per device, shape ({n},).")
-        expect_array(got, (xs**2).sum(axis=(1, 2)), what=what, rtol=1e-4)
+        expected = (xs**2).sum(axis=(1, 2))
+        values = np.asarray(got) if got_shape == (n,) else None
+        if values is not None and not np.allclose(values, expected, rtol=1e-4):
+            if b * d > 1 and np.allclose(values, expected / (b * d), rtol=1e-4):
+                raise Mismatch(f"{what} holds each block's mean of the squares: the sum divided by the {b * d} "
+                               "values of a block. The exercise asks for the sum.")
+            if np.allclose(values, xs.sum(axis=(1, 2)) ** 2, rtol=1e-4):
+                raise Mismatch(f"{what} holds the square of each block's sum: the sum was taken first and "
+                               "squared afterwards, where each value is squared before the sum.")
+        expect_array(got, expected, what=what, rtol=1e-4)
         if isinstance(got, jax.Array) and len(got.devices()) == 1 and n > 1:
             raise Mismatch(f"{what} has the right values but lives on one device (jnp or vmap on the whole "
                            "stack, or the results brought to one device afterwards): the exercise is jax.pmap, "
                            "each device summing its own block, and the result returned as pmap gives it.")
         expect_placed_on(got, devices[:n], what=what)
-        if not pmap_specs(sum_of_squares, jnp.asarray(xs), name="sum_of_squares"):
+        maps = [e for e in primitives(sum_of_squares, jnp.asarray(xs), name="sum_of_squares")
+                if e.primitive.name == "shard_map"]
+        if not maps:
             raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap (it was placed "
                            "there some other way): compute it with jax.pmap, one block per device.")
+        shapes = [tuple(v.aval.shape) for e in maps for v in e.outvars]
+        if (n,) not in shapes:
+            shown = ", ".join(str(sh) for sh in shapes)
+            raise Mismatch(f"{what} has the right values, but the pmap returned shape {shown}, not ({n},): part of "
+                           "each block's sum ran after pmap, outside the devices' program. Each device should "
+                           "reduce its whole block inside the pmapped function.")
     return "one sum per device, computed where its block lives."
 
 
@@ -128,8 +145,9 @@ def solution_block_on(y, i):
                  "device. Ask y for the piece device i already holds instead.",
                  "Section 3, \"Reading one device's result\": `jax.Array.addressable_shards` lists each device's "
                  "block, and a shard's `data` is that block, still on its device.",
-                 "In words: take the shard of device i, take its data, and drop the leading axis of size 1 that "
-                 "the block keeps from pmap's device axis."])
+                 "Compare the shape of a shard's data with the shape asked for (y's shape without its first "
+                 "axis): section 3 prints a shard's block shape. Where does its extra axis come from, and how "
+                 "does indexing remove one axis?"])
 def check_block_on(block_on):
     devices = jax.devices()
     for shape in [(len(devices), 3), (len(devices), 2, 2), (len(devices), 1, 2), (4, 2, 3)]:

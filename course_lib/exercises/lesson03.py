@@ -103,6 +103,11 @@ def check_scale_on_two(scale_on_two):
         if tuple(np.shape(got)) == (2, shape[0] // 2) + shape[1:]:
             raise Mismatch(f"{what} has shape {np.shape(got)}: the per-device blocks as pmap stacks them, where "
                            f"x had shape {shape}.")
+        interleaved = (np.asarray(x).reshape(-1, 2, *shape[1:]).swapaxes(0, 1) * s).reshape(shape)
+        if tuple(np.shape(got)) == shape and np.allclose(as_array(got, what=what), interleaved):
+            raise Mismatch(f"{what} holds x * s with its rows out of order: rows 0, 2, 4, ... first, then 1, 3, "
+                           "...: the rows were interleaved over the two devices (every second row to a device, a "
+                           "swap of axes as in exercise 02.1) and never put back in order.")
         expect_array(got, np.asarray(x) * s, what=what)
         expect_placed_on(got, two, what=what + " (computed with pmap on the first 2 devices)")
     specs = pmap_specs(scale_on_two, x, s, name="scale_on_two")
@@ -132,8 +137,9 @@ def solution_predict(params, xs):
                  "into a stack of n.",
                  "`in_axes` (section 1, \"A pytree of parameters\"): one entry per positional argument, and an "
                  "entry can be None for a whole pytree, or a pytree of entries.",
-                 "In words: pmap a function of (parameters, one block) that multiplies the block by w and adds b, "
-                 "with None as the parameters' entry of in_axes and 0 as the batch's."])
+                 "In words: pmap a function of (parameters, one block) that multiplies the block by w and adds b. "
+                 "Then ask, argument by argument, which one pmap should split over the devices and which one "
+                 "every device gets whole, and say so in in_axes (section 1's pytree example)."])
 def check_predict(predict):
     devices = jax.devices()
     name = getattr(predict, "__name__", "predict")
@@ -153,8 +159,15 @@ def check_predict(predict):
             raise Mismatch(f"{what} should return one array of shape {(n, b, k)}, the predictions; got "
                            f"{type(got).__name__}.")
         expect_dtype(got, xs.dtype, what=what)
-        as_array(got, what=what, expected_shape=(n, b, k))
         expected = np.asarray(xs) @ np.asarray(params["w"]) + np.asarray(params["b"])
+        if (tuple(np.shape(got)) == (n, k, b) and (k != b or not np.allclose(as_array(got, what=what), expected,
+                                                                             rtol=1e-4, atol=1e-5))
+                and np.allclose(as_array(got, what=what), expected.swapaxes(1, 2), rtol=1e-4, atol=1e-5)):
+            shapes = f", shape {(n, k, b)} where {(n, b, k)} is expected" if k != b else ""
+            raise Mismatch(f"{what} holds each block's predictions transposed{shapes}: the product was taken the "
+                           "other way round (the weight first, the block transposed), so a column, not a row, is "
+                           "one example.")
+        as_array(got, what=what, expected_shape=(n, b, k))
         if tuple(np.shape(got)) == expected.shape and np.allclose(np.asarray(got), np.asarray(xs) @ params["w"],
                                                                   atol=1e-5):
             raise Mismatch(f"{what} is xs @ w: the bias b is missing.")
@@ -190,8 +203,9 @@ def solution_device_axis_last(xs):
                  "inside pmap, not with a transpose afterwards.",
                  "`out_axes` (section 4 of the lesson) is the output's counterpart of in_axes: the axis of the "
                  "result along which the per-device results are stacked.",
-                 "In words: pmap a function that doubles one row, with out_axes naming the last axis of the "
-                 "(b, n) result."])
+                 "In words: pmap a function that doubles one row. Section 4 prints the result's shape for "
+                 "the default out_axes and for another value: count the axes of the (b, n) result from 0 to "
+                 "find where the device axis must go."])
 def check_device_axis_last(device_axis_last):
     devices = jax.devices()
     for n, b in [(len(devices), 5), (4, 3), (3, 3)]:
@@ -212,6 +226,11 @@ def check_device_axis_last(device_axis_last):
                                                                                              2.0 * np.asarray(xs)):
             raise Mismatch(f"{what} has the device axis first (row i is device i's result); expected it last: "
                            "column i should be device i's result (out_axes, section 4).")
+        if (tuple(np.shape(got)) == (b, n) and not np.allclose(as_array(got, what=what), expected)
+                and np.allclose(as_array(got, what=what), (2.0 * np.asarray(xs)).reshape(b, n))):
+            raise Mismatch(f"{what} has the shape {(b, n)} but the values of a reshape of the {(n, b)} result: "
+                           "a reshape keeps the values in their order and only cuts them anew, so column i is "
+                           "not device i's result. Moving the device axis is what out_axes does (section 4).")
         expect_array(got, expected, what=what)
         expect_placed_on(got, devices[:n], what=what)
         specs = pmap_specs(device_axis_last, xs, name="device_axis_last")
@@ -291,13 +310,11 @@ def _split(spec) -> bool:
           returns='a jax.Array of shape (B, k), x @ w, split over the axis "i" of the mesh given',
           hints=["smap works on blocks that keep their rank, so no reshape is needed; but it does not move an "
                  "input for you, and it needs to know which mesh its axis name belongs to.",
-                 "The lesson's last section (Going further: jax.smap): `jax.set_mesh` for the mesh, "
-                 "`jax.device_put` with a `PartitionSpec` naming the axis `i` for the batch, and `jax.smap` with "
-                 "`in_axes`, `out_axes` (required) and `axis_name`.",
-                 "In words: inside the context of the mesh you were given, place x split along its axis 0 over the "
-                 "mesh axis `i`; then smap a function of a block of rows that multiplies it by the weight (closed "
-                 "over, or a second argument that is not mapped), with the batch mapped over axis 0, the outputs "
-                 "joined along axis 0, and `i` as the axis name."])
+                 "The lesson's last section (Going further: jax.smap), item 1 of its list: what smap needs "
+                 "around the call, and in what state its mapped input must arrive.",
+                 "The cells after that list do section 1's prediction with smap, first with an input that is not "
+                 "placed and then with one that is: compare the two, and use the mesh you were given, not one "
+                 "of your own."])
 def check_smap_predict(smap_predict):
     devices = jax.devices()
     name = getattr(smap_predict, "__name__", "smap_predict")
@@ -333,12 +350,25 @@ def check_smap_predict(smap_predict):
             elif "require replication" in original:
                 message += (" out_axes=None says every device holds the same result, and here each device holds a "
                             "different block of rows.")
+            elif "truth value of an array" in original:
+                message += (" That is NumPy refusing to treat an array of Devices as true or false: pmap's devices "
+                            "argument wants a list of Devices, not a NumPy array of them. And the exercise is "
+                            "jax.smap on the mesh given, not pmap.")
             elif any(s in original for s in ("mesh context", "Auto or Manual", "empty mesh", "set a mesh")):
                 message += (" A PartitionSpec names mesh axes, and this call ran outside the context of any "
                             "mesh.")
             raise Mismatch(message) from None
         print(out.getvalue(), end="")
         expect_dtype(got, jnp.float32, what=what)
+        shape = tuple(np.shape(got))
+        if shape == (n, B // n, k):
+            raise Mismatch(f"{what} has shape {shape}: a device axis in front, the pmap habit. smap's blocks keep "
+                           f"their rank: each device's ({B // n}, {k}) block is joined to the others along the axis "
+                           f"out_axes names, giving {(B, k)} with no reshape.")
+        if shape == (B // n, n * k) and n > 1:
+            raise Mismatch(f"{what} has shape {shape}: the {n} blocks of shape {(B // n, k)} were joined along "
+                           f"axis 1, side by side, where the rows of the batch are joined along axis 0: out_axes "
+                           "names the axis the blocks are joined along.")
         values = as_array(got, what=what, expected_shape=(B, k))
         if values.shape == (B // n, k):
             raise Mismatch(f"{what} has shape {(B // n, k)}: one device's block, not the {n} blocks joined along "

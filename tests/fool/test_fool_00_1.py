@@ -45,3 +45,9 @@ def test_a_right_answer_written_another_way_passes(answer):
     fb = verdict(answer)
     assert fb, fb.message
 
+
+
+@pytest.mark.parametrize("answer", [jnp.asarray, np.asarray], ids=["default device", "left on the host"])
+def test_feedback_names_the_mistake_and_leaves_the_fix_to_hint(answer):
+    fb = verdict(answer)
+    assert not fb and "device_put" not in fb.message, fb.message

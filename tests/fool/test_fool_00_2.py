@@ -19,10 +19,13 @@ WRONG = [
     ("ids as text", lambda a: sorted(str(d.id) for d in a.devices()), "holds str values"),
     ("one int", lambda a: min(d.id for d in a.devices()), "returned one int"),
     ("one Device", lambda a: next(iter(a.devices())), "returned one Device"),
+    ("one id picked from the set", lambda a: [next(iter(a.devices())).id], "kept only part of the set"),
+    ("one id popped from JAX's own set", lambda a: [a.devices().pop().id], "changed the set that a.devices()"),
 ]
 RIGHT = [
     ("from the shards", lambda a: sorted({s.device.id for s in a.addressable_shards})),
     ("from the sharding", lambda a: sorted(d.id for d in a.sharding.device_set)),
+    ("from the shards, no set", lambda a: sorted(s.device.id for s in a.addressable_shards)),
 ]
 
 

@@ -21,7 +21,7 @@ WRONG = [
     ("mapped over the columns", lambda x: jax.vmap(norm, in_axes=1)(x), "one value per column"),
     ("the whole batch's norm", lambda x: norm(x), "single number"),
     ("pmap instead of vmap", lambda x: jax.pmap(norm)(x), "that is jax.pmap's answer"),
-    ("no square root", lambda x: jax.vmap(lambda v: jnp.sum(v ** 2))(x), "values differ"),
+    ("no square root", lambda x: jax.vmap(lambda v: jnp.sum(v ** 2))(x), "the square root is missing"),
     ("half precision", lambda x: jax.vmap(norm)(x.astype(jnp.float16)), "dtype float16"),
     ("absolute values summed", lambda x: jax.vmap(lambda v: jnp.sum(jnp.abs(v)))(x), "values differ"),
 ]

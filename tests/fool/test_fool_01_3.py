@@ -23,7 +23,7 @@ def spread(values):
 WRONG = [
     ("vmap", lambda x: jax.vmap(norm)(x), "lives on one device"),
     ("pmap, then gathered", lambda x: jax.device_put(jax.pmap(norm)(x), jax.devices()[0]), "lives on one device"),
-    ("no square root", lambda x: jax.pmap(lambda v: jnp.sum(v ** 2))(x), "values differ"),
+    ("no square root", lambda x: jax.pmap(lambda v: jnp.sum(v ** 2))(x), "the square root is missing"),
     ("placed another way", lambda x: spread(jnp.linalg.norm(x, axis=1)), "its program has no jax.pmap"),
     ("copied to the host", lambda x: np.asarray(jax.pmap(norm)(x)), "should be a jax.Array"),
     ("half precision", lambda x: jax.pmap(norm)(x.astype(jnp.float16)), "dtype float16"),

@@ -32,6 +32,8 @@ WRONG = [
     ("no pmap", lambda p, xs: xs @ p["w"] + p["b"], "lives on one device"),
     ("bias mapped", lambda p, xs: jax.pmap(block, in_axes=({"w": None, "b": 0}, 0))(p, xs),
      "raised"),
+    ("predictions transposed", lambda p, xs: jax.pmap(lambda q, x: q["w"].T @ x.T + q["b"][:, None],
+                                                      in_axes=(None, 0))(p, xs), "predictions transposed"),
     ("weight transposed", lambda p, xs: jax.pmap(lambda q, x: (q["w"].T @ x.T).T + q["b"], in_axes=(None, 0))(p, xs)
      if p["w"].shape[0] == p["w"].shape[1] else jax.pmap(block, in_axes=(None, 0))(
         jax.tree.map(lambda v: v * 1.01, p), xs), "values differ"),

@@ -18,6 +18,8 @@ WRONG = [
     ("device axis still first", lambda xs: jax.pmap(lambda r: 2.0 * r)(xs), "the device axis is still first"),
     ("vmap", lambda xs: jax.vmap(lambda r: 2.0 * r, out_axes=1)(xs), "lives on 1 device(s)"),
     ("not doubled", lambda xs: jax.pmap(lambda r: r, out_axes=1)(xs), "values differ"),
+    ("reshaped, not moved", lambda xs: jax.pmap(lambda r: 2.0 * r)(xs).reshape(xs.shape[1], xs.shape[0]),
+     "the values of a reshape"),
     ("no pmap", lambda xs: 2.0 * xs.T, "lives on 1 device(s)"),
     ("half precision", lambda xs: jax.pmap(lambda r: (2.0 * r).astype(jnp.float16), out_axes=1)(xs),
      "dtype float16"),

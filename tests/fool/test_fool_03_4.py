@@ -71,7 +71,27 @@ def built_once(x, w, mesh):
         return _ONCE["f"](jax.device_put(x, P("i")), w)
 
 
+def pmap_numpy_devices(x, w, mesh):
+    n = mesh.devices.size
+    return jax.pmap(lambda xb: xb @ w, devices=mesh.devices.flat[:])(x.reshape(n, -1, x.shape[1])).reshape(
+        x.shape[0], -1)
+
+
+def reshaped_pmap_style(x, w, mesh):
+    with jax.set_mesh(mesh):
+        y = smap(matmul)(jax.device_put(x, P("i")), w)
+        return y.reshape(mesh.devices.size, -1, w.shape[1])
+
+
+def joined_along_1(x, w, mesh):
+    with jax.set_mesh(mesh):
+        return smap(matmul, out_axes=1)(jax.device_put(x, P("i")), w)
+
+
 WRONG = [
+    ("pmap with a NumPy array of devices", pmap_numpy_devices, "not a NumPy array of them"),
+    ("reshaped to a device axis", reshaped_pmap_style, "blocks keep their rank"),
+    ("blocks joined along axis 1", joined_along_1, "joined along axis 1"),
     ("input not placed", not_placed, "x reached it unsplit"),
     ("weight mapped", w_mapped, "w was mapped over \"i\" too"),
     ("no mesh context", lambda x, w, mesh: smap(matmul)(jax.device_put(x, P("i")), w), "outside the context"),
