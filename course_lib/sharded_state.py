@@ -683,7 +683,7 @@ def _parse_type(text: str):
         elif tok != ",":
             arr = _ARRAY.match(re.sub(r"\{.*\}$", "", tok))
             if not arr:
-                raise _Unparsed(f"cannot read the type {tok!r}")
+                raise _Unparsed(f"its type {tok!r} is not an array type such as f32[8,16]")
             dtype, dims = arr.groups()
             if dtype != "token":
                 _dtype_bits(dtype)
@@ -807,7 +807,8 @@ def collectives(hlo_text: str, n_devices: int | None = None) -> list[Collective]
             arrays = [(dt, ds) for dt, ds in _result_arrays(type_text, op, is_start) if dt != "token"]
             nbytes = sum(_array_bytes(dt, [d for d in ds.split(",") if d]) for dt, ds in arrays)
         except _Unparsed as e:
-            raise ValueError(f"collectives: {e} in this {op} instruction of hlo_text: {line.strip()[:160]!r}. "
+            raise ValueError(f"collectives: cannot read this {op} instruction of hlo_text ({e}): "
+                             f"{line.strip()[:160]!r}. "
                              "The reader knows XLA's element types (pred, s2-s64, u2-u64, f16, bf16, f32, f64, "
                              "c64, c128, f8 and f4 variants); pass compiled.as_text() unchanged.") from None
         if not arrays:
