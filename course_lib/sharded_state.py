@@ -611,22 +611,61 @@ class Collective:
         return ring_bytes(self.op, self.payload, self.group)
 
 
-_BYTES = {"f64": 8, "f32": 4, "bf16": 2, "f16": 2, "s64": 8, "s32": 4, "u32": 4, "s16": 2, "u16": 2, "s8": 1,
-          "u8": 1, "pred": 1, "u64": 8}
-_OPS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute")
-# "%name = TYPE op(" or "%name = TYPE op-start(": the type is everything between " = " and the opcode.
-_LINE = re.compile(r"=\s*(.*?)\s+(" + "|".join(_OPS) + r")(-start)?\(")
-_ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([\d,]*)\]")
-_TOKEN = re.compile(r"\(|\)|,|[a-z][a-z0-9]*\[[\d,]*\](?:\{[^}]*\})?")
+# Bits per element of each HLO element type (XLA's primitive types); sub-byte arrays are packed.
+_BITS = {"pred": 8, "s2": 2, "u2": 2, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "s32": 32,
+         "u32": 32, "s64": 64, "u64": 64, "f16": 16, "bf16": 16, "f32": 32, "f64": 64, "c64": 64, "c128": 128,
+         "f4e2m1fn": 4, "f8e8m0fnu": 8, "f8e4m3": 8, "f8e4m3fn": 8, "f8e4m3b11fnuz": 8, "f8e4m3fnuz": 8,
+         "f8e5m2": 8, "f8e5m2fnuz": 8, "f8e3m4": 8}
+_OPS = ("all-reduce", "reduce-scatter", "all-gather", "all-to-all", "collective-permute", "ragged-all-to-all")
+# An instruction: "[ROOT] %name = TYPE opcode(...)". The type is read by _split_type (it may be a nested tuple).
+_HEAD = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*")
+_OPCODE = re.compile(r"\s+([a-z][\w\-]*)\(")
+# A collective's opcode anywhere outside quoted strings (metadata), to refuse a line the reader cannot parse.
+_ANY_COLLECTIVE = re.compile(r"(?<![%\w.\-])(" + "|".join(_OPS) + r")(-start)?\(")
+_ARRAY = re.compile(r"([a-z][a-z0-9]*)\[((?:(?:<=)?\d+)(?:,(?:<=)?\d+)*)?\]$")
+_TOKEN = re.compile(r"\(|\)|,|[a-z][a-z0-9]*\[[^\]]*\](?:\{[^}]*\})?|[^\s(),]+")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*\S.*\s[a-z][\w\-]*\(", re.M)
 _HEADER = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s*(?:\(.*\)\s*->\s*.*)?\{\s*$")
 _CALLS = re.compile(r"(?:to_apply|calls|body|condition|branch_computations)=\{?%?([\w.\-]+)")
 _BODY = re.compile(r"\bbody=%?([\w.\-]+)")
 
 
-def _dtype_bytes(dtype: str) -> int:
-    """Bytes per element of an HLO dtype name (f32 -> 4; the 8-bit floats f8e4m3fn, f8e5m2, ... -> 1)."""
-    return _BYTES.get(dtype, 1 if dtype.startswith("f8") else 4)
+class _Unparsed(ValueError):
+    """A collective's type that the reader cannot turn into bytes."""
+
+
+def _dtype_bits(dtype: str) -> int:
+    """Bits per element of an HLO element type (f32 -> 32, bf16 -> 16, c64 -> 64, s4 -> 4, pred -> 8)."""
+    if dtype not in _BITS:
+        raise _Unparsed(f"unknown element type {dtype!r}")
+    return _BITS[dtype]
+
+
+def _dtype_bytes(dtype: str) -> float:
+    """Bytes per element of an HLO element type (f32 -> 4, c64 -> 8, s4 -> 0.5); an unknown type raises."""
+    return _dtype_bits(dtype) / 8
+
+
+def _array_bytes(dtype: str, shape) -> int:
+    """Bytes of one array: ``ceil(elements * bits / 8)`` (4-bit types are packed two to a byte)."""
+    return math.ceil(math.prod(int(d) for d in shape) * _dtype_bits(dtype) / 8)
+
+
+def _split_type(rest: str):
+    """``rest`` is the text after ``=``: return (type_text, opcode), or (None, None) when no ``opcode(`` follows.
+    The type ends at the first space outside brackets (a tuple's parentheses, a layout's braces)."""
+    depth, i = 0, 0
+    while i < len(rest):
+        ch = rest[i]
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch.isspace() and depth == 0:
+            break
+        i += 1
+    m = _OPCODE.match(rest, i)
+    return (rest[:i], m.group(1)) if m else (None, None)
 
 
 def _parse_type(text: str):
@@ -642,7 +681,14 @@ def _parse_type(text: str):
                 inner = stack.pop()
                 stack[-1].append(inner)
         elif tok != ",":
-            stack[-1].append(_ARRAY.match(tok).groups())
+            arr = _ARRAY.match(re.sub(r"\{.*\}$", "", tok))
+            if not arr:
+                raise _Unparsed(f"its type {tok!r} is not an array type such as f32[8,16]")
+            dtype, dims = arr.groups()
+            if dtype != "token":
+                _dtype_bits(dtype)
+            # A dynamic dimension "<=8" counts at its bound (the largest the buffer can be).
+            stack[-1].append((dtype, (dims or "").replace("<=", "")))
     top = stack[0]
     return top[0] if len(top) == 1 else top
 
@@ -727,6 +773,11 @@ def collectives(hlo_text: str, n_devices: int | None = None) -> list[Collective]
     - an ``async-start`` whose ``calls=`` computation holds the collective: counted once, from that computation's
       own (synchronous) instruction.
 
+    Bytes are ``ceil(elements * bits / 8)`` per array (``s4``/``u4`` are half a byte, ``c64`` 8 bytes); a dynamic
+    dimension ``<=8`` counts at its bound. A ``ragged-all-to-all`` counts its whole output buffer, an upper bound on
+    what it sends. A collective whose type or element type the reader cannot read raises ``ValueError`` naming the
+    line; an opcode inside ``metadata={op_name="..."}`` is not an instruction and is not counted.
+
     ``n_devices`` is the group size to assume where the instruction does not say (default: ``jax.device_count()``).
     Returns ``[]`` when the program has no collective (e.g. compiled for one device). Raises ``ValueError`` for text
     that is not HLO (StableHLO from ``lowered.as_text()`` included) and ``TypeError`` for a non-string.
@@ -741,16 +792,29 @@ def collectives(hlo_text: str, n_devices: int | None = None) -> list[Collective]
             current = header.group(1)
             continue
         calls.setdefault(current, set()).update(_CALLS.findall(line))
-        m = _LINE.search(line)
-        if not m:
+        head = _HEAD.match(line)
+        type_text, opcode = _split_type(line[head.end():]) if head else (None, None)
+        base = opcode[:-len("-start")] if opcode and opcode.endswith("-start") else opcode
+        if base not in _OPS:
+            # No collective opcode right after the type; one elsewhere (outside quoted metadata) is unreadable.
+            if _ANY_COLLECTIVE.search(re.sub(r'"(?:[^"\\]|\\.)*"', '""', line)):
+                raise ValueError(f"collectives: cannot read this collective instruction of hlo_text (expected "
+                                 f"'%name = TYPE op(...)'): {line.strip()[:160]!r}. Pass compiled.as_text() or "
+                                 "lowered.as_text(dialect='hlo') unchanged.")
             continue
-        type_text, op, is_start = m.group(1), m.group(2), bool(m.group(3))
-        arrays = [(dt, ds) for dt, ds in _result_arrays(type_text, op, is_start) if dt != "token"]
+        op, is_start = base, opcode != base
+        try:
+            arrays = [(dt, ds) for dt, ds in _result_arrays(type_text, op, is_start) if dt != "token"]
+            nbytes = sum(_array_bytes(dt, [d for d in ds.split(",") if d]) for dt, ds in arrays)
+        except _Unparsed as e:
+            raise ValueError(f"collectives: cannot read this {op} instruction of hlo_text ({e}): "
+                             f"{line.strip()[:160]!r}. "
+                             "The reader knows XLA's element types (pred, s2-s64, u2-u64, f16, bf16, f32, f64, "
+                             "c64, c128, f8 and f4 variants); pass compiled.as_text() unchanged.") from None
         if not arrays:
             continue
         group = _group_size(line, default)
-        dtype, dims = arrays[0]
-        nbytes = sum(_dtype_bytes(dt) * math.prod(int(d) for d in ds.split(",") if d) for dt, ds in arrays)
+        dtype = arrays[0][0]
         payload = nbytes * group if op == "reduce-scatter" else nbytes
         operands = tuple((dt, tuple(int(d) for d in ds.split(",") if d)) for dt, ds in arrays)
         found.append((current, Collective(op, dtype, operands[0][1], group, payload, operands=operands)))
@@ -787,8 +851,9 @@ def dataflow(step, state: ShardedState, batch, *, show_devices: int = 2):
 
     The shapes come from the state's arrays (``addressable_shards``) and the collectives, in program order, from the
     compiled step's HLO (``collectives``; the loss's scalar all-reduce is left out). The first ``show_devices``
-    devices and the last are drawn, and the drawing is scaled to at most 10 inches (720 pt, about 960 px) wide
-    so that it fits a notebook. Returns a ``diagrams.Diagram`` (graphviz; DOT source where ``dot`` is missing).
+    devices and the last are drawn, and the drawing is scaled to at most ``diagrams.MAX_WIDTH_IN`` inches
+    (``diagrams.MAX_WIDTH_PX``, 768 px) wide so that it fits a notebook: with ``show_devices=1`` (the first device
+    and the last) its text stays readable at that width. Returns a ``diagrams.Diagram`` (graphviz; DOT source where ``dot`` is missing).
     """
     from . import diagrams
 
@@ -806,7 +871,8 @@ def dataflow(step, state: ShardedState, batch, *, show_devices: int = 2):
     devs = sorted(state.params.devices(), key=lambda d: d.id)
     g = diagrams.Diagram("sharded_step")
     g.attr(label=f"one '{layout.stage}' step on {n} devices: {layout.n_params:,} parameters, padded to "
-                 f"{layout.padded:,} = {n} x {layout.shard_size:,}", labelloc="t", ranksep="0.4", size="10,30")
+                 f"{layout.padded:,} = {n} x {layout.shard_size:,}", labelloc="t", ranksep="0.4",
+          size=f"{diagrams.MAX_WIDTH_IN:g},30")
 
     def row(name, label_of, colour):
         with g.subgraph(name=name) as s:

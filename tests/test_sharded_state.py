@@ -422,3 +422,44 @@ def test_the_readers_say_why_they_find_nothing():
         ss.communication(jax.jit(lambda v: v * 2).lower(jnp.ones(4)).as_text())
     with pytest.raises(TypeError, match="hlo_text must be"):
         ss.collectives(jax.jit(lambda v: v * 2).lower(jnp.ones(4)).compile())
+
+
+_ONE = "HloModule m\n\nENTRY %main (p: f32[8]) -> f32[8] {\n  %p = f32[8]{0} parameter(0)\n  {}\n}\n"
+
+
+@pytest.mark.parametrize("line, op, payload", [
+    ("%x = c64[8]{0} all-reduce(%p), replica_groups={}, to_apply=%add", "all-reduce", 64),
+    ("%x = c128[2]{0} all-reduce(%p), replica_groups={}, to_apply=%add", "all-reduce", 32),
+    ("%x = s4[8]{0} all-gather(%p), replica_groups={}, dimensions={0}", "all-gather", 4),
+    ("%x = u4[3]{0} all-gather(%p), replica_groups={}, dimensions={0}", "all-gather", 2),     # 12 bits: 2 bytes
+    ("%x = f8e4m3fn[16]{0} all-gather(%p), replica_groups={}, dimensions={0}", "all-gather", 16),
+    ("%x = f8e5m2[16]{0} all-to-all(%p), replica_groups={}, dimensions={0}", "all-to-all", 16),
+    ("%x = pred[8]{0} all-reduce(%p), replica_groups={}, to_apply=%or", "all-reduce", 8),
+    ("%x = (bf16[4]{0}, s8[4]{0}) all-reduce(%p, %q), replica_groups={}, to_apply=%add", "all-reduce", 12),
+    ("%x = f32[<=8]{0} all-reduce(%p), replica_groups={}, to_apply=%add", "all-reduce", 32),  # at its bound
+    ("%x = f32[8,128]{1,0:T(8,128)} all-reduce(%p), replica_groups={}, to_apply=%add", "all-reduce", 4096),
+    ("%x = f32[8]{0} ragged-all-to-all(%p, %o, %i, %s, %j, %k), replica_groups={}", "ragged-all-to-all", 32),
+])
+def test_collectives_count_the_bytes_of_every_element_type(line, op, payload):
+    found = ss.collectives(_ONE.replace("{}", line, 1), n_devices=8)
+    assert [(c.op, c.payload) for c in found] == [(op, payload)]
+
+
+@pytest.mark.parametrize("line, named", [
+    ("%x = garbage all-reduce(%p), replica_groups={}, to_apply=%add", "'garbage'"),
+    ("%x = q9[8]{0} all-reduce(%p), replica_groups={}, to_apply=%add", "'q9'"),
+    ("%x = f32[?]{0} all-gather(%p), replica_groups={}, dimensions={0}", "f32[?]"),
+    ("all-reduce(%p), replica_groups={}", "all-reduce(%p)"),
+])
+def test_an_unreadable_collective_raises_naming_its_line(line, named):
+    with pytest.raises(ValueError, match="cannot read") as e:
+        ss.collectives(_ONE.replace("{}", line, 1), n_devices=8)
+    assert named in str(e.value) and line[:20] in str(e.value)
+
+
+def test_a_collective_named_in_metadata_is_not_counted():
+    fusion = ('%f = f32[8]{0} fusion(%p), kind=kLoop, calls=%fc, '
+              'metadata={op_name="jit(f)/ all-reduce(x)" source_file="a all-gather(b).py"}')
+    assert ss.collectives(_ONE.replace("{}", fusion, 1), n_devices=8) == []
+    done = "%d = f32[8]{0} all-reduce-done(%all-reduce-start)"
+    assert ss.collectives(_ONE.replace("{}", done, 1), n_devices=8) == []

@@ -52,14 +52,20 @@ def check_ms_per_step(ms_per_step):
         if np.isclose(got, dispatch * k + step, rtol=1e-6) or np.isclose(got, dispatch + k * step, rtol=1e-6):
             raise Mismatch(f"{what} = {got:.4g}: that grows with k. One dispatch now carries k steps, so each step "
                            "carries a smaller share of the dispatch's cost as k grows.")
+        if k > 1 and np.isclose(got, dispatch + step / k, rtol=1e-6):
+            raise Mismatch(f"{what} = {got:.4g}: the two costs are swapped. Your formula shares the step's own "
+                           "work among the k steps and charges every step the whole dispatch.")
+        if k > 1 and np.isclose(got, dispatch / k + step * k, rtol=1e-6):
+            raise Mismatch(f"{what} = {got:.4g}: the step's own work is multiplied by k, so the time per step "
+                           "grows with k. That is the time of the whole dispatch's work, not of one step.")
         if np.isclose(got, dispatch // k + step, rtol=1e-6) or np.isclose(got, dispatch // k + step // 1, rtol=1e-6):
             raise Mismatch(f"{what} = {got:.4g}; expected {want:.4g}. Floor division (//) dropped the fraction of "
                            "the dispatch's share: a share of a millisecond is a fraction, so divide with /.")
         if np.isclose(got, dispatch + step, rtol=1e-6):
             raise Mismatch(f"{what} = {got:.4g}: k has no effect. The fixed cost is paid once per dispatch, and "
                            "one dispatch now runs k steps.")
-        raise Mismatch(f"{what} = {got:.4g}; expected {want:.4g}. Count the fixed cost once per dispatch of k "
-                       "steps, and each step's own work once per step (lesson 09, section 2).")
+        raise Mismatch(f"{what} = {got:.4g}; expected {want:.4g}, which is neither the dispatch shared by k nor "
+                       "the step's own work alone. Which of the two costs does fusing k steps change?")
     return "the dispatch cost fades as 1/k; what is left is the step's own work, which fusing cannot remove."
 
 

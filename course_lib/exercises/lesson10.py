@@ -42,8 +42,9 @@ HINTS = {
              "and one reduce-scatter per sharded leaf, and no gradient-sized all-reduce, is the mechanism."],
     "10.5": ["Ask, per stage, what each device keeps across the micro-batches: a whole accumulator or only its "
              "slice? What it keeps decides when it must communicate.",
-             "Section 2 (ZeRO's step), section 4 (accumulation, the hand-written step) and "
-             "sharded_state.collectives, whose in_loop says whether a collective runs once per micro-batch.",
+             "Section 2 (what each ZeRO stage keeps on a device), section 4's hand-written accumulated step (the "
+             "code cell: its lax.scan, and where its pmean sits) and sharded_state.collectives, whose in_loop "
+             "says whether a collective runs once per micro-batch.",
              "Compile one stage yourself, with sharded_state.make_train_step and its accumulate argument, and "
              "read sharded_state.collectives of the compiled step's text: count each one once, or K times when "
              "its in_loop is True."],
@@ -391,7 +392,7 @@ def check_choose_k(choose_k):
                            "that every micro-batch has the same size; try only those K.")
                 elif want is None:
                     why = " When no K fits, return None rather than raise."
-                raise Mismatch(f"{shown} raised {type(e).__name__}: {text}.{why}") from None
+                raise Mismatch(f"{shown} raised {type(e).__name__}: {text.rstrip('.')}.{why}") from None
             built = calls[before:]
             whole = isinstance(got, (int, np.integer)) and not isinstance(got, bool)
             if got is None and not built:
@@ -519,9 +520,36 @@ def _gradient_all_reduces(found, slice_bytes):
     of it."""
     def non_scalar_bytes(c):
         from .. import sharded_state
-        return sum(sharded_state._dtype_bytes(dt) * int(np.prod(shape)) for dt, shape in
+        return sum(sharded_state._array_bytes(dt, shape) for dt, shape in
                    (c.operands or ((c.dtype, c.shape),)) if shape)
     return [c for c in found if c.op == "all-reduce" and non_scalar_bytes(c) > slice_bytes]
+
+
+def _own_update(loss_fn, optimizer, opt_name, params, data, first, got, n):
+    """Why the answer's parameters look like its own update rule rather than ``optimizer``'s, or None: a first
+    step along the plain gradient where the optimizer's is not (Adam), or with another learning rate, or three
+    plain-SGD steps where the optimizer has momentum."""
+    g0 = jax.grad(loss_fn)(jax.tree.map(jnp.asarray, params), data[0])
+    keys = sorted(params)
+    d = np.concatenate([np.ravel(first[k] - params[k]) for k in keys])
+    g = np.concatenate([np.ravel(np.asarray(g0[k])) for k in keys])
+    if not np.any(d) or not np.any(g):
+        return None
+    c = -float(d @ g) / float(g @ g)
+    if c <= 0 or not np.allclose(d, -c * g, rtol=1e-3, atol=1e-6):
+        return None                                         # not a plain gradient step
+    want_first = _reference(loss_fn, optimizer, params, data[:1])[0]
+    if _tree_close(first, want_first):
+        if "momentum" in opt_name and _tree_close(got, _reference(loss_fn, optax.sgd(c), params, data)[0]):
+            return (f"its three steps are plain SGD with learning rate {c:.3g}, without {opt_name}'s momentum (the "
+                    "first step of momentum SGD is a plain one; the later ones are not)")
+        return None
+    lr = next((float(t) for t in opt_name.replace("(", ",").replace(")", ",").split(",")
+               if t.strip().replace(".", "", 1).isdigit()), None)
+    if opt_name.startswith("optax.sgd") and lr and any(np.isclose(c, lr * m, rtol=1e-3) for m in (n, 1 / n)):
+        return None                                         # a factor n: named by the caller
+    return (f"its first update is the gradient times {-c:.3g} (p - {c:.3g} * g, plain SGD), where {opt_name} "
+            "gives another")
 
 
 def _tree_close(got, want):
@@ -582,7 +610,7 @@ def check_fsdp_step(make_fsdp_step):
                         raise Mismatch(f"{what}: each device returned {k} with {v.shape[0]} rows; FSDP keeps only "
                                        f"this device's {v.shape[0] // n} rows of it between steps: return the "
                                        "updated slices, not the gathered parameters.")
-        losses, p, o = [], my_params, opt_state
+        losses, p, o, first = [], my_params, opt_state, None
         for b in data:
             try:
                 p, o, loss = call(f, p, o, put(b, P(AXIS)), name="step", hints={
@@ -591,6 +619,7 @@ def check_fsdp_step(make_fsdp_step):
             except Mismatch as e:
                 raise Mismatch(f"On {n} devices with {opt_name}: {e}") from None
             losses.append(float(np.asarray(loss)))
+            first = jax.tree.map(np.asarray, p) if first is None else first
         problem = next((_float_dtype_problem(leaf, f"{what}: the new parameters") for leaf in jax.tree.leaves(p)
                         if _float_dtype_problem(leaf, "")), None)
         if problem:
@@ -613,6 +642,11 @@ def check_fsdp_step(make_fsdp_step):
                                "over the devices (the transpose of a gather is a reduce-scatter, a sum): the update "
                                "needs the mean. With Adam this bug hardly shows, which is why the checker uses SGD "
                                "too.")
+        if not _tree_close(got, want_params):
+            own = _own_update(loss_fn, optimizer, opt_name, params, data, first, got, n)
+            if own:
+                raise Mismatch(f"{what}: your step does not use the optimizer it was given: {own}. Whatever "
+                               "optimizer make_fsdp_step receives (SGD, momentum, Adam) must make the update.")
         if not np.allclose(losses, want_losses, rtol=1e-5, atol=1e-6):
             _expect_close(np.asarray(losses), np.asarray(want_losses), f"{what}: the losses", f, my_params,
                           opt_state, batch)
@@ -705,10 +739,12 @@ def check_predict_collectives(predict):
                 raise Mismatch(f"predict({stage!r}, {k}) names {op!r}; use the compiled program's names: "
                                f"{', '.join(repr(o) for o in _OPS)} (psum is an all-reduce, psum_scatter a "
                                "reduce-scatter).")
-            if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
+            integral_float = (isinstance(count, (float, np.floating)) and np.isfinite(count)
+                              and float(count).is_integer())
+            if isinstance(count, bool) or not (isinstance(count, (int, np.integer)) or integral_float):
                 raise Mismatch(f"predict({stage!r}, {k})[{op!r}] is "
                                f"{describe(count) if hasattr(count, 'shape') else repr(count)}; expected a whole "
-                               "number of runs per step, a Python int.")
+                               "number of runs per step (an int such as 1 or k; 3.0 is accepted too).")
             if count:
                 counts[name] = counts.get(name, 0) + int(count)
         if counts == want:

@@ -16,7 +16,9 @@ WRONG = [
     ("k ignored", lambda d, s, k: d + s, "k has no effect"),
     ("half precision", lambda d, s, k: np.float16(d / k + s), "float16"),
     ("a pair", lambda d, s, k: (d / k, s), "should be one number"),
-    ("one dispatch too many", lambda d, s, k: d / (k + 1) + s, "Count the fixed cost once per dispatch"),
+    ("one dispatch too many", lambda d, s, k: d / (k + 1) + s, "neither the dispatch shared by k"),
+    ("costs swapped", lambda d, s, k: d + s / k, "the two costs are swapped"),
+    ("work times k, dispatch shared", lambda d, s, k: d / k + s * k, "the step's own work is multiplied by k"),
 ]
 RIGHT = [
     ("total over k", lambda d, s, k: (d + k * s) / k),

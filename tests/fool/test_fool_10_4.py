@@ -45,6 +45,19 @@ def all_reduce_then_slice(loss_fn, optimizer):
     return step
 
 
+def own_sgd(lr):                                # ignores the optimizer it is given: its own plain SGD
+    def make(loss_fn, optimizer):
+        def step(my, opt_state, batch):
+            n = jax.lax.axis_size(A)
+            whole = lambda p: jax.tree.map(lambda s: jax.lax.all_gather(s, A, tiled=True), p)
+            loss, g = jax.value_and_grad(lambda p: loss_fn(whole(p), batch))(my)
+            g = jax.tree.map(lambda v: v / n, g)
+            _, opt_state = optimizer.update(g, opt_state, my)
+            return jax.tree.map(lambda p, v: p - lr * v, my, g), opt_state, jax.lax.pmean(loss, A)
+        return step
+    return make
+
+
 def never_gathers(loss_fn, optimizer):
     def step(my, opt_state, batch):
         loss, g = jax.value_and_grad(loss_fn)(my, batch)
@@ -86,6 +99,8 @@ WRONG = [
     ("returns the gathered parameters", lambda l, o: fsdp(l, o, return_whole=True), "not the gathered parameters"),
     ("the local loss", lambda l, o: fsdp(l, o, pmean_loss=False), "average it over the mesh axis"),
     ("bfloat16 compute", lambda l, o: fsdp(l, o, dtype=jnp.bfloat16), "bfloat16"),
+    ("its own SGD, another learning rate", own_sgd(0.1), "does not use the optimizer it was given"),
+    ("its own SGD, the first case's rate", own_sgd(0.5), "does not use the optimizer it was given"),
     ("no step", lambda l, o: "step", "expected the step function"),
     ("two things back", lambda l, o: (lambda p, s, b: (p, s)), "expected three things"),
 ]
