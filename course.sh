@@ -108,7 +108,7 @@ ensure_venv() {
     say "installing course_lib and its pinned dependencies into $VENV (first run: a few minutes)"
     local -a pins=()
     [ -f constraints.txt ] && pins=(-c constraints.txt)
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${pins[@]}" -e ".[lab,test,site]" \
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${pins[@]}" -e ".[lab,test,site,tpu]" \
       || die "pip could not install the course's dependencies (see above)."
     echo "$want" > "$VENV/.course-stamp"
   fi
@@ -159,7 +159,7 @@ case "$CMD" in
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT
     "$py" -m venv "$tmp/venv"
-    "$tmp/venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[lab,test,site]"
+    "$tmp/venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[lab,test,site,tpu]"
     {
       echo "# Exact versions the stored notebook outputs were produced with. Written by ./course.sh lock."
       echo "# Python $("$tmp/venv/bin/python" -c 'import sys; print(sys.version.split()[0])') on $(uname -s) $(uname -m)."

@@ -61,12 +61,15 @@ def test_course_sh_installs_every_extra_and_lock_resolves_them_all():
 
 
 def conda_dependencies() -> dict[str, str]:
+    """environment.yml's packages by name: conda-forge's, and those its `pip:` list installs from PyPI (libtpu,
+    which conda-forge lacks), course_lib's own `--editable .` aside."""
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     names = {}
     for dep in env["dependencies"]:
-        if isinstance(dep, str):
-            name = re.split(r"[<>=! ]", dep, maxsplit=1)[0]
-            names[name] = dep
+        for entry in dep.get("pip", []) if isinstance(dep, dict) else [dep]:
+            if isinstance(entry, str) and not entry.startswith("-"):
+                name = re.split(r"[<>=!; ]", entry, maxsplit=1)[0]
+                names[name] = entry
     return names
 
 

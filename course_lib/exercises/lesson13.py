@@ -1,0 +1,237 @@
+"""Lesson 13 exercise: predict the memory per TPU chip of a training state, then let the TPU compiler answer.
+
+The checker compiles lesson 13's training step (its transformer, Adam, donation, sharded ``jit``) for compile-only
+TPU v5e topologies from the ``libtpu`` wheel, for configurations the lesson does not show, and compares the
+learner's prediction with ``memory_analysis().argument_size_in_bytes`` less the batch's bytes. Where libtpu is
+missing it says so, as feedback. Compiled results are kept per configuration (``measure_state_bytes`` is cached),
+so a second answer is checked without compiling again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from . import Mismatch, call, describe, exercise
+
+AXIS = "data"
+
+HINTS = {
+    "13.1": ["Before the step runs, a chip holds only what the step receives as arguments. Which of the training "
+             "state's parts are arguments, and which are made inside the step and freed again?",
+             "Lesson 10 counts the bytes per parameter that Adam's training state needs; section 1 of this lesson "
+             "(abstract_state) shows which arrays FSDP splits over the chips and which stay whole on every chip.",
+             "In words: count the parameters of each array from init_params' shapes for this config; split them "
+             "into the stacked layers and the rest; give each group its bytes per parameter in the step's "
+             "arguments; divide only what the mesh splits by the number of chips; add the optimizer's step "
+             "counter."],
+}
+
+# The checker's configurations: none is one the lesson shows. Shapes are multiples of the TPU's tiles (8 x 128)
+# after sharding, so that the layout pads (almost) nothing and the prediction can be close.
+CASES = [
+    (dict(D=256, HEADS=4, MLP=1024, LAYERS=2, SEQ=64, VOCAB=128), "v5e:2x2", True),
+    (dict(D=128, HEADS=2, MLP=512, LAYERS=3, SEQ=32, VOCAB=128), "v5e:2x4", False),
+    (dict(D=256, HEADS=4, MLP=512, LAYERS=4, SEQ=32, VOCAB=256), "v5e:4x4", True),
+]
+BATCH_PER_CHIP = 2
+TOLERANCE = 0.03
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """libtpu writes start-up messages to file descriptor 2: keep them out of the learner's notebook."""
+    with tempfile.TemporaryFile(mode="w+") as sink:
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def tpu_compiler_missing() -> str | None:
+    """None when the TPU compiler (libtpu) can be used here; otherwise why not."""
+    try:
+        import libtpu  # noqa: F401
+    except ImportError:
+        return ("libtpu is not installed here (it has wheels for Linux x86-64 only; ./course.sh installs it "
+                "there)")
+    return None
+
+
+@functools.cache
+def _topology(name: str):
+    from jax.experimental import topologies
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")     # a notebook and a test run may both compile
+    with _quiet_stderr():
+        return topologies.get_topology_desc(name, platform="tpu")
+
+
+def _init_params(c):
+    D, MLP, L, V = c["D"], c["MLP"], c["LAYERS"], c["VOCAB"]
+    z = lambda *shape: jnp.zeros(shape, jnp.float32)
+    return {"embed": z(V, D), "pos": z(c["SEQ"], D),
+            "layers": {"wqkv": z(L, D, 3 * D), "wo": z(L, D, D), "w1": z(L, D, MLP), "w2": z(L, MLP, D),
+                       "norm1": z(L, D), "norm2": z(L, D)},
+            "norm": z(D), "unembed": z(D, V)}
+
+
+def _rms_norm(h, scale):
+    return h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + 1e-6) * scale
+
+
+def _loss(c, fsdp):
+    heads = c["HEADS"]
+
+    def block(h, p):
+        B, T, D = h.shape
+        q, k, v = jnp.split(_rms_norm(h, p["norm1"]) @ p["wqkv"], 3, axis=-1)
+        q, k, v = (a.reshape(B, T, heads, D // heads) for a in (q, k, v))
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / (D // heads) ** 0.5
+        scores = jnp.where(jnp.tril(jnp.ones((T, T), bool)), scores, -1e9)
+        attended = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v).reshape(B, T, D)
+        h = h + attended @ p["wo"]
+        return h + jax.nn.gelu(_rms_norm(h, p["norm2"]) @ p["w1"]) @ p["w2"]
+
+    def one_layer(h, layer):
+        if fsdp:
+            layer = jax.tree.map(lambda w: jax.reshard(w, P()), layer)
+        return block(h, layer), None
+
+    def loss_fn(params, x, y):
+        h = params["embed"].at[x].get(out_sharding=jax.typeof(x).sharding) + params["pos"][: x.shape[1]]
+        h, _ = jax.lax.scan(jax.checkpoint(one_layer), h, params["layers"])
+        logits = _rms_norm(h, params["norm"]) @ params["unembed"]
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+    return loss_fn
+
+
+@functools.cache
+def measure_state_bytes(config: tuple, topology: str, fsdp: bool) -> int:
+    """Bytes per chip of (params, Adam state) in lesson 13's compiled step for ``topology`` ("v5e:2x4").
+
+    ``config`` is ``tuple(sorted(dict.items()))``. Read from ``memory_analysis().argument_size_in_bytes`` of the
+    TPU compiler's program, less the batch (two int32 arrays of BATCH_PER_CHIP sequences per chip).
+    """
+    c = dict(config)
+    devices = _topology(topology).devices
+    mesh = jax.make_mesh((len(devices),), (AXIS,), devices=devices)
+    optimizer = optax.adam(1e-3)
+    layer_spec = P(None, AXIS) if fsdp else P()
+    shapes = jax.eval_shape(lambda: _init_params(c))
+
+    def place(path, s):
+        spec = layer_spec if "layers" in jax.tree_util.keystr(path) else P()
+        return jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(mesh, spec))
+
+    loss_fn = _loss(c, fsdp)
+
+    def update(params, opt_state, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    batch = BATCH_PER_CHIP * len(devices)
+    with jax.set_mesh(mesh):
+        params = jax.tree_util.tree_map_with_path(place, shapes)
+        opt_state = jax.eval_shape(optimizer.init, params)
+        tokens = jax.ShapeDtypeStruct((batch, c["SEQ"]), jnp.int32, sharding=NamedSharding(mesh, P(AXIS)))
+        lowered = jax.jit(update, donate_argnums=(0, 1)).lower(params, opt_state, tokens, tokens)
+    with _quiet_stderr():
+        compiled = lowered.compile()
+    batch_bytes = 2 * BATCH_PER_CHIP * c["SEQ"] * 4
+    return int(compiled.memory_analysis().argument_size_in_bytes) - batch_bytes
+
+
+def _counts(c):
+    """(parameters in the stacked layers, parameters elsewhere)."""
+    D, MLP, L, V = c["D"], c["MLP"], c["LAYERS"], c["VOCAB"]
+    layers = L * (3 * D * D + D * D + 2 * D * MLP + 2 * D)
+    rest = V * D + c["SEQ"] * D + D + D * V
+    return layers, rest
+
+
+def _diagnose(got, c, n, fsdp) -> str:
+    """Name the mistake whose formula gives ``got`` (within the tolerance), or a general pointer."""
+    layers, rest = _counts(c)
+    split = n if fsdp else 1
+    near = lambda value: abs(got - value) <= TOLERANCE * value
+    candidates = [
+        (4 * (layers / split + rest),
+         "That is the parameters alone. Adam's state is an argument of the step too, for every parameter."),
+        (8 * (layers / split + rest),
+         "That counts the parameters and one of Adam's moments; Adam keeps two per parameter."),
+        (16 * (layers / split + rest),
+         "That counts the gradients too. The gradients are computed inside the step and freed there: they are "
+         "temporaries, not arguments, so a chip does not hold them between steps."),
+        (6 * (layers / split + rest),
+         "That prices every number at 2 bytes (bfloat16); this step keeps the parameters and Adam's state in "
+         "float32."),
+        (12 * (layers + rest) / n,
+         "That divides the whole state by the number of chips. FSDP here splits only the stacked layers' weights; "
+         "the embeddings, the final norm and the unembedding stay whole on every chip."
+         if fsdp else
+         "That divides the state by the number of chips, but data parallelism keeps a whole copy on every chip."),
+        (12 * (layers + rest),
+         "That is the whole state on every chip, but FSDP splits the stacked layers' weights over the chips."
+         if fsdp else None),
+        (12 * (layers / split),
+         "That leaves out the arrays outside the layers (embeddings, positions, final norm, unembedding)."),
+    ]
+    for value, message in candidates:
+        if message and near(value):
+            return message
+    return ("Check the parameter count of each array from init_params' shapes, the bytes each parameter costs in "
+            "the step's arguments, and which arrays the mesh splits.")
+
+
+def solution_predict_state_bytes(c, n_chips, fsdp):
+    D, MLP, L, V = c["D"], c["MLP"], c["LAYERS"], c["VOCAB"]
+    in_layers = L * (3 * D * D + D * D + 2 * D * MLP + 2 * D)      # wqkv, wo, w1, w2, norm1, norm2
+    elsewhere = V * D + c["SEQ"] * D + D + D * V                     # embed, pos, norm, unembed
+    per_chip = in_layers / n_chips if fsdp else in_layers            # FSDP splits the stacked layers only
+    return 12 * (per_chip + elsewhere) + 4                           # float32 params, mu, nu; the int32 count
+
+
+@exercise("13.1", "Predict the training state's bytes per TPU chip, then let the TPU compiler answer",
+          solution=solution_predict_state_bytes,
+          returns="a number: bytes per chip (an int or a float)")
+def check_predict_state_bytes(predict_state_bytes):
+    missing = tpu_compiler_missing()
+    if missing:
+        raise Mismatch(f"this checker compiles for TPU chips and needs the TPU compiler: {missing}. The lesson's "
+                       "other cells say the same; on a Linux x86-64 machine, ./course.sh setup installs it.")
+    for c, topology, fsdp in CASES:
+        n = int(np.prod([int(k) for k in topology.split(":")[1].split("x")]))
+        form = "FSDP" if fsdp else "data parallelism"
+        shown = f"predict_state_bytes({c}, n_chips={n}, fsdp={fsdp})"
+        got = call(predict_state_bytes, dict(c), n, fsdp, name="predict_state_bytes")
+        if isinstance(got, bool) or not isinstance(got, (int, float, np.integer, np.floating)) and not (
+                isinstance(got, jax.Array) and got.shape == ()):
+            raise Mismatch(f"{shown} returned {describe(got) if hasattr(got, 'shape') else repr(got)[:80]}; "
+                           "expected one number of bytes per chip (an int or a float).")
+        got = float(got)
+        if not np.isfinite(got) or got <= 0:
+            raise Mismatch(f"{shown} returned {got}: expected a positive number of bytes.")
+        measured = measure_state_bytes(tuple(sorted(c.items())), topology, fsdp)
+        if abs(got - measured) <= TOLERANCE * measured:
+            continue
+        if abs(got * 2**30 - measured) <= TOLERANCE * measured or abs(got * 2**20 - measured) <= TOLERANCE * measured:
+            raise Mismatch(f"{shown} = {got:,.4g}: that looks like GiB or MiB. Return bytes.")
+        raise Mismatch(f"{form} on a TPU {topology} ({n} chips): you predicted {got:,.0f} bytes per chip; the TPU "
+                       f"compiler's step holds {measured:,} bytes of parameters and Adam state per chip. "
+                       + _diagnose(got, c, n, fsdp))
+    return ("right within 3% for every configuration, data parallelism and FSDP on 4, 8 and 16 TPU v5e chips: "
+            "the compiler's arguments are the float32 parameters and Adam's two moments (plus its step counter), "
+            "the gradients are temporaries, and FSDP splits only the stacked layers.")

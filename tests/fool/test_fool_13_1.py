@@ -1,0 +1,72 @@
+"""Try to fool exercise 13.1 (predict the training state's bytes per TPU chip): wrong predictions a learner might
+write fail with feedback that names their mistake; right ones written differently pass. The checker compiles each
+configuration once (cached), so the answers after the first are checked without compiling."""
+
+import numpy as np
+import pytest
+
+from course_lib.exercises import check
+from course_lib.exercises import lesson13 as L
+
+pytestmark = pytest.mark.skipif(L.tpu_compiler_missing() is not None, reason="libtpu is not installed here")
+
+
+def counts(c):
+    D, M, L_, V, S = c["D"], c["MLP"], c["LAYERS"], c["VOCAB"], c["SEQ"]
+    layers = L_ * (4 * D * D + 2 * D * M + 2 * D)
+    return layers, 2 * V * D + S * D + D
+
+
+def per_chip(bytes_per_param, split_rest=False, split_layers=True):
+    def predict(c, n_chips, fsdp):
+        layers, rest = counts(c)
+        layers = layers / n_chips if fsdp and split_layers else layers
+        rest = rest / n_chips if split_rest else rest
+        return bytes_per_param * (layers + rest)
+    return predict
+
+
+WRONG = {
+    "parameters only": (per_chip(4), "Adam's state is an argument"),
+    "one moment": (per_chip(8), "two per parameter"),
+    "gradients counted (16 bytes)": (per_chip(16), "temporaries, not arguments"),
+    "bfloat16 state": (per_chip(6), "float32"),
+    "everything divided by the chips": (per_chip(12, split_rest=True), "divide"),
+    "FSDP not split": (per_chip(12, split_layers=False), "splits the stacked layers"),
+    "only the layers": (lambda c, n, f: 12 * (counts(c)[0] / (n if f else 1)), "leaves out the arrays outside"),
+    "in GiB": (lambda c, n, f: per_chip(12)(c, n, f) / 2**30, "GiB or MiB"),
+    "a list per array": (lambda c, n, f: [per_chip(12)(c, n, f)], "expected one number"),
+    "crashes": (lambda c, n, f: c["WIDTH"], "raised KeyError"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRONG))
+def test_wrong_answer_fails_and_names_its_mistake(name):
+    answer, named = WRONG[name]
+    feedback = check("13.1", answer)
+    assert not feedback, f"{name} passed"
+    assert named in feedback.message, (name, feedback.message)
+
+
+def right_by_arrays(c, n_chips, fsdp):
+    """Count array by array from the shapes, as a learner reading init_params would."""
+    D, M, L_, V, S = c["D"], c["MLP"], c["LAYERS"], c["VOCAB"], c["SEQ"]
+    shapes = {"wqkv": (L_, D, 3 * D), "wo": (L_, D, D), "w1": (L_, D, M), "w2": (L_, M, D),
+              "norm1": (L_, D), "norm2": (L_, D)}
+    outside = [(V, D), (S, D), (D,), (D, V)]
+    per_param = 4 + 4 + 4                                    # value, mu, nu, float32 each
+    total = sum(np.prod(s) / (n_chips if fsdp else 1) for s in shapes.values()) + sum(np.prod(s) for s in outside)
+    return int(per_param * total)                            # the step counter's 4 bytes are within the tolerance
+
+
+def right_in_two_parts(c, n_chips, fsdp):
+    """Parameters, then Adam's two moments like them, as a float."""
+    layers, rest = counts(c)
+    params = 4.0 * (layers / n_chips + rest if fsdp else layers + rest)
+    return params + 2 * params + 4
+
+
+@pytest.mark.parametrize("answer", [right_by_arrays, right_in_two_parts, L.solution_predict_state_bytes])
+def test_right_answers_written_differently_pass(answer):
+    feedback = check("13.1", answer)
+    assert feedback, feedback.message
