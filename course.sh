@@ -126,6 +126,13 @@ case "$CMD" in
   lab)
     setup
     export JAX_NUM_CPU_DEVICES=${JAX_NUM_CPU_DEVICES:-8}
+    # libtpu (lesson 13's TPU compiler) is installed, so JAX would try to start a TPU and print its start-up
+    # errors in the first cell that uses JAX. Where this machine has no TPU (/dev/accel*, /dev/vfio) and no
+    # NVIDIA GPU, JAX gets the CPU only. Set JAX_PLATFORMS yourself to choose otherwise.
+    if [ -z "${JAX_PLATFORMS:-}" ] && ! compgen -G "/dev/accel*" >/dev/null && ! compgen -G "/dev/vfio/[0-9]*" >/dev/null \
+       && ! command -v nvidia-smi >/dev/null 2>&1; then
+      export JAX_PLATFORMS=cpu
+    fi
     # Bound to localhost; Jupyter's token authentication stays on (it prints the URL with the token).
     # Jupyter refuses to run as root unless told; containers and cloud shells often are root.
     extra=()

@@ -12,7 +12,7 @@ ALL = ex.exercises()
 
 
 # What each lesson's issue asks for; three elsewhere.
-MINIMUM_EXERCISES = {"00": 2, "04": 4, "06": 2, "07": 1, "08": 2, "09": 2}
+MINIMUM_EXERCISES = {"00": 2, "04": 4, "06": 2, "07": 1, "08": 2, "09": 2, "13": 1}
 
 
 def test_every_lesson_with_exercises_has_enough():

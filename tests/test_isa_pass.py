@@ -75,3 +75,19 @@ def test_none_turns_the_second_pass_off(probe_dir):
     path = _notebook(probe_dir, "print('hello')")
     done = _nbval(path, "--nbval-isa=none")
     assert "1 passed" in done.stdout and "@" not in done.stdout, done.stdout[-2000:]
+
+
+def test_without_libtpu_lesson_13s_cells_skip_and_say_why(tmp_path):
+    """On macOS or Windows libtpu cannot be installed: nbval skips lesson 13, naming libtpu, instead of failing."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import importlib.util\n"
+        "_find = importlib.util.find_spec\n"
+        "importlib.util.find_spec = lambda name, package=None: (None if name.split('.')[0] == 'libtpu'\n"
+        "                                                       else _find(name, package))\n")
+    notebook = next((ROOT / "notebooks").glob("13_*.ipynb"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-n", "0",
+                           str(notebook)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "passed" not in done.stdout and " skipped" in done.stdout, done.stdout[-2000:]
+    assert "lesson 13 needs libtpu" in done.stdout
