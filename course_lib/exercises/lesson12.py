@@ -210,8 +210,9 @@ def _spec_names(spec) -> list[str]:
     return names
 
 
-def _check_specs(specs, shapes, mesh, where):
-    """Every spec valid, on 'fsdp' only, on an axis the fsdp size divides, and on one wherever one exists."""
+def _check_specs(specs, shapes, mesh, where, names_only=False):
+    """Every spec valid, on 'fsdp' only, on an axis the fsdp size divides, and on one wherever one exists.
+    With ``names_only``, only the structure and the mesh axes each spec names."""
     size = mesh.shape["fsdp"]
     if isinstance(specs, NamedSharding) or any(isinstance(s, NamedSharding) for s in jax.tree.leaves(
             specs, is_leaf=lambda s: isinstance(s, NamedSharding))):
@@ -240,6 +241,8 @@ def _check_specs(specs, shapes, mesh, where):
             raise Mismatch(f"{where}: {leaf} is split over 'data' ({spec}). In hybrid sharding each 'data' group "
                            "holds a whole copy of the parameters, split only within the group over 'fsdp': an "
                            "array split over 'data' is gathered across the groups, on the slow links.")
+        if names_only:
+            continue
         if len(spec) > len(shape):
             raise Mismatch(f"{where}: the spec for {leaf} {spec}, has {len(spec)} entries; the array has only "
                            f"{len(shape)} axes.")
@@ -267,6 +270,10 @@ def check_fsdp_specs(fsdp_specs):
     if not callable(fsdp_specs):
         raise Mismatch(f"expected a function fsdp_specs(params, mesh); got {describe_tree(fsdp_specs)}.")
     passed = []
+    for case, (mesh_shape, shapes, optimizer) in enumerate(_hybrid_cases()):      # the axes named, on every mesh
+        mesh = jax.make_mesh(mesh_shape, MESH_AXES, devices=jax.devices()[:mesh_shape[0] * mesh_shape[1]])
+        specs = call(fsdp_specs, jax.tree.map(jnp.asarray, _cnn_params(shapes, 40 + case)), mesh, name="fsdp_specs")
+        _check_specs(specs, shapes, mesh, f"on a {mesh_shape[0]} x {mesh_shape[1]} mesh", names_only=True)
     for case, (mesh_shape, shapes, optimizer) in enumerate(_hybrid_cases()):
         mesh = jax.make_mesh(mesh_shape, MESH_AXES, devices=jax.devices()[:mesh_shape[0] * mesh_shape[1]])
         where = f"on a {mesh_shape[0]} x {mesh_shape[1]} mesh"
