@@ -222,3 +222,56 @@ def test_the_lessons_reader_is_the_checkers_reader():
     text = L._bias_stack_text(2, 2, 1, 1, True, 8)
     assert namespace["collectives_per_step"](GPU_HLO) == L.compiled_collectives(GPU_HLO)
     assert namespace["collectives_per_step"](text) == L.compiled_collectives(text)
+
+
+# Forms the expert review found miscounted: the dedicated -start ops typed flat (operand, result, u32[], u32[]),
+# and trailing context scalars after the results.
+FLAT_HLO = """ENTRY %main {
+  %collective-permute-start = (f32[64,64]{1,0}, f32[64,64]{1,0}, u32[], u32[]) collective-permute-start(%p), \
+channel_id=1, source_target_pairs={{0,1},{1,0}}
+  %collective-permute-done = f32[64,64]{1,0} collective-permute-done(%collective-permute-start)
+  %all-gather-start = ((f32[8]{0}), f32[64]{0}, s32[]) all-gather-start(%q), dimensions={0}
+  %all-gather-start.1 = (f32[8,4]{1,0}, f32[64,4]{1,0}) all-gather-start(%r), dimensions={0}
+  %all-reduce-start = (f32[8]{0}, f32[3,5]{1,0}) all-reduce-start(%s, %t), to_apply=%add
+  %all-reduce = (f32[8]{0}, f32[16]{0}) all-reduce(%s, %u), to_apply=%add
+}"""
+
+
+def test_flat_start_ops_and_context_scalars_count_only_the_result():
+    found = L.compiled_collectives(FLAT_HLO)
+    assert found["collective-permute"] == (1, 64 * 64 * 4)        # not 32,776: operand and scalars dropped
+    assert found["all-gather"] == (2, 64 * 4 + 64 * 4 * 4)        # not 260 for the first: s32[] is context
+    assert found["all-reduce"] == (2, (8 + 15) * 4 + (8 + 16) * 4)  # a result tuple counts whole
+    assert L._results_of("(f32[64,64]{1,0}, f32[64,64]{1,0}, u32[], u32[])", "collective-permute", True) \
+        .strip() == "f32[64,64]{1,0}"
+
+
+def _notebook_cell(marker):
+    import json
+    import pathlib
+    notebook = pathlib.Path(__file__).resolve().parent.parent / "notebooks" / "12_capstone_transformer.ipynb"
+    nb = json.loads(notebook.read_text())
+    return next("".join(c["source"]) for c in nb["cells"] if marker in "".join(c["source"]))
+
+
+def test_the_lessons_reader_reads_flat_start_ops_like_the_checkers():
+    source = _notebook_cell("def collectives_per_step")
+    namespace = {}
+    exec("import collections, re\nimport numpy as np\n" + source[: source.index("with jax.set_mesh")], namespace)
+    assert namespace["collectives_per_step"](FLAT_HLO) == L.compiled_collectives(FLAT_HLO)
+
+
+SCAN_BODY_GATHER = ("  %all-gather.3 = f32[16,16]{1,0} all-gather(%p), channel_id=4, "
+                    "replica_groups=mesh['axis_0'=8] {'axis_0'}, dimensions={1}\n"
+                    "  %all-gather.4 = f32[16]{0} all-gather(%q), channel_id=5, "
+                    "replica_groups=mesh['data'=2,'fsdp'=4] {'fsdp'}, dimensions={0}\n")
+
+
+def test_scan_body_axis_0_groups_read_as_all_devices():
+    assert L._gather_axes(SCAN_BODY_GATHER) == {"all 8 devices", "fsdp"}
+    source = _notebook_cell("def over(")
+    start = source.index("GROUPS = ")
+    namespace = {}
+    exec("import re\n" + source[start: source.index("with jax.set_mesh(mesh2d)")], namespace)
+    found = namespace["GROUPS"].findall(SCAN_BODY_GATHER)
+    assert [namespace["over"](mesh, axes) for _, _, mesh, axes in found] == ["all 8 devices", "fsdp"]

@@ -40,7 +40,7 @@ HINTS = {
     "12.3": ["Count one layer first, then multiply: a scan over n_layers runs its body n_layers times. Which passes "
              "over a layer need its whole weights, and which of its arrays does each pass need?",
              "Lesson section 4: the cell that counts the all-gathers of each array of one layer (with a bias inside "
-             "and a bias after the nonlinearity), and the jax.checkpoint bullet above the FSDP step.",
+             "and a bias at the end of the layer), and the jax.checkpoint bullet above the FSDP step.",
              "The mechanism: without jax.checkpoint, the backward pass reads what the forward pass saved; with it, "
              "the backward runs the layer's forward again, but only the operations that its gradients need. Each "
              "all-gather has a transpose in the backward pass, and the loss is averaged over the devices."],
@@ -55,22 +55,33 @@ _COLLECTIVE = re.compile(r"= (.+?) (all-reduce|all-gather|reduce-scatter|all-to-
 _BYTES = {"f32": 4, "s32": 4, "u32": 4, "bf16": 2, "f16": 2, "f64": 8, "s64": 8, "pred": 1, "s8": 1, "u8": 1}
 
 
-def _results_of(type_text: str, is_start: bool) -> str:
-    """What a collective delivers: an async ``-start`` op is typed ``((operands...), results...)``, keep the results."""
-    depth = 0
-    for i, ch in enumerate(type_text if is_start else ""):
-        depth += (ch == "(") - (ch == ")")
-        if ch == ")" and depth == 1:
-            return type_text[i + 1:]
-    return type_text
+def _results_of(type_text: str, kind: str, is_start: bool) -> str:
+    """What a collective delivers, from its HLO type. A synchronous op's type is its result (one array, or a tuple
+    that XLA's combiner merged: all count). An async ``-start`` op is typed ``((operands...), results..., context...)``
+    or, for the dedicated ``all-gather-start``/``collective-permute-start``, flat ``(operand, result, u32[], u32[])``:
+    the second element is the result; later elements are the runtime's context scalars. ``all-reduce-start``'s type
+    may be its result alone (one array, or a flat tuple of results)."""
+    if not (is_start and type_text.startswith("(")):
+        return type_text
+    parts, depth, begin = [], 0, 1
+    for i, ch in enumerate(type_text):
+        depth += (ch in "([{") - (ch in ")]}")
+        if (ch == "," and depth == 1) or depth == 0:
+            parts.append(type_text[begin:i].strip())
+            begin = i + 1
+        if depth == 0:
+            break
+    if len(parts) < 2 or (kind == "all-reduce" and not parts[0].startswith("(")):
+        return type_text
+    return parts[1]
 
 
 def compiled_collectives(text: str) -> dict[str, tuple[int, int]]:
     """``{kind: (ops run per call, bytes of their results per device)}`` from compiled HLO text.
 
     A collective inside a ``while`` loop's body (a compiled ``lax.scan``) counts once per iteration, read from the
-    loop's ``known_trip_count``. Of an async ``-start`` op (a GPU program) only the result half of its type counts;
-    one op counts once however many arrays it carries. Example:
+    loop's ``known_trip_count``. Of an async ``-start`` op (a GPU program) only its result counts, not its operands
+    or context scalars; one op counts once however many arrays it carries. Example:
     ``compiled_collectives(jax.jit(f).lower(x).compile().as_text())``.
     """
     trips = {body: int(n) for body, n in
@@ -83,7 +94,7 @@ def compiled_collectives(text: str) -> dict[str, tuple[int, int]]:
             runs = trips.get(name.group(1), 1) if name else 1
         hit = _COLLECTIVE.search(line)
         if hit:
-            shapes = re.findall(r"(\w+)\[([\d,]*)\]", _results_of(hit.group(1), bool(hit.group(3))))
+            shapes = re.findall(r"(\w+)\[([\d,]*)\]", _results_of(hit.group(1), hit.group(2), bool(hit.group(3))))
             nbytes = sum(_BYTES.get(t, 4) * int(np.prod([int(d) for d in dims.split(",") if d]))
                          for t, dims in shapes)
             found[hit.group(2)][0] += runs
@@ -92,10 +103,17 @@ def compiled_collectives(text: str) -> dict[str, tuple[int, int]]:
 
 
 def _gather_axes(text: str) -> set[str]:
-    """The mesh axes the all-gathers of compiled HLO text run over (from ``replica_groups=mesh[...] {axes}``)."""
+    """The mesh axes the all-gathers of compiled HLO text run over (from ``replica_groups=mesh[...] {axes}``).
+
+    Inside a loop body (a compiled ``lax.scan``) XLA may print the groups over a flattened mesh,
+    ``mesh['axis_0'=8] {'axis_0'}``: every device of that mesh in one group, read as ``"all N devices"``."""
     axes = set()
-    for group in re.findall(r"all-gather(?:-start)?\(.*?replica_groups=\S+ \{([^}]*)\}", text):
-        axes |= {a.strip().strip("'") for a in group.split(",") if a.strip()}
+    for mesh, group in re.findall(r"all-gather(?:-start)?\(.*?replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}", text):
+        names = {a.strip().strip("'") for a in group.split(",") if a.strip()}
+        if names and all(re.fullmatch(r"axis_\d+", a) for a in names):
+            sizes = dict(re.findall(r"'?([\w]+)'?=(\d+)", mesh))
+            names = {f"all {int(np.prod([int(sizes.get(a, 1)) for a in names]))} devices"}
+        axes |= names
     return axes
 
 
@@ -192,8 +210,9 @@ def _spec_names(spec) -> list[str]:
     return names
 
 
-def _check_specs(specs, shapes, mesh, where):
-    """Every spec valid, on 'fsdp' only, on an axis the fsdp size divides, and on one wherever one exists."""
+def _check_specs(specs, shapes, mesh, where, names_only=False):
+    """Every spec valid, on 'fsdp' only, on an axis the fsdp size divides, and on one wherever one exists.
+    With ``names_only``, only the structure and the mesh axes each spec names."""
     size = mesh.shape["fsdp"]
     if isinstance(specs, NamedSharding) or any(isinstance(s, NamedSharding) for s in jax.tree.leaves(
             specs, is_leaf=lambda s: isinstance(s, NamedSharding))):
@@ -205,6 +224,7 @@ def _check_specs(specs, shapes, mesh, where):
         raise Mismatch(f"fsdp_specs should return a dict shaped like params (one PartitionSpec per array, the same "
                        f"keys); got {describe_tree(specs)}.")
     flat_specs = jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P))
+    whole_leaf = None
     flat = zip(_leaf_names(jax.tree.map(lambda s: 0, shapes, is_leaf=lambda s: isinstance(s, tuple))), flat_specs,
                jax.tree.leaves(shapes, is_leaf=lambda s: isinstance(s, tuple)))
     for (name, _), spec, shape in flat:
@@ -221,6 +241,8 @@ def _check_specs(specs, shapes, mesh, where):
             raise Mismatch(f"{where}: {leaf} is split over 'data' ({spec}). In hybrid sharding each 'data' group "
                            "holds a whole copy of the parameters, split only within the group over 'fsdp': an "
                            "array split over 'data' is gathered across the groups, on the slow links.")
+        if names_only:
+            continue
         if len(spec) > len(shape):
             raise Mismatch(f"{where}: the spec for {leaf} {spec}, has {len(spec)} entries; the array has only "
                            f"{len(shape)} axes.")
@@ -233,10 +255,12 @@ def _check_specs(specs, shapes, mesh, where):
                            f"this mesh 'fsdp' has {size} devices, which do not divide it. Choose, per array, an "
                            "axis the mesh's 'fsdp' size divides (read the size from the mesh you are given).")
         divisible = [i for i, length in enumerate(shape) if length % size == 0]
-        if axis is None and divisible:
-            raise Mismatch(f"{where}: {leaf} stays whole on every device, although its axis {divisible[0]} "
+        if axis is None and divisible and whole_leaf is None:      # reported after every leaf's axis is checked
+            whole_leaf = Mismatch(f"{where}: {leaf} stays whole on every device, although its axis {divisible[0]} "
                            f"(length {shape[divisible[0]]}) splits over the {size} devices of 'fsdp'. FSDP splits "
                            "every array it can: a whole copy per device is data parallelism's memory.")
+    if whole_leaf is not None:
+        raise whole_leaf
 
 
 @exercise("12.1", "FSDP specs for a 2-D mesh: hybrid sharding, checked by running a step",
@@ -246,6 +270,10 @@ def check_fsdp_specs(fsdp_specs):
     if not callable(fsdp_specs):
         raise Mismatch(f"expected a function fsdp_specs(params, mesh); got {describe_tree(fsdp_specs)}.")
     passed = []
+    for case, (mesh_shape, shapes, optimizer) in enumerate(_hybrid_cases()):      # the axes named, on every mesh
+        mesh = jax.make_mesh(mesh_shape, MESH_AXES, devices=jax.devices()[:mesh_shape[0] * mesh_shape[1]])
+        specs = call(fsdp_specs, jax.tree.map(jnp.asarray, _cnn_params(shapes, 40 + case)), mesh, name="fsdp_specs")
+        _check_specs(specs, shapes, mesh, f"on a {mesh_shape[0]} x {mesh_shape[1]} mesh", names_only=True)
     for case, (mesh_shape, shapes, optimizer) in enumerate(_hybrid_cases()):
         mesh = jax.make_mesh(mesh_shape, MESH_AXES, devices=jax.devices()[:mesh_shape[0] * mesh_shape[1]])
         where = f"on a {mesh_shape[0]} x {mesh_shape[1]} mesh"
@@ -352,7 +380,9 @@ def _fsdp_grads(gather, mesh, specs=SPECS):
             if tuple(out[key].shape) == tuple(layer[key].shape):
                 raise _Bad(f"gather_layer returned layer[{key!r}] with the shape of this device's slice, "
                            f"{tuple(layer[key].shape)}: it is still split over the devices. Each leaf must come "
-                           f"back whole, {whole}.")
+                           f"back whole, {whole}. Inside shard_map each device holds only its slice: a sharding "
+                           "change such as jax.reshard or device_put does nothing there, and returns the slice "
+                           "unchanged.")
             if np.dtype(out[key].dtype) != np.dtype(layer[key].dtype):
                 raise _Bad(f"gather_layer returned layer[{key!r}] as {np.dtype(out[key].dtype).name}; it came in as "
                            f"{np.dtype(layer[key].dtype).name}. A gather moves the numbers as they are: cast "
@@ -537,8 +567,8 @@ def _diagnose(numbers, measured, n_layers, k, inner, outer, remat):
             notes.append("All-gathers: this step has no jax.checkpoint, so the backward pass uses what the forward "
                          "pass saved, the gathered weights included: nothing is gathered again.")
         elif remat and ag == 2 * n_layers * arrays:
-            notes.append("All-gathers: the biases added after the nonlinearity are not gathered again: no gradient "
-                         "needs their values, so the recomputation skips their gathers.")
+            notes.append("All-gathers: the biases at the end of the layer are not gathered again: nothing the "
+                         "backward pass recomputes reads their values, so the recomputation skips their gathers.")
         elif remat and ag == n_layers * (arrays + k):
             notes.append("All-gathers: a bias inside the tanh is gathered again too: the recomputation needs it to "
                          "rebuild what the tanh's gradient reads.")

@@ -133,3 +133,17 @@ def _last_divisible_axis(params, mesh):
 def test_right_answers_written_another_way_pass(answer):
     feedback = check("12.1", answer)
     assert feedback, feedback.message
+
+
+def over_both_axes_where_all_divide(params, mesh):     # a learner's: P(("data", "fsdp")) where the 8 devices divide
+    def spec(a):
+        axis = next((i for i, n in enumerate(a.shape) if n % mesh.size == 0), None)
+        return P() if axis is None else P(*[None] * axis, ("data", "fsdp"))
+    return jax.tree.map(spec, params)
+
+
+def test_the_main_mistake_is_named_before_a_leaf_left_whole():
+    """A bias this answer leaves whole comes first in the tree, but splitting over 'data' is the main error."""
+    feedback = check("12.1", over_both_axes_where_all_divide)
+    assert not feedback
+    assert "split over 'data'" in feedback.message and "stays whole" not in feedback.message, feedback.message

@@ -21,7 +21,7 @@ def _answer(gathers, scatters=lambda n, k, i, o: n * (k + i + o), reduces=lambda
 
 WRONG = [
     (_answer(lambda n, k, i, o, r: n * (k + i + o)), "What must the backward pass do"),
-    (_answer(lambda n, k, i, o, r: n * 2 * (k + i + o) if r else n * (k + i + o)), "after the nonlinearity"),
+    (_answer(lambda n, k, i, o, r: n * 2 * (k + i + o) if r else n * (k + i + o)), "at the end of the layer"),
     (_answer(lambda n, k, i, o, r: n * (2 * k + i + o) if r else n * (k + i + o)), "inside the tanh"),
     (_answer(lambda n, k, i, o, r: n * (2 * (k + i) + o)), "no jax.checkpoint"),
     (_answer(lambda n, k, i, o, r: (2 * (k + i) + o) if r else (k + i + o),
