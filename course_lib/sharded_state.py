@@ -782,8 +782,8 @@ def collectives(hlo_text: str, n_devices: int | None = None) -> list[Collective]
     Returns ``[]`` when the program has no collective (e.g. compiled for one device). Raises ``ValueError`` for text
     that is not HLO (StableHLO from ``lowered.as_text()`` included) and ``TypeError`` for a non-string.
     """
-    _check_hlo_text(hlo_text, "collectives")
     n_devices = _checks.optional_whole(n_devices, "n_devices", "collectives")
+    _check_hlo_text(hlo_text, "collectives")
     default = jax.device_count() if n_devices is None else n_devices
     found, calls, current = [], {}, None
     for line in hlo_text.splitlines():

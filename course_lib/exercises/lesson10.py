@@ -382,8 +382,9 @@ def check_choose_k(choose_k):
             shown = (f"choose_k(make_step, state, batch, n_devices={n}, budget={budget:_}) for a {stage!r} state "
                      f"on {n} devices, {per_device} examples per device, {opt_name}")
             before = len(calls)
-            try:
-                got = choose_k(make_step, state, batch, n, budget)
+            try:   # copies: an answer that edits its arguments must not spoil the cached case for later checks
+                got = choose_k(make_step, jax.tree.map(lambda a: a, state),
+                               {name: np.array(a) for name, a in batch.items()}, n, budget)
             except Exception as e:              # noqa: BLE001: the learner's error becomes feedback
                 text = str(e).splitlines()[0][:300] if str(e) else ""
                 why = ""
