@@ -35,9 +35,11 @@ def test_the_measurement_is_the_tpu_compilers_and_deterministic():
     (lambda c, n, f: L.solution_predict_state_bytes(c, n, f) / 3, "Adam's state"),
     (lambda c, n, f: L.solution_predict_state_bytes(c, n, f) * 4 / 3, "temporaries"),
     (lambda c, n, f: L.solution_predict_state_bytes(c, n, f) / 2**30, "GiB"),
+    (lambda c, n, f: L.solution_predict_state_bytes(c, n, f) * 8, "bits"),
+    (lambda c, n, f: L.solution_predict_state_bytes(c, n, f) * 1.7, "1.7x the compiler's figure"),
     (lambda c, n, f: "a lot", "expected one number"),
     (lambda c, n, f: -1, "positive"),
-], ids=["params-only", "with-gradients", "gib", "string", "negative"])
+], ids=["params-only", "with-gradients", "gib", "bits", "ratio", "string", "negative"])
 def test_mistakes_are_named(wrong, named):
     feedback = check("13.1", wrong)
     assert not feedback and named in feedback.message, feedback.message

@@ -86,3 +86,13 @@ def test_without_libtpu_the_lesson_runs_to_the_end_and_says_what_it_skipped(tmp_
     assert "These cells skipped" in allout
     assert not NOISE.search(allout)
     assert "compiled for 8 simulated CPU devices" in allout     # the CPU part still ran
+
+
+def test_reviewed_claims_are_printed_by_cells():
+    """Review findings: the TPU's fused reduce-scatter is counted as one; the v5p answer, when not compiled, says
+    so; the per-chip batch table counts sequences; the 2-D mesh was compiled (narrow model) and its spans shown."""
+    text = "".join(output_text(c) for c in code_cells())
+    assert "reduce-scatter: 1" in text
+    assert "not compiled" in text and "v5p" in text
+    assert "sequences per chip" in text and "(*) less than one sequence per chip" in text
+    assert "over {'fsdp'}" in text and "over {'data'}" in text

@@ -162,11 +162,15 @@ def _counts(c):
     return layers, rest
 
 
-def _diagnose(got, c, n, fsdp) -> str:
-    """Name the mistake whose formula gives ``got`` (within the tolerance), or a general pointer."""
+def _diagnose(got, c, n, fsdp, measured) -> str:
+    """Name the mistake whose formula gives ``got`` (within 1%), or say how far off it is without the fix."""
     layers, rest = _counts(c)
+    pos = c["SEQ"] * c["D"]
     split = n if fsdp else 1
-    near = lambda value: abs(got - value) <= TOLERANCE * value
+    right = 12 * (layers / split + rest)
+    near = lambda value: abs(got - value) <= 0.01 * value
+    if near(8 * right):
+        return "That looks like bits (8 times the bytes). Return bytes."
     candidates = [
         (4 * (layers / split + rest),
          "That is the parameters alone. Adam's state is an argument of the step too, for every parameter."),
@@ -183,17 +187,35 @@ def _diagnose(got, c, n, fsdp) -> str:
          "the embeddings, the final norm and the unembedding stay whole on every chip."
          if fsdp else
          "That divides the state by the number of chips, but data parallelism keeps a whole copy on every chip."),
+        (12 * (layers / n + rest),
+         None if fsdp else
+         "That splits the stacked layers over the chips as FSDP does, but data parallelism keeps a whole copy "
+         "of every array on every chip."),
         (12 * (layers + rest),
          "That is the whole state on every chip, but FSDP splits the stacked layers' weights over the chips."
          if fsdp else None),
         (12 * (layers / split),
          "That leaves out the arrays outside the layers (embeddings, positions, final norm, unembedding)."),
+        (12 * (layers / split + rest - pos),
+         "That leaves out the position embedding (`pos`, SEQ x D): it is a parameter too, with Adam state."),
     ]
     for value, message in candidates:
         if message and near(value):
             return message
-    return ("Check the parameter count of each array from init_params' shapes, the bytes each parameter costs in "
-            "the step's arguments, and which arrays the mesh splits.")
+    if fsdp:                       # the right bytes per parameter, the layers split over another number of chips
+        share = (got / 12 - rest) / layers if layers else 0
+        if share > 0 and abs(share * n - 1) > 0.05 and abs(share - 1) > 0.05:
+            k = 1 / share
+            if abs(k - round(k)) <= 0.05 * k:
+                return (f"That splits the stacked layers over {round(k)} chips; this call's mesh has "
+                        f"n_chips={n}.")
+    per_param = got / (layers / split + rest)
+    if abs(per_param - round(per_param)) <= 0.01 * per_param and round(per_param) != 12:
+        return (f"That counts {round(per_param)} bytes per parameter: {got / measured:.2g}x the compiler's figure. "
+                "Which arrays does the step receive, and in what dtype?")
+    return (f"Your number is {got / measured:.2g}x the compiler's figure. Check the parameter count of each array "
+            "from init_params' shapes, the bytes each parameter costs in the step's arguments, and which arrays "
+            "the mesh splits.")
 
 
 def solution_predict_state_bytes(c, n_chips, fsdp):
@@ -231,7 +253,7 @@ def check_predict_state_bytes(predict_state_bytes):
             raise Mismatch(f"{shown} = {got:,.4g}: that looks like GiB or MiB. Return bytes.")
         raise Mismatch(f"{form} on a TPU {topology} ({n} chips): you predicted {got:,.0f} bytes per chip; the TPU "
                        f"compiler's step holds {measured:,} bytes of parameters and Adam state per chip. "
-                       + _diagnose(got, c, n, fsdp))
+                       + _diagnose(got, c, n, fsdp, measured))
     return ("right within 3% for every configuration, data parallelism and FSDP on 4, 8 and 16 TPU v5e chips: "
             "the compiler's arguments are the float32 parameters and Adam's two moments (plus its step counter), "
             "the gradients are temporaries, and FSDP splits only the stacked layers.")
