@@ -44,6 +44,14 @@ HINTS = {
 # 11.1 Restore a checkpoint onto the devices you are given
 
 
+def _same_structure(got, want) -> bool:
+    """Whether ``got`` has ``want``'s tree structure; False where ``got`` cannot be read as a tree."""
+    try:
+        return jax.tree.structure(got) == jax.tree.structure(want)
+    except Exception:  # noqa: BLE001: a learner's answer of any type
+        return False
+
+
 def solution_restore_onto(directory, like, devices):
     state, extra = checkpoint.restore(directory, like, devices=devices)
     return state
@@ -98,11 +106,7 @@ def _check_restore_onto_run(restore_onto, directory, saved, steps, counts, devs,
         what = f"restore_onto(directory, like, devices={count} device(s))"
         if isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], dict):
             raise Mismatch(f"{what} returned (state, extra); return only the state.")
-        try:
-            same = jax.tree.structure(got) == jax.tree.structure(saved)
-        except Exception:
-            same = False
-        if not same:
+        if not _same_structure(got, saved):
             raise Mismatch(f"{what} should return the whole state with the saved structure "
                            f"{jax.tree.structure(saved)}; got {describe_tree(got)}.")
         for path, leaf in jax.tree_util.tree_flatten_with_path(got)[0]:
@@ -512,11 +516,7 @@ def _check_one_restore(restore_resharded, directory, like, mesh, values, specs, 
                        "as you would write it in your own project.")
     if isinstance(got, tuple) and len(got) == 2 and not isinstance(values, tuple):
         raise Mismatch(f"{what} returned a pair; return only the restored state (a tree like like=).")
-    try:
-        same = jax.tree.structure(got) == jax.tree.structure(values)
-    except Exception:
-        same = False
-    if not same:
+    if not _same_structure(got, values):
         lost = ""
         try:
             have = {_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(got)[0]}
