@@ -36,6 +36,8 @@ def test_first_wait_ignores_one_slow_call_and_cannot_tell_when_dispatch_costs_a_
     fast, step = 1e-5, 1e-2
     times = [fast] * 5 + [step] + [fast] * 26 + [step] * 10  # one busy moment at #5, the queue full at #32
     assert mh.first_wait(times, step) == 32
+    times[31] = step / 8  # busy just before the queue filled up
+    assert mh.first_wait(times, step) == 32
     assert mh.first_wait([fast] * 40, step) is None
     assert mh.first_wait([step / 2] * 40, step) == -1
 

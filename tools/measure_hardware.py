@@ -50,14 +50,17 @@ def first_wait(times, one_call):
     cannot tell (a call costs the host nearly as much as a step: no queue builds up).
 
     A call waited if it took the host much longer than the fastest call (more than the geometric mean of
-    the fastest call and one step) and the calls after it did too (their median over the next five): one
-    slow call alone is the host being busy, not a full queue."""
+    the fastest call and one step), the calls after it did too (their median over the next five), and it
+    took at least a quarter of what each of those took: a slow call before them is the host being busy, not
+    a full queue."""
     fastest = min(times)
     if one_call < 3 * fastest:
         return -1
     slow = (fastest * one_call) ** 0.5
     for i, t in enumerate(times):
-        if t > slow and statistics.median(times[i:i + 5]) > slow:
+        after = times[i + 1:i + 6]
+        queue_full = t > slow and statistics.median(times[i:i + 5]) > slow
+        if queue_full and (not after or t >= statistics.median(after) / 4):
             return i
     return None
 
