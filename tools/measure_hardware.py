@@ -173,8 +173,9 @@ def measure_trace(device, platform):
             jax.block_until_ready(p)
         root = pathlib.Path(d)
         files = sorted(str(f.relative_to(root)) for f in root.rglob("*") if f.is_file())
-        files = sorted({re.sub(r"profile/[^/]+/[^/.]+\.", "profile/<run>/<host>.",
-                               re.sub(r"profile/[^/]+/perfetto", "profile/<run>/perfetto", f)) for f in files})
+        generic = lambda f: re.sub(r"profile/[^/]+/[^/.]+\.", "profile/<run>/<host>.",
+                                   re.sub(r"profile/[^/]+/perfetto", "profile/<run>/perfetto", f))
+        files = sorted({generic(f) for f in files})
         data = jax.profiler.ProfileData.from_file(str(next(root.rglob("*.xplane.pb"))))
         planes = []
         for plane in data.planes:
@@ -196,8 +197,9 @@ def measure_trace(device, platform):
         print(f"\nOn {where}: {len(events)} events, {len(names)} distinct names, e.g. "
               f"{', '.join(names[:4])}")
         print(f"Their stats: {', '.join(stat_keys) or '-'}")
-        print(f"hlo_op values: {', '.join(hlo_ops[:6]) or '-'}"
-              f"{' (one command buffer: kernels not named by HLO op)' if hlo_ops and all(h.startswith('command_buffer') for h in hlo_ops) else ''}")
+        in_buffer = hlo_ops and all(h.startswith("command_buffer") for h in hlo_ops)
+        note = " (one command buffer: kernels not named by HLO op)" if in_buffer else ""
+        print(f"hlo_op values: {', '.join(hlo_ops[:6]) or '-'}{note}")
         for field in ("device_ordinal", "run_id"):
             print(f"`{field}` on an event: {'yes' if field in stat_keys else 'no'}")
 
@@ -222,7 +224,7 @@ def collectives(hlo_text):
 
 
 def compile_devices(platform):
-    """8 devices to compile for: compile-only H200s (or whatever GPU this is) on a GPU, 8 CPU devices on CPU."""
+    """8 devices to compile for: compile-only ones of this GPU's kind on a GPU, 8 CPU devices on CPU."""
     import jax
 
     if platform == "gpu":
@@ -248,7 +250,8 @@ def measure_collectives(platform):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
     def mlp_params(sizes, dtype=jnp.float32):
-        return [{"w": spec((a, b), rep, dtype), "b": spec((b,), rep, dtype)} for a, b in zip(sizes, sizes[1:])]
+        return [{"w": spec((a, b), rep, dtype), "b": spec((b,), rep, dtype)}
+                for a, b in zip(sizes, sizes[1:])]
 
     def loss(params, x, y):
         for layer in params[:-1]:
@@ -341,7 +344,8 @@ def main(argv=None) -> int:
         device = jax.devices(args.platform)[0]
     except RuntimeError as e:
         print(f"No {args.platform.upper()} here ({str(e).splitlines()[0]}), so nothing was measured. "
-              "Run this on a machine with a GPU, or with --platform cpu to try the script on the CPU backend. "
+              "Run this on a machine with a GPU, or with --platform cpu to try the script "
+              "on the CPU backend. "
               "notebooks/hardware.md holds one H200's figures.")
         return 0
     print(f"# Measured on {device.device_kind} ({len(jax.devices(args.platform))} {args.platform} "
