@@ -53,8 +53,8 @@ def test_cpu_path_finds_the_cpu_clients_32():
     assert r.returncode == 0, r.stderr
     rows = [line for line in r.stdout.splitlines() if "matmuls, unrolled" in line or "fori_loop" in line]
     assert len(rows) == 4, r.stdout
-    for row in rows:
-        assert row.split(" | ")[2] == "#32", f"the CPU client queues 32 executions: {row}"
+    for row in rows:   # counted with is_ready, not timed: the first wait's timing can shift on a busy host
+        assert row.split(" | ")[3] == "32 |", f"the CPU client queues 32 executions: {row}"
 
 
 def test_without_a_gpu_it_says_so_and_exits_0():

@@ -66,11 +66,11 @@ def first_wait(times, one_call):
 
 
 def inflight_probe(step, x, calls):
-    """``(one call in s, index of the first call that waited or None, steps in flight or None)``.
+    """``(one call in s, index of the first call that waited or None or -1, steps in flight)``.
 
     ``step(x) -> x``. The probe calls ``step`` ``calls`` times on its own output, never reading a result, and
-    times each call on the host. Steps in flight when the host first waited: the calls queued by then, less
-    the steps the device finished meanwhile (host time so far / one call)."""
+    times each call on the host (``first_wait``). Steps in flight: after each call, the results not ready yet
+    (``jax.Array.is_ready``), at most; this count needs no timing."""
     import jax
 
     y = step(x)
@@ -80,15 +80,15 @@ def inflight_probe(step, x, calls):
         y = step(y)
     jax.block_until_ready(y)
     one_call = (time.perf_counter() - start) / 5
-    times = []
+    times, outputs, in_flight = [], [], 0
     for _ in range(calls):
         t = time.perf_counter()
         y = step(y)
         times.append(time.perf_counter() - t)
+        outputs.append(y)
+        in_flight = max(in_flight, sum(not o.is_ready() for o in outputs))
     jax.block_until_ready(y)
-    i = first_wait(times, one_call)
-    in_flight = None if i is None or i < 0 else max(0.0, i - sum(times[:i]) / one_call)
-    return one_call, i, in_flight
+    return one_call, first_wait(times, one_call), in_flight
 
 
 def measure_inflight(device, platform, calls):
@@ -123,10 +123,11 @@ def measure_inflight(device, platform, calls):
         step, x = chain(k, unrolled, size)
         one, i, fl = inflight_probe(step, x, calls)
         waited = f"none of {calls}" if i is None else "can't tell (step ~ dispatch)" if i < 0 else f"#{i}"
-        rows.append((name, f"{one * 1e3:.1f} ms", waited,
-                     f"about {fl:.1f}" if fl is not None else "-"))
+        rows.append((name, f"{one * 1e3:.1f} ms", waited, str(fl)))
     print(f"\n## 1. How far Python runs ahead ({n}x{n} float32 matmuls; calls counted from #0)\n")
     table(("step", "one call", "first call that waited", "steps in flight"), rows)
+    print("\nSteps in flight: the most results not ready yet after a call. First call that waited: from the"
+          "\ncalls' timings (a busy host shifts it: trust the count of steps in flight more).")
     print("\nOn the CPU backend the first wait is JAX's CPU client's limit (32 executions), not the device's."
           if platform == "cpu" else
           "\nA GPU waits sooner the more kernels a step launches (hardware.md, §1).")
