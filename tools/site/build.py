@@ -25,7 +25,8 @@ ROOT = HERE.parent.parent
 
 
 def stage(root: pathlib.Path, src: pathlib.Path) -> list[pathlib.Path]:
-    """Fill ``src`` with the landing page and a copy of every notebook of ``root``; return the notebooks copied."""
+    """Fill ``src`` with the landing page, a copy of every notebook of ``root`` and of the notes beside them
+    (``notebooks/*.md``); return the notebooks copied."""
     if src.exists():
         shutil.rmtree(src)
     (src / "notebooks").mkdir(parents=True)
@@ -35,6 +36,15 @@ def stage(root: pathlib.Path, src: pathlib.Path) -> list[pathlib.Path]:
         sys.exit(f"no notebooks in {root / 'notebooks'}")
     for nb in notebooks:
         shutil.copy2(nb, src / "notebooks" / nb.name)
+    # The notes the lessons cite beside them (notebooks/hardware.md): pages of their own, listed in the lesson list
+    # under "Reference" (a hidden toctree: the sidebar shows them, the landing page's lesson list does not).
+    notes = sorted((root / "notebooks").glob("*.md"))
+    for note in notes:
+        shutil.copy2(note, src / "notebooks" / note.name)
+    if notes:
+        entries = "\n".join(f"notebooks/{note.stem}" for note in notes)
+        with open(src / "index.md", "a") as f:
+            f.write(f"\n```{{toctree}}\n:hidden:\n:caption: Reference\n\n{entries}\n```\n")
     return notebooks
 
 
