@@ -36,15 +36,16 @@ def stage(root: pathlib.Path, src: pathlib.Path) -> list[pathlib.Path]:
         sys.exit(f"no notebooks in {root / 'notebooks'}")
     for nb in notebooks:
         shutil.copy2(nb, src / "notebooks" / nb.name)
-    # The notes the lessons cite beside them (notebooks/hardware.md): pages of their own, listed in the lesson list
-    # under "Reference" (a hidden toctree: the sidebar shows them, the landing page's lesson list does not).
-    notes = sorted((root / "notebooks").glob("*.md"))
-    for note in notes:
-        shutil.copy2(note, src / "notebooks" / note.name)
-    if notes:
-        entries = "\n".join(f"notebooks/{note.stem}" for note in notes)
-        with open(src / "index.md", "a") as f:
-            f.write(f"\n```{{toctree}}\n:hidden:\n:caption: Reference\n\n{entries}\n```\n")
+    # The notes the lessons cite beside them (notebooks/hardware.md): pages of their own, reached from the
+    # lessons' links. Staged as orphans (Sphinx front matter), so that they stay out of the lesson list and of
+    # the previous/next chain, which runs from the landing page through the lessons only.
+    for note in sorted((root / "notebooks").glob("*.md")):
+        text = note.read_text()
+        if text.startswith("---\n"):
+            text = "---\norphan: true\n" + text[len("---\n"):]
+        else:
+            text = "---\norphan: true\n---\n\n" + text
+        (src / "notebooks" / note.name).write_text(text)
     return notebooks
 
 
