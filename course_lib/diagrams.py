@@ -387,7 +387,8 @@ def pmap_dataflow(fn, *args, in_axes=0, out_axes=0, axis_name=None, devices=None
     solid edges labelled with the slice each device receives, broadcast inputs (``in_axes=None``)
     with dashed edges carrying the whole value (labelled on the first device's edge: every copy is
     the same); outputs are stacked on ``out_axes``, or, for
-    ``out_axes=None``, taken from the first device only (the other edges are drawn dotted).
+    ``out_axes=None``, one array marked replicated whose copies pmap does not compare: printing it
+    reads the first device's, and each other device keeps its own (those edges are drawn dotted).
 
     Args:
       fn, in_axes, out_axes, axis_name: as for ``jax.pmap`` (``in_axes`` may hold pytrees).
@@ -489,8 +490,8 @@ def pmap_dataflow(fn, *args, in_axes=0, out_axes=0, axis_name=None, devices=None
         for k, ((path, x), ax) in enumerate(zip(out_leaves, out_axes_leaves)):
             per = jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
             if ax is None:
-                s.node(f"out{k}", f"out{jax.tree_util.keystr(path)}: {shape_str(per)}\\n(first device's value, "
-                       "out_axes=None)", shape="folder", fillcolor="#e5f5e0")
+                s.node(f"out{k}", f"out{jax.tree_util.keystr(path)}: {shape_str(per)}\\n(marked replicated, "
+                       "unchecked:\\nout_axes=None)", shape="folder", fillcolor="#e5f5e0")
             else:
                 ax = ax % (len(per.shape) + 1)
                 full = jax.ShapeDtypeStruct(per.shape[:ax] + (n,) + per.shape[ax:], x.dtype)
@@ -500,7 +501,7 @@ def pmap_dataflow(fn, *args, in_axes=0, out_axes=0, axis_name=None, devices=None
         per = shape_str(jax.ShapeDtypeStruct(x.shape[1:], x.dtype))
         for i, d in zip(shown, shown_devs):
             if ax is None and i > 0:
-                g.edge(f"dev{d.id}", f"out{k}", label="dropped", style="dotted", color="grey60")
+                g.edge(f"dev{d.id}", f"out{k}", label="its own copy", style="dotted", color="grey60")
             else:
                 g.edge(f"dev{d.id}", f"out{k}", label=f"[{i}] {per}" if ax is not None else per)
         if len(shown) < n:

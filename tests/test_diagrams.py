@@ -145,11 +145,11 @@ def test_pmap_dataflow_in_axes_1_and_out_axes_1(devices):
     assert 'out: f32[5,8,2]\\n(stacked on axis 1)' in g.source
 
 
-def test_pmap_dataflow_out_axes_none_draws_the_dropped_values(devices):
+def test_pmap_dataflow_out_axes_none_draws_each_devices_own_copy(devices):
     g = diagrams.pmap_dataflow(lambda x: x * 2, jnp.zeros((8, 3)), out_axes=None, devices_shown=8)
-    assert edges(g.source, r"dev\d+", "out0").count("dropped") == 7
+    assert edges(g.source, r"dev\d+", "out0").count("its own copy") == 7
     assert edges(g.source, "dev0", "out0") == ["f32[3]"]
-    assert "first device's value, out_axes=None" in g.source
+    assert "marked replicated, unchecked:\\nout_axes=None" in g.source
 
 
 def test_pmap_dataflow_pytree_in_axes_and_outputs(devices):

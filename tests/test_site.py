@@ -369,11 +369,25 @@ def new_page(browser, width: int, errors: list):
     return page
 
 
+SIDEBAR_SHOWN = "() => getComputedStyle(document.getElementById('pst-primary-sidebar')).visibility === 'visible'"
+
+
+def sidebar_shown(page) -> bool:
+    """Whether the lesson list is beside the lesson (from 992 px; below, it is a dialog)."""
+    page.wait_for_timeout(400)   # the fold is animated
+    return page.evaluate(SIDEBAR_SHOWN)
+
+
+def wait_sidebar(page, shown: bool) -> None:
+    page.wait_for_function(SIDEBAR_SHOWN if shown else f"() => !({SIDEBAR_SHOWN})()", timeout=5000)
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("width", [390, 1024, 1280])
 def test_in_a_browser_the_lesson_list_and_contents_buttons_open_their_panels(site, served, browser, width):
     """Both themes bind the ☰ and ☷ handlers to a hidden duplicate of each button (course.js passes the click
-    on): below 992 px each opens its panel as a dialog; at 1280 px ☰ folds the lesson list away and back."""
+    on): below 992 px each opens its panel as a dialog; from 992 px ☰ folds the lesson list away and back (it
+    starts folded below 1280 px)."""
     errors = []
     page = new_page(browser, width, errors)
     try:
@@ -392,13 +406,15 @@ def test_in_a_browser_the_lesson_list_and_contents_buttons_open_their_panels(sit
             page.wait_for_url("**/11_checkpoints_and_profiles.html")
             page.go_back(wait_until="load")
         else:
-            assert sidebar.evaluate(VISIBLE), "the lesson list is not shown beside the lesson"
+            # From 1280 px the lesson list starts beside the lesson; below, folded (the code needs the room).
+            # ☰ folds it away and back either way.
+            shown_first = width >= 1280
+            assert sidebar_shown(page) == shown_first, f"{width} px: the lesson list starts " + \
+                ("folded" if shown_first else "beside the lesson")
             lessons[0].click()
-            page.wait_for_function("() => getComputedStyle(document.getElementById('pst-primary-sidebar'))"
-                                   ".visibility === 'hidden'", timeout=5000)
+            wait_sidebar(page, not shown_first)
             visible(page, ".primary-toggle")[0].click()
-            page.wait_for_function("() => getComputedStyle(document.getElementById('pst-primary-sidebar'))"
-                                   ".visibility === 'visible'", timeout=5000)
+            wait_sidebar(page, shown_first)
         # ☷: the page's contents, as a dialog (below 1600 px they are not beside the lesson: the code needs the room)
         visible(page, ".secondary-toggle")[0].click()
         toc = page.locator("#pst-secondary-sidebar-modal")
@@ -519,6 +535,90 @@ def test_in_a_browser_a_search_result_opens_at_the_match_and_the_contents_follow
             assert active and inside, f"reading {a!r} (and {b!r} below), it highlights {active}"
             checked += 1
         assert checked >= 3
+        assert errors == [], errors
+    finally:
+        page.context.close()
+
+
+# --- reading width on a tablet and a small laptop (issue 43): no code cell cut -----------------------------------
+
+# Each code box and text output on the page: whether it hides anything at its right (scrollWidth over
+# clientWidth), how it wraps, its longest line, and how many characters of the code font fit on one line.
+READING = """() => {
+  const pres = [...document.querySelectorAll('div.cell_input pre, div.cell_output pre')];
+  const longest = e => Math.max(...e.textContent.split('\\n').map(l => l.length));
+  const first = document.querySelector('div.cell_input pre');
+  const probe = document.createElement('span');
+  probe.textContent = 'x'.repeat(100);
+  first.appendChild(probe);
+  const charWidth = probe.getBoundingClientRect().width / 100;
+  probe.remove();
+  const cs = getComputedStyle(first);
+  const inner = first.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+  return {
+    column: document.querySelector('article.bd-article').clientWidth,
+    fits: Math.floor(inner / charWidth),
+    cells: pres.map(p => ({kind: p.closest('.cell_input') ? 'code' : 'output', start: p.textContent.slice(0, 50),
+                           hidden: p.scrollWidth - p.clientWidth, longest: longest(p),
+                           wraps: getComputedStyle(p).whiteSpace === 'pre-wrap'})),
+  };
+}"""
+
+# Characters of code a box shows on one line, unwrapped, at 768 and 1024 px (measured: 100 at 768 px, where the
+# theme's font is a little smaller, and 119 at 1024 px with the lesson list folded). The lessons keep their
+# code lines within 80 (a tablet in portrait, JupyterLab with its file browser open), well inside it.
+CODE_FITS = 100
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("width", [768, 1024])
+def test_in_a_browser_no_code_cell_or_output_is_cut_at_768_and_1024_px(site, served, browser, width):
+    """On a tablet (768 px) and a small laptop (1024 px, where the lesson list starts folded) no code cell and no
+    output of any lesson hides text at its right edge: a line longer than its box wraps (prose outputs at
+    spaces), and a box holds at least CODE_FITS characters of code on one line. Lines that wrap are listed."""
+    errors, report = [], []
+    page = new_page(browser, width, errors)
+    try:
+        for nb in NOTEBOOKS:
+            page.goto(f"{served}notebooks/{nb.stem}.html", wait_until="load")
+            page.wait_for_timeout(400)   # the lesson list's fold is animated
+            got = page.evaluate(READING)
+            assert got["fits"] >= CODE_FITS, f"{nb.name} at {width} px: a code box holds {got['fits']} " \
+                                             f"characters on a line (column {got['column']} px)"
+            assert len(got["cells"]) > 5, f"{nb.name}: only {len(got['cells'])} code cells and outputs found"
+            for c in got["cells"]:
+                where = f"{nb.name} at {width} px: {c['kind']} {c['start']!r}"
+                assert c["hidden"] <= 1, f"{where} is cut: {c['hidden']} px hidden at its right"
+                if c["longest"] > got["fits"]:
+                    assert c["wraps"], f"{where}: a {c['longest']}-character line does not wrap"
+                    report.append(f"{where}: a {c['longest']}-character line wraps (a line holds {got['fits']})")
+            overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+            assert overflow <= 0, f"{nb.name}: at {width} px the page is {overflow} px wider than the screen"
+        assert errors == [], errors
+    finally:
+        page.context.close()
+    print("\n".join(report) or f"at {width} px no line wraps")
+
+
+@pytest.mark.timeout(300)
+def test_in_a_browser_the_lesson_lists_fold_at_1024_px_is_remembered_from_lesson_to_lesson(site, served, browser):
+    errors = []
+    page = new_page(browser, 1024, errors)
+    try:
+        page.goto(f"{served}notebooks/{NOTEBOOKS[0].stem}.html", wait_until="load")
+        assert not sidebar_shown(page), "at 1024 px the lesson list does not start folded"
+        folded_column = page.evaluate("document.querySelector('article.bd-article').clientWidth")
+        assert folded_column >= 900, f"folded, the column is only {folded_column} px"
+        visible(page, ".primary-toggle")[0].click()
+        wait_sidebar(page, True)
+        page.locator("a.right-next").click()                        # the next lesson keeps it shown
+        page.wait_for_load_state("load")
+        assert sidebar_shown(page), "the lesson list shown with ☰ folded again on the next lesson"
+        visible(page, ".primary-toggle")[0].click()
+        wait_sidebar(page, False)
+        page.locator("a.right-next").click()                        # and folded again, folded
+        page.wait_for_load_state("load")
+        assert not sidebar_shown(page), "the lesson list folded with ☰ came back on the next lesson"
         assert errors == [], errors
     finally:
         page.context.close()

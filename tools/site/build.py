@@ -25,7 +25,8 @@ ROOT = HERE.parent.parent
 
 
 def stage(root: pathlib.Path, src: pathlib.Path) -> list[pathlib.Path]:
-    """Fill ``src`` with the landing page and a copy of every notebook of ``root``; return the notebooks copied."""
+    """Fill ``src`` with the landing page, a copy of every notebook of ``root`` and of the notes beside them
+    (``notebooks/*.md``); return the notebooks copied."""
     if src.exists():
         shutil.rmtree(src)
     (src / "notebooks").mkdir(parents=True)
@@ -35,6 +36,16 @@ def stage(root: pathlib.Path, src: pathlib.Path) -> list[pathlib.Path]:
         sys.exit(f"no notebooks in {root / 'notebooks'}")
     for nb in notebooks:
         shutil.copy2(nb, src / "notebooks" / nb.name)
+    # The notes the lessons cite beside them (notebooks/hardware.md): pages of their own, reached from the
+    # lessons' links. Staged as orphans (Sphinx front matter), so that they stay out of the lesson list and of
+    # the previous/next chain, which runs from the landing page through the lessons only.
+    for note in sorted((root / "notebooks").glob("*.md")):
+        text = note.read_text()
+        if text.startswith("---\n"):
+            text = "---\norphan: true\n" + text[len("---\n"):]
+        else:
+            text = "---\norphan: true\n---\n\n" + text
+        (src / "notebooks" / note.name).write_text(text)
     return notebooks
 
 

@@ -20,6 +20,54 @@ function courseForwardSidebarToggles() {
   }
 }
 
+/* 1b. The lesson list on a small laptop or a landscape tablet (992 to 1279 px). Beside the lesson it would leave
+   the code a column of about 720 px; folded, about 990. So it starts folded there and ☰ shows it (below 992 px
+   the theme opens it as a dialog; from 1280 px it starts shown). Whichever way the learner leaves it is
+   remembered, per width band, from page to page (localStorage; nothing is sent anywhere). sphinx-book-theme
+   folds it with the class pst-sidebar-hidden, which its own ☰ handler toggles; this only sets the start and
+   watches the class. */
+const COURSE_FOLD_MEDIA = "(min-width: 992px) and (max-width: 1279.98px)";
+
+function courseLessonListBand() {
+  if (window.matchMedia(COURSE_FOLD_MEDIA).matches) return "narrow";
+  return window.matchMedia("(min-width: 1280px)").matches ? "wide" : null;
+}
+
+function courseRememberedFold(band) {
+  try {
+    const saved = localStorage.getItem("course_lesson_list_" + band);
+    if (saved === "folded" || saved === "shown") return saved === "folded";
+  } catch (e) {
+    /* storage refused (a private window): the default below */
+  }
+  return band === "narrow";
+}
+
+function courseFoldLessonList() {
+  const sidebar = document.getElementById("pst-primary-sidebar");
+  if (!sidebar) return;
+  let applying = false;
+  const apply = () => {
+    const band = courseLessonListBand();
+    if (!band) return;
+    applying = true;
+    sidebar.classList.toggle("pst-sidebar-hidden", courseRememberedFold(band));
+    applying = false;
+  };
+  apply();
+  new MutationObserver(() => {
+    const band = courseLessonListBand();
+    if (applying || !band) return;
+    try {
+      const folded = sidebar.classList.contains("pst-sidebar-hidden");
+      localStorage.setItem("course_lesson_list_" + band, folded ? "folded" : "shown");
+    } catch (e) {
+      /* storage refused: the choice lasts for this page only */
+    }
+  }).observe(sidebar, { attributes: true, attributeFilter: ["class"] });
+  window.matchMedia(COURSE_FOLD_MEDIA).addEventListener("change", apply);
+}
+
 /* A link chosen in the ☰ or ☷ dialog closes it (else the dialog stays over the section it just scrolled to). */
 function courseCloseDialogOnLink() {
   document.querySelectorAll("dialog").forEach((dialog) => {
@@ -99,6 +147,7 @@ function courseTocFollowsReading() {
 
 document.addEventListener("DOMContentLoaded", () => {
   courseForwardSidebarToggles();
+  courseFoldLessonList();
   courseCloseDialogOnLink();
   courseTocFollowsReading();
 });
