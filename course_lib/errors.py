@@ -21,7 +21,7 @@ class ExpectedErrorMissing(AssertionError):
 
 
 @contextlib.contextmanager
-def show_error(*expected: type[BaseException], max_lines: int = 6, width: int = 110):
+def show_error(*expected: type[BaseException], max_lines: int = 6, width: int = 80):
     """Run the block, expect it to raise, and print ``Type: message`` instead of a traceback.
 
     Args:
