@@ -96,3 +96,21 @@ def test_reviewed_claims_are_printed_by_cells():
     assert "not compiled" in text and "v5p" in text
     assert "sequences per chip" in text and "(*) less than one sequence per chip" in text
     assert "over {'fsdp'}" in text and "over {'data'}" in text
+
+
+def test_expert_items_of_2026_11_29_are_printed_and_cited():
+    """Issue 43: all-reduces synchronous (the roofline adds them), the assumed latency labelled, the compiler's own
+    peak beside the estimate, GiB for capacities, a profile pointer a TPU user can follow, no shared/ citation."""
+    nb = json.loads(PATH.read_text())
+    assert nb["metadata"]["kernelspec"] == {"display_name": "Python 3 (ipykernel)", "language": "python",
+                                            "name": "python3"}
+    text = "".join(output_text(c) for c in code_cells())
+    markdown = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    source = "".join("".join(c["source"]) for c in code_cells())
+    assert "shared/" not in markdown + source and "hardware.md#" in markdown
+    assert "asynchronous all-reduces on the TPU: DP 0 of 2, FSDP 0 of 4" in text
+    assert "asynchronous all-reduces: 0 of 5: the gradients' all-reduce does not overlap compute" in text
+    assert "max(compute, HBM, gathers) + all-reduce" in markdown and "step" in text
+    assert "assumed" in text and "an ASSUMED figure" in source
+    assert "TPU peak" in text and "compiler's peak" in text and "GB of HBM" not in text
+    assert "XProf" in markdown and "https://docs.jax.dev/en/latest/profiling.html" in markdown
