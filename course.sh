@@ -201,6 +201,7 @@ case "$CMD" in
     ;;
   *)
     sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n 's/^  #   \(\.\/course\.sh \(student\|instructor\|nbgrader\|progress\) .*\)/\1/p' "$0"  # teaching a class
     [ -z "$CMD" ] || [ "$CMD" = help ] || [ "$CMD" = -h ] || [ "$CMD" = --help ] || exit 2
     ;;
 esac

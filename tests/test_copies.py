@@ -192,3 +192,10 @@ def test_nbgrader_generate_and_autograde_give_full_and_zero_marks(tmp_path):
         bob = gb.find_submission("lesson00", "bob")
         assert (alice.score, alice.max_score) == (2.0, 2.0)
         assert (bob.score, bob.max_score) == (0.0, 2.0)
+
+
+def test_course_sh_help_lists_the_class_commands():
+    r = subprocess.run([str(ROOT / "course.sh"), "help"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0
+    for cmd in ("student DIR", "instructor DIR", "nbgrader DIR", "progress FILE"):
+        assert f"./course.sh {cmd}" in r.stdout
