@@ -38,7 +38,7 @@ LOOK_MIN = 3
 # Run All, seconds: `./course.sh instructor` (every cell, solutions in place) on 2 shared x86-64 cores at load
 # 8-16, 2026-11-29: an upper bound for a laptop.
 RUN_ALL_S = {"00": 52, "01": 21, "02": 26, "03": 38, "04": 63, "05": 81, "06": 28, "07": 43, "08": 25, "09": 106,
-             "10": 211, "11": 90, "12": 300, "13": 200}
+             "10": 211, "11": 119, "12": 411, "13": 443}
 
 # Minutes per exercise, from the walk-throughs: lesson 03 15 min for 3, 04 40 for 4, 05 25 for 3, 06 10 for 2,
 # 07 30-45 for 2, 09 10 for 2, 10 40 for 5, 11 20 for 4, 12 25 for 3, 13 10-15 for 1.
