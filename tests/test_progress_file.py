@@ -168,3 +168,14 @@ def test_stub_names_match_the_notebooks():
             found.update(re.findall(r'check\("(\d\d\.\d+)",\s*(\w+)\)', "".join(cell["source"])))
     assert found == solutions.STUB_NAMES
     assert set(found) == set(ex.exercises())
+
+
+def test_after_the_last_hint_a_withheld_class_is_not_sent_to_solution(monkeypatch, capsys):
+    monkeypatch.setenv("COURSE_SOLUTIONS", "off")
+    monkeypatch.setattr(ex, "_hints_shown", ex.collections.Counter())
+    n = len(ex.exercises()["02.1"].hints)
+    for _ in range(n + 1):
+        ex.hint("02.1")
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "No hints left" in last and "withheld" in last and "lesson02.py" in last
+    assert progress.load()["exercises"]["02.1"]["hints"] == n
