@@ -20,6 +20,27 @@ _WARN = "--xla_cpu_collective_call_warn_stuck_timeout_seconds"
 if _WARN not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" {_WARN}=300").strip()
 
+# Exercise progress (course_lib/progress.py) goes to a file in a temporary folder, never into the repository:
+# each notebook's kernel gets a fresh one (pytest_runtest_setup below), named like a learner's, so that a
+# stored `progress()` output shows only what that notebook did. The folder is removed when this process ends.
+import atexit  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+_PROGRESS_DIR = tempfile.mkdtemp(prefix="course-progress-")
+atexit.register(shutil.rmtree, _PROGRESS_DIR, ignore_errors=True)
+
+
+def fresh_progress_file() -> str:
+    """Point COURSE_PROGRESS at a new, empty ``course_progress.json`` in this run's temporary folder."""
+    folder = tempfile.mkdtemp(dir=_PROGRESS_DIR)
+    os.environ["COURSE_PROGRESS"] = os.path.join(folder, "course_progress.json")
+    return os.environ["COURSE_PROGRESS"]
+
+
+if not os.environ.get("COURSE_PROGRESS"):
+    fresh_progress_file()
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # The second nbval pass: every notebook runs again with XLA's CPU compiler limited to another instruction set.
@@ -42,6 +63,11 @@ def pytest_addoption(parser):
         help="run every notebook a second time with XLA_FLAGS=--xla_cpu_max_isa=ISA (SSE4_2, AVX, AVX2, "
              "AVX512...); 'auto' (the default) picks SSE4_2, or AVX2 where XLA_FLAGS already limits to SSE4_2; "
              "'none' skips the second pass")
+    parser.addoption(
+        "--nbval-isa-form", default="instructor", choices=("instructor", "as-is"),
+        help="what the second pass runs: 'instructor' (the default) fills every exercise with its reference "
+             "solution and asserts that its check passes (tools/copies.py), so all 42 are tested without an "
+             "extra run; 'as-is' runs the notebooks as stored")
 
 
 def second_isa(option: str, xla_flags: str) -> str | None:
@@ -84,8 +110,22 @@ def pytest_collect_file(file_path, parent):
         return None
     from nbval.plugin import IPyNbFile
 
+    instructor_form = parent.config.getoption("--nbval-isa-form") == "instructor"
+
     class OtherIsaNotebook(IPyNbFile):
-        """The same notebook, its kernel started with XLA limited to ``isa``: ``path@SSE4_2::Cell N``."""
+        """The same notebook, its kernel started with XLA limited to ``isa``: ``path@SSE4_2::Cell N``.
+
+        In its instructor form (the default), each exercise cell holds the reference solution under the stub's
+        name and ends in ``assert check(...)``: a solution that does not pass fails the cell. Those cells' outputs,
+        and those of later cells that use an exercise's function or ``progress()``, are not compared (they
+        differ from the stored stubs' by design); every other cell is compared as in the first pass.
+        """
+
+        def collect(self):
+            items = list(super().collect())
+            if instructor_form:
+                _instructor_form(items, self.nb)
+            return items
 
         def setup(self):
             before = os.environ.get("XLA_FLAGS")
@@ -100,3 +140,40 @@ def pytest_collect_file(file_path, parent):
 
     base = os.path.relpath(file_path, parent.config.rootpath).replace(os.sep, "/")
     return OtherIsaNotebook.from_parent(parent, path=file_path, nodeid=f"{base}@{isa}")
+
+
+import pytest  # noqa: E402
+
+_progress_for = set()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before a notebook's first cell (when nbval starts its kernel), a fresh progress file for that kernel."""
+    parent = item.parent
+    if str(getattr(parent, "path", "")).endswith(".ipynb") and id(parent) not in _progress_for:
+        _progress_for.add(id(parent))
+        fresh_progress_file()
+
+
+def _instructor_form(items, nb) -> None:
+    """Turn nbval's cell items of ``nb`` into the instructor copy's (tools/copies.py), in place."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("course_copies", os.path.join(os.path.dirname(__file__),
+                                                                                "tools", "copies.py"))
+    copies = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copies)
+    exercise_at = {i: (id_, name) for i, id_, name in copies.exercise_cells(nb)}
+    names = {name for _, name in exercise_at.values()}
+    cell_index = {id(cell): i for i, cell in enumerate(nb.cells)}
+    seen_exercise = False
+    for item in items:
+        i = cell_index.get(id(item.cell))
+        if i in exercise_at:
+            id_, name = exercise_at[i]
+            item.cell.source = copies.solved_source(item.cell.source, id_, name, assert_check=True)
+            item.options["check"] = False
+            seen_exercise = True
+        elif seen_exercise and (re.search(r"\bprogress\(", item.cell.source)
+                                or any(re.search(rf"\b{n}\b", item.cell.source) for n in names)):
+            item.options["check"] = False

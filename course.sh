@@ -190,8 +190,18 @@ case "$CMD" in
     py=$(find_python)
     exec "$py" tools/compat.py "$@"
     ;;
+  # --- Teaching a class (INSTRUCTORS.md; tools/copies.py) ----------------------------------------------------
+  #   ./course.sh student DIR            the lessons as learners get them, solutions withheld (course_settings.json)
+  #   ./course.sh instructor DIR         every stub replaced by its solution, executed, every check ✔
+  #   ./course.sh nbgrader DIR           nbgrader source notebooks (DIR/source/lessonNN) with graded test cells
+  #   ./course.sh progress FILE... [--csv OUT]   a class table from learners' course_progress.json files
+  student|instructor|nbgrader|progress)
+    if [ "$CMD" = instructor ]; then setup; else ensure_venv; fi
+    exec "$VENV/bin/python" tools/copies.py "$CMD" "$@"
+    ;;
   *)
     sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n 's/^  #   \(\.\/course\.sh \(student\|instructor\|nbgrader\|progress\) .*\)/\1/p' "$0"  # teaching a class
     [ -z "$CMD" ] || [ "$CMD" = help ] || [ "$CMD" = -h ] || [ "$CMD" = --help ] || exit 2
     ;;
 esac

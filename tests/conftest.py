@@ -19,6 +19,13 @@ jax.config.update("jax_num_cpu_devices", 8)
 N_DEVICES = 8
 
 
+@pytest.fixture(autouse=True)
+def _progress_file(tmp_path, monkeypatch):
+    """Every test records exercise progress (course_lib/progress.py) in its own empty file, not the learner's."""
+    monkeypatch.setenv("COURSE_PROGRESS", str(tmp_path / "course_progress.json"))
+    monkeypatch.delenv("COURSE_SOLUTIONS", raising=False)
+
+
 def pytest_report_header(config):
     return (f"unit tests: {N_DEVICES} simulated CPU devices (jax_platforms=cpu), whatever accelerator this machine "
             "has; notebooks: JAX_PLATFORMS=" + os.environ.get("JAX_PLATFORMS", "(unset)"))

@@ -6,7 +6,8 @@ Each lesson's exercises live in ``course_lib/exercises/lessonNN.py``. A notebook
     check("02.1", split_batch)      # prints ✔ or ✘ with what was expected and what came back
     hint("02.1")                     # the next hint: a nudge, then the API or cell to read, then the steps in words
     solution("02.1")                 # prints a reference solution, when the hints are not enough
-    progress()                       # which exercises this kernel has tried and passed, per lesson
+    progress()                       # which exercises you have tried and passed, per lesson (a file every
+                                     # lesson's kernel shares: course_lib/progress.py)
 
 ``check`` never raises for anything the learner's code does or returns: an answer that
 raises, returns the wrong structure or type, or changes its inputs in place gives a
@@ -209,7 +210,8 @@ def _get(id: str) -> Exercise:
     return all_[id]
 
 
-# This kernel's record: attempts and passes per exercise, and how many hints were shown. In memory only.
+# This kernel's record: attempts and passes per exercise, and how many hints were shown (the hint ladder's place).
+# What lasts is in the progress file (course_lib/progress.py), which ``progress()`` reads.
 _attempts: collections.Counter = collections.Counter()
 _passed: set[str] = set()
 _hints_shown: collections.Counter = collections.Counter()
@@ -227,6 +229,7 @@ def check(id: str, answer) -> Feedback:
         _attempts[id] += 1
         if feedback.passed:
             _passed.add(id)
+        _record(id, "check", feedback.passed)  # course_lib/progress.py: the file every kernel shares
     # Printed here, in a notebook and in a plain script alike. In IPython the cell's last value is displayed
     # too: ``Feedback._ipython_display_`` skips a verdict already printed in the same cell.
     print(feedback.wrapped())
@@ -237,33 +240,64 @@ def check(id: str, answer) -> Feedback:
     return feedback
 
 
+def _record(id: str, event: str, passed: bool | None = None) -> None:
+    """Add the event to the progress file (course_lib/progress.py). A file that cannot be read or written is
+    reported once per kernel and left alone: the exercise itself goes on."""
+    from course_lib import progress as _progress_file
+    try:
+        _progress_file.record(id, event, passed)
+    except (ValueError, OSError) as e:
+        if str(e) not in _record_problems:
+            _record_problems.add(str(e))
+            print(f"(progress not recorded: {e})")
+
+
+_record_problems: set[str] = set()
+
+
 def hint(id: str) -> None:
     """Print the next hint for exercise ``id``: a nudge, then the API or cell to read, then the steps in words;
-    ``solution(id)`` comes after."""
+    ``solution(id)`` comes after. Hints are shown even where solutions are withheld (``COURSE_SOLUTIONS=off``)."""
     ex = _get(id)
     shown = _hints_shown[id]
     if shown >= len(ex.hints):
-        print(f"[{id}] No hints left ({len(ex.hints)} shown). Next step: solution({id!r}) prints a reference "
-              "solution.")
+        from course_lib import solutions as _solutions
+        after = ("The instructor has withheld the solutions: ask them, or read the checker's source in "
+                 f"course_lib/exercises/lesson{id.split('.')[0]}.py." if _solutions.withheld()
+                 else f"Next step: solution({id!r}) prints a reference solution.")
+        print(f"[{id}] No hints left ({len(ex.hints)} shown). {after}")
         return
     _hints_shown[id] = shown + 1
+    _record(id, "hint")
     last = shown + 1 == len(ex.hints)
     after = f" That was the last one: solution({id!r}) is next." if last else f" Run hint({id!r}) again for more."
     print(f"[{id}] Hint {shown + 1} of {len(ex.hints)}: {ex.hints[shown]}{after}")
 
 
 def solution(id: str) -> None:
-    """Print a reference solution for exercise ``id``."""
+    """Print a reference solution for exercise ``id``: code to paste into the exercise's cell as it is (the
+    function under the exercise cell's own name, with the imports it needs).
+
+    With ``COURSE_SOLUTIONS=off`` in the environment (or ``"solutions": "off"`` in a ``course_settings.json``
+    next to the notebook, as a student copy carries), it prints no code and says the instructor withheld them.
+    """
     ex = _get(id)
+    from course_lib import solutions as _solutions
+    if _solutions.withheld():
+        print(_solutions.withheld_message(id))
+        return
+    _record(id, "solution")
     print(f"# Exercise {ex.id}: {ex.title} (one possible solution)\n")
-    print(inspect.getsource(ex.solution))
+    print(_solutions.code(id))
 
 
 @dataclasses.dataclass(frozen=True)
 class Progress:
-    """Per lesson, each exercise's state in this kernel. Prints as text, or as a table in a notebook."""
+    """Per lesson, each exercise's state as the progress file records it. Prints as text, or as a table."""
 
     rows: tuple[tuple[str, str, str, int, int], ...]  # (id, title, state, attempts, hints shown)
+    source: str = "course_progress.json"  # the progress file's name (no folder: outputs hold no machine paths)
+    learner: str | None = None
 
     def __str__(self) -> str:
         lines, lesson = [], None
@@ -276,7 +310,8 @@ class Progress:
                                                                       if hints else "") + ")" if attempts else ""
             lines.append(f"  {mark} {id_} {title}: {state}{extra}")
         passed = sum(r[2] == "passed" for r in self.rows)
-        lines.append(f"{passed} of {len(self.rows)} exercises passed in this kernel.")
+        who = f" by {self.learner}" if self.learner else ""
+        lines.append(f"{passed} of {len(self.rows)} exercises passed{who}, as recorded in {self.source}.")
         return "\n".join(lines)
 
     def _repr_pretty_(self, printer, cycle):
@@ -304,22 +339,29 @@ def _lesson_key(lesson) -> str:
 
 
 def progress(lesson: str | int | None = None) -> Progress:
-    """Which exercises this kernel has attempted and passed, per lesson.
+    """Which exercises you have attempted and passed, per lesson, in every lesson's kernel and across restarts:
+    read from the progress file (``./course_progress.json``, or ``$COURSE_PROGRESS``; see course_lib/progress.py).
 
     ``lesson`` picks one lesson: ``"02"``, ``"2"`` or ``2`` (or an exercise id, ``"02.1"``, for its lesson).
     """
+    from course_lib import progress as _progress_file
     key = None if lesson is None else _lesson_key(lesson)
+    file = _progress_file.path()
+    data = _progress_file.load(file)  # a corrupt or foreign file: ValueError naming it and the fix
+    recorded = data["exercises"]
     rows = []
     for id_, ex in exercises().items():
         if key is not None and id_.split(".")[0] != key:
             continue
-        state = "passed" if id_ in _passed else "attempted" if _attempts[id_] else "not tried"
-        rows.append((id_, ex.title, state, _attempts[id_], _hints_shown[id_]))
+        entry = recorded.get(id_, {})
+        checks, hints = int(entry.get("checks", 0)), int(entry.get("hints", 0))
+        state = "passed" if entry.get("passed") else "attempted" if checks else "not tried"
+        rows.append((id_, ex.title, state, checks, hints))
     if not rows:
         lessons = sorted({id_.split(".")[0] for id_ in exercises()})
         raise NoSuchLesson(f"there are no exercises for lesson {key!r} (progress(lesson={lesson!r})); the lessons "
                            f"with exercises are {', '.join(lessons)}. Pass one of them, or progress() for all.")
-    return Progress(tuple(rows))
+    return Progress(tuple(rows), file.name, data.get("learner"))
 
 
 # ---------------------------------------------------------------------------------------------
