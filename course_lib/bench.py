@@ -1,6 +1,6 @@
 """What data parallelism costs, measured: one training step per global batch, ten ways, two workloads.
 
-Lesson 09 runs it at a small size; the instructors' notes (.github/CONTRIBUTING.md, *Benchmark*) give its full results.
+Lesson 09 uses its workloads (``workloads``); the instructors' notes (.github/CONTRIBUTING.md, *Benchmark*) give its full results.
 ``python -m course_lib.bench`` prints tables, writes JSON, and names the machine, the device kind and the JAX
 version. It runs on whatever devices exist (simulated CPU devices, one GPU, a TPU slice); with ``--devices N`` on a
 CPU-only machine it simulates N devices.
