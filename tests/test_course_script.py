@@ -3,6 +3,7 @@
 import json
 import os
 import pathlib
+import platform
 import re
 import shutil
 import socket
@@ -25,11 +26,13 @@ def sandbox_path(tmp_path, fakes: dict[str, str]) -> str:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool in TOOLS:
-        if shutil.which(tool):
+        if shutil.which(tool) and tool not in fakes:
             (bin_dir / tool).symlink_to(shutil.which(tool))
     for name, body in fakes.items():
-        (bin_dir / name).write_text("#!" + shutil.which("bash") + "\n" + body + "\n")
-        (bin_dir / name).chmod(0o755)
+        fake = bin_dir / name
+        assert not fake.is_symlink(), "a fake is a file of its own: writing through a link would replace the tool"
+        fake.write_text("#!" + shutil.which("bash") + "\n" + body + "\n")
+        fake.chmod(0o755)
     return str(bin_dir)
 
 
@@ -121,11 +124,16 @@ def test_setup_installs_the_learners_extra_only_and_test_adds_every_other(tmp_pa
     assert (venv / ".course-stamp").read_text().splitlines()[1] == "lab"
     course("setup")
     assert log.read_text().splitlines() == [".[lab]"], "a second set-up installs nothing"
+    if platform.system() == "Linux" and platform.machine() == "x86_64":
+        r = course("tpu")
+        assert log.read_text().splitlines()[-1] == ".[lab,tpu]"
+        assert "lesson 13 (TPU compiler)" in r.stdout, "then it checks the compiler"
     r = course("test", "--version")
     assert "pytest" in r.stdout + r.stderr
-    assert log.read_text().splitlines() == [".[lab]", ".[lab,test,site,tpu,instructor]"]
+    assert log.read_text().splitlines()[-1] == ".[lab,test,site,tpu,instructor]"
+    n = len(log.read_text().splitlines())
     course("setup")
-    assert len(log.read_text().splitlines()) == 2, "after test, setup keeps every extra and installs nothing"
+    assert len(log.read_text().splitlines()) == n, "after test, setup keeps every extra and installs nothing"
 
 
 def test_tpu_elsewhere_than_linux_x86_64_says_why_and_where_to_go(tmp_path):
