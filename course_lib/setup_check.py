@@ -67,9 +67,11 @@ class Finding:
 
 
 def hosted_platform() -> str | None:
-    """"colab", "kaggle" or None (a machine of one's own, or Binder)."""
+    """"colab", "kaggle", "binder" (binder/start says so) or None (a machine of one's own)."""
     if "KAGGLE_KERNEL_RUN_TYPE" in os.environ:
         return "kaggle"
+    if os.environ.get("COURSE_PLATFORM") == "binder":
+        return "binder"
     if "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ:
         return "colab"
     try:
@@ -113,6 +115,9 @@ def tpu_compiler_hint() -> str:
                 "here the TPU cells skip; open lesson 13 on Colab or Kaggle, whose first cell installs libtpu")
     req = libtpu_requirement()
     host = hosted_platform()
+    if host == "binder":
+        return (f"Binder's image leaves it out (about 200 MB to download): run %pip install \"{req}\" in a cell, "
+                "then restart the kernel")
     if host is not None:
         name = {"colab": "Colab", "kaggle": "Kaggle"}[host]
         return (f"on {name}, lesson 13's first cell installs it; or run %pip install \"{req}\" (the version this "
@@ -164,7 +169,7 @@ def check_jax() -> Finding:
 
 
 def _setup_fix(what: str) -> str:
-    if hosted_platform() is not None:
+    if hosted_platform() is not None:  # Colab, Kaggle, Binder
         return f"run %pip install {what}, then restart the kernel"
     if _course_venv():
         return "run ./course.sh setup (it reinstalls the course's pinned versions)"
@@ -369,7 +374,8 @@ def checks(only: str | None = None) -> list[Finding]:
 
 def report(found: list[Finding], seconds: float) -> str:
     from course_lib import __version__
-    how = ("Colab" if hosted_platform() == "colab" else "Kaggle" if hosted_platform() == "kaggle"
+    host = hosted_platform()
+    how = ({"colab": "Colab", "kaggle": "Kaggle", "binder": "Binder"}[host] if host
            else "./course.sh's environment" if _course_venv() else sys.prefix)
     lines = ["Course set-up check (paste this to your instructor)"]
     lines += [f.line() for f in found]

@@ -101,12 +101,22 @@ def test_the_tpu_hint_names_the_command_for_each_platform(monkeypatch):
     colab = setup_check.tpu_compiler_hint()
     assert "on Colab, lesson 13's first cell installs it" in colab and '%pip install "libtpu==0.0.50.*"' in colab
     assert "./course.sh" not in colab
+    monkeypatch.setattr(setup_check, "hosted_platform", lambda: "binder")
+    binder = setup_check.tpu_compiler_hint()
+    assert binder.startswith("Binder's image leaves it out") and '%pip install "libtpu==0.0.50.*"' in binder
     monkeypatch.setattr(setup_check, "hosted_platform", lambda: None)
     monkeypatch.setattr(setup_check, "_course_venv", lambda: True)
     assert setup_check.tpu_compiler_hint().startswith("run ./course.sh tpu")
     monkeypatch.setattr(setup_check, "_course_venv", lambda: False)
     other = setup_check.tpu_compiler_hint()
     assert '-m pip install "libtpu==0.0.50.*"' in other and "./course.sh" not in other
+
+
+def test_binder_start_makes_the_check_name_binder(monkeypatch):
+    monkeypatch.delenv("KAGGLE_KERNEL_RUN_TYPE", raising=False)
+    monkeypatch.setenv("COURSE_PLATFORM", "binder")
+    assert setup_check.hosted_platform() == "binder"
+    assert "export COURSE_PLATFORM=binder" in (ROOT / "binder" / "start").read_text()
 
 
 def test_the_libtpu_requirement_is_the_one_this_jax_pins():
