@@ -213,7 +213,8 @@ def check_dot(devices) -> Finding:
     said = subprocess.run([dot, "-V"], capture_output=True, text=True, timeout=20).stderr
     version = re.search(r"version (\S+)", said)
     name = f"dot {version.group(1)}" if version else "dot"
-    return Finding("graphviz", OK, f"{name} drew the devices' diagram ({len(svg) // 1024} kB of SVG)")
+    drew = "the devices' diagram" if devices else "a diagram"
+    return Finding("graphviz", OK, f"{name} drew {drew} ({len(svg) // 1024} kB of SVG)")
 
 
 def check_exercise(progress_file: pathlib.Path) -> Finding:
