@@ -46,9 +46,9 @@ def test_stored_outputs_are_clean(path):
 def test_first_cell_has_title_and_colab_and_kaggle_badges(path):
     first = source(cells(path, "markdown")[0])
     assert first.startswith("# "), "the first cell is the notebook's title"
-    badge = f"https://colab.research.google.com/github/{REPO}/blob/main/notebooks/{path.name}"
+    badge = f"https://colab.research.google.com/github/{REPO}/blob/{install_cell.REF}/notebooks/{path.name}"
     assert f"({badge})" in first, f"missing Open-in-Colab badge linking to {badge}"
-    kaggle = f"https://kaggle.com/kernels/welcome?src={REPO_URL}/blob/main/notebooks/{path.name}"
+    kaggle = f"https://kaggle.com/kernels/welcome?src={REPO_URL}/blob/{install_cell.REF}/notebooks/{path.name}"
     assert f"({kaggle})" in first, f"missing Open-in-Kaggle badge linking to {kaggle}"
 
 
@@ -76,4 +76,6 @@ def test_readme_lists_every_notebook_and_badges():
     readme = (ROOT / "README.md").read_text()
     for path in NOTEBOOKS:
         assert f"notebooks/{path.name}" in readme, f"README does not link {path.name}"
-    assert f"https://mybinder.org/v2/gh/{REPO}/main?urlpath=lab/tree/notebooks/00_setup_and_devices.ipynb" in readme
+    assert install_cell.binder_url() == (f"https://mybinder.org/v2/gh/{REPO}/{install_cell.REF}"
+                                         "?urlpath=lab/tree/notebooks/00_setup_and_devices.ipynb")
+    assert install_cell.binder_url() in readme
