@@ -94,8 +94,8 @@ def pytest_collection_modifyitems(config, items):
     if importlib.util.find_spec("libtpu") is not None:
         return
     import pytest
-    skip = pytest.mark.skip(reason="lesson 13 needs libtpu (Linux x86-64 only: pip install -e '.[tpu]'), "
-                                   "which this environment lacks")
+    from course_lib.setup_check import tpu_compiler_hint
+    skip = pytest.mark.skip(reason=f"lesson 13 needs libtpu, which this environment lacks: {tpu_compiler_hint()}")
     for item in items:
         if item.nodeid.split("::")[0].split("@")[0].endswith(".ipynb") and "/13_" in "/" + item.nodeid:
             item.add_marker(skip)

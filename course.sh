@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# One entry point for the course. Each command sets everything up first (idempotently), then runs.
+# One entry point for the course. Each command sets up what it needs first (idempotently), then runs.
 #
 #   ./course.sh lab       set up, then open the course in JupyterLab (localhost only, token auth, 8 simulated devices)
-#   ./course.sh test      set up, then run every test: unit tests and nbval over every notebook (twice: as this
-#                         processor and as another would run it)
+#   ./course.sh test      set up with the test tools too, then run every test: unit tests and nbval over every
+#                         notebook (twice: as this processor and as another would run it)
+#   ./course.sh setup     only the learner's set-up: a Python >= 3.12 virtual environment in .venv with what
+#                         lessons 00-12 need (about 1 GB), and graphviz's `dot`
+#   ./course.sh check     check this machine in under a minute (Python, JAX, 8 devices, diagrams, an exercise,
+#                         the progress file, lesson 13's TPU compiler); prints a report to paste to the instructor
+#   ./course.sh tpu       add lesson 13's TPU compiler (libtpu, Linux x86-64 only) to the set-up
 #   ./course.sh refresh   re-execute every notebook in place, to store fresh outputs (after changing course_lib)
-#   ./course.sh setup     only the set-up: a Python >= 3.12 virtual environment in .venv and graphviz's `dot`
 #   ./course.sh lock      re-resolve the dependencies and rewrite constraints.txt and binder/requirements.txt
 #   ./course.sh compat    run the unit tests and every notebook on the oldest supported and the newest JAX (slow)
 #   ./course.sh site      build the course's website from the stored outputs into build/site/html (--serve: and
 #                         preview it on http://127.0.0.1:8000)
-#   ./course.sh release-check   fail unless this commit is tagged v<course_lib.__version__> (CI runs it on tags)
+#   ./course.sh release-check   fail unless this commit is tagged v<course_lib.__version__> and the notebooks'
+#                         install ref exists (CI runs it on tags)
 #
 # Extra arguments go to the program that runs: `./course.sh test tests/test_devices.py -x`,
 # `./course.sh lab --no-browser`. Environment: PYTHON=/path/to/python3.12 picks the interpreter,
@@ -20,6 +25,10 @@ cd "$(dirname "$0")"
 
 VENV=${COURSE_VENV:-.venv}
 MIN_PY="3.12"
+# pyproject.toml's extras each command installs (on top of course_lib's runtime dependencies). An environment
+# keeps what it has: `./course.sh test` after `./course.sh setup` adds the test tools, and `lab` then removes none.
+LEARNER_EXTRAS="lab"
+ALL_EXTRAS="lab,test,site,tpu,instructor"
 
 say() { printf '[course] %s\n' "$*" >&2; }
 die() { printf '[course] error: %s\n' "$*" >&2; exit 1; }
@@ -93,8 +102,19 @@ stamp() {
   cat pyproject.toml constraints.txt 2>/dev/null | "$1" -c 'import sys, hashlib; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest(), sys.version)'
 }
 
+# The union of two comma-separated lists of extras, in ALL_EXTRAS's order.
+union_extras() {
+  local e out=""
+  for e in ${ALL_EXTRAS//,/ }; do
+    case ",$1,$2," in *",$e,"*) out+="${out:+,}$e" ;; esac
+  done
+  echo "$out"
+}
+
+# ensure_venv [EXTRAS]: a virtual environment with course_lib and EXTRAS (default: the learner's) installed at
+# constraints.txt's versions. .course-stamp records what it was built from (line 1) and its extras (line 2).
 ensure_venv() {
-  local py
+  local py extras=${1:-$LEARNER_EXTRAS}
   if [ -x "$VENV/bin/python" ] && suitable "$VENV/bin/python"; then
     :
   else
@@ -103,18 +123,28 @@ ensure_venv() {
     say "creating $VENV with $("$py" -c 'import sys; print(sys.executable, sys.version.split()[0])')"
     "$py" -m venv "$VENV"
   fi
-  local want; want=$(stamp "$VENV/bin/python")
-  if [ "$(cat "$VENV/.course-stamp" 2>/dev/null)" != "$want" ]; then
-    say "installing course_lib and its pinned dependencies into $VENV (first run: a few minutes)"
+  local want have had
+  want=$(stamp "$VENV/bin/python")
+  have=$(sed -n 1p "$VENV/.course-stamp" 2>/dev/null || true)
+  had=$(sed -n 2p "$VENV/.course-stamp" 2>/dev/null || true)
+  # An environment stamped before extras were recorded had every extra.
+  [ -n "$have" ] && [ -z "$had" ] && had=$ALL_EXTRAS
+  [ "$have" = "$want" ] || had=""
+  local need; need=$(union_extras "$had" "$extras")
+  if [ "$have" != "$want" ] || [ "$need" != "$had" ]; then
+    say "installing course_lib and its pinned dependencies (extras: $need) into $VENV (first run: a few minutes)"
     local -a pins=()
     [ -f constraints.txt ] && pins=(-c constraints.txt)
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${pins[@]}" -e ".[lab,test,site,tpu]" \
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${pins[@]}" -e ".[$need]" \
       || die "pip could not install the course's dependencies (see above)."
-    echo "$want" > "$VENV/.course-stamp"
+    printf '%s\n%s\n' "$want" "$need" > "$VENV/.course-stamp"
   fi
 }
 
-setup() { ensure_dot; ensure_venv; }
+# Lesson 13's TPU compiler: libtpu has wheels for Linux x86-64 only.
+tpu_platform_ok() { [ "$(uname -s)" = Linux ] && [ "$(uname -m)" = x86_64 ]; }
+
+setup() { ensure_dot; ensure_venv "${1:-$LEARNER_EXTRAS}"; }
 
 CMD=${1:-}
 [ $# -gt 0 ] && shift
@@ -126,8 +156,8 @@ case "$CMD" in
   lab)
     setup
     export JAX_NUM_CPU_DEVICES=${JAX_NUM_CPU_DEVICES:-8}
-    # libtpu (lesson 13's TPU compiler) is installed, so JAX would try to start a TPU and print its start-up
-    # errors in the first cell that uses JAX. Where this machine has no TPU (/dev/accel*, /dev/vfio) and no
+    # Where libtpu (lesson 13's TPU compiler: ./course.sh tpu) is installed, JAX would try to start a TPU and print
+    # its start-up errors in the first cell that uses JAX. Where this machine has no TPU (/dev/accel*, /dev/vfio) and no
     # NVIDIA GPU, JAX gets the CPU only. Set JAX_PLATFORMS yourself to choose otherwise.
     if [ -z "${JAX_PLATFORMS:-}" ] && ! compgen -G "/dev/accel*" >/dev/null && ! compgen -G "/dev/vfio/[0-9]*" >/dev/null \
        && ! command -v nvidia-smi >/dev/null 2>&1; then
@@ -143,7 +173,7 @@ case "$CMD" in
       --LabApp.default_url=/lab/tree/notebooks/00_setup_and_devices.ipynb "$@"
     ;;
   test)
-    setup
+    setup "$ALL_EXTRAS"
     # Every core (at most 4) runs tests: each test file and each notebook pass stays whole in one worker
     # (pytest-xdist, --dist loadfile). nbval runs every notebook twice, the second time as another processor
     # would (conftest.py, --nbval-isa). Pass -n yourself to choose, e.g. `./course.sh test -n 0`.
@@ -157,7 +187,7 @@ case "$CMD" in
     exec "$VENV/bin/python" -m pytest ${workers[@]+"${workers[@]}"} "$@"
     ;;
   refresh)
-    setup
+    setup "$ALL_EXTRAS"
     exec "$VENV/bin/python" tools/refresh_notebooks.py "$@"
     ;;
   lock)
@@ -166,7 +196,7 @@ case "$CMD" in
     tmp=$(mktemp -d)
     trap 'rm -rf "$tmp"' EXIT
     "$py" -m venv "$tmp/venv"
-    "$tmp/venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[lab,test,site,tpu]"
+    "$tmp/venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[$ALL_EXTRAS]"
     {
       echo "# Exact versions the stored notebook outputs were produced with. Written by ./course.sh lock."
       echo "# Python $("$tmp/venv/bin/python" -c 'import sys; print(sys.version.split()[0])') on $(uname -s) $(uname -m)."
@@ -177,8 +207,22 @@ case "$CMD" in
     ;;
   site)
     # Renders the stored outputs, executes nothing: needs the Python packages only (no graphviz).
-    ensure_venv
+    ensure_venv site
     exec "$VENV/bin/python" tools/site/build.py "$@"
+    ;;
+  check)
+    # No `dot` is a finding of the check (with the line that installs it), not a reason to stop before it.
+    ensure_venv
+    exec "$VENV/bin/python" -m course_lib.setup_check "$@"
+    ;;
+  tpu)
+    if ! tpu_platform_ok; then
+      die "lesson 13's TPU compiler (libtpu) has wheels for Linux x86-64 only, and this is $(uname -s) $(uname -m).
+Here lesson 13 skips its TPU cells and says so; its stored outputs show what they print. To run them, open
+lesson 13 on Colab or Kaggle (its first cell installs libtpu there) or use a Linux x86-64 machine."
+    fi
+    setup "$LEARNER_EXTRAS,tpu"
+    "$VENV/bin/python" -m course_lib.setup_check --only tpu
     ;;
   release-check)
     py=$(find_python)
@@ -196,11 +240,16 @@ case "$CMD" in
   #   ./course.sh nbgrader DIR           nbgrader source notebooks (DIR/source/lessonNN) with graded test cells
   #   ./course.sh progress FILE... [--csv OUT]   a class table from learners' course_progress.json files
   student|instructor|nbgrader|progress)
-    if [ "$CMD" = instructor ]; then setup; else ensure_venv; fi
+    # The instructor copy executes every lesson (lesson 13 with the TPU compiler); nbgrader comes with its extra.
+    case "$CMD" in
+      instructor) setup "$(union_extras "$LEARNER_EXTRAS" tpu)" ;;
+      nbgrader) ensure_venv "$(union_extras "$LEARNER_EXTRAS" instructor)" ;;
+      *) ensure_venv ;;
+    esac
     exec "$VENV/bin/python" tools/copies.py "$CMD" "$@"
     ;;
   *)
-    sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
     sed -n 's/^  #   \(\.\/course\.sh \(student\|instructor\|nbgrader\|progress\) .*\)/\1/p' "$0"  # teaching a class
     [ -z "$CMD" ] || [ "$CMD" = help ] || [ "$CMD" = -h ] || [ "$CMD" = --help ] || exit 2
     ;;

@@ -23,6 +23,8 @@ One small module per topic, each introduced by the lesson that first writes its 
   summarise (step time, compute, collectives, gaps), plot a timeline.
 - ``course_lib.errors``     (every lesson): show an expected error without stopping "Run All".
 - ``course_lib.exercises``  (every lesson): exercise checkers and reference solutions.
+- ``course_lib.setup_check`` (before lesson 00): ``./course.sh check`` or ``run()`` from a cell: a one-minute check
+  of this machine, and ``tpu_compiler_hint()``, how to get lesson 13's TPU compiler on this platform.
 
 Modules are imported explicitly (``from course_lib import sharding``): importing ``course_lib`` alone
 does not import JAX, so ``course_lib.devices.simulate_devices`` can still run before JAX starts.

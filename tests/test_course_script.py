@@ -3,6 +3,7 @@
 import json
 import os
 import pathlib
+import platform
 import re
 import shutil
 import socket
@@ -25,11 +26,13 @@ def sandbox_path(tmp_path, fakes: dict[str, str]) -> str:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool in TOOLS:
-        if shutil.which(tool):
+        if shutil.which(tool) and tool not in fakes:
             (bin_dir / tool).symlink_to(shutil.which(tool))
     for name, body in fakes.items():
-        (bin_dir / name).write_text("#!" + shutil.which("bash") + "\n" + body + "\n")
-        (bin_dir / name).chmod(0o755)
+        fake = bin_dir / name
+        assert not fake.is_symlink(), "a fake is a file of its own: writing through a link would replace the tool"
+        fake.write_text("#!" + shutil.which("bash") + "\n" + body + "\n")
+        fake.chmod(0o755)
     return str(bin_dir)
 
 
@@ -86,9 +89,60 @@ def test_setup_again_installs_nothing():
 def test_help_lists_the_commands():
     r = subprocess.run([str(SCRIPT), "help"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0
-    for cmd in ["lab", "test", "refresh", "setup", "lock", "compat", "site", "release-check"]:
+    for cmd in ["lab", "test", "refresh", "setup", "check", "tpu", "lock", "compat", "site", "release-check"]:
         assert f"./course.sh {cmd}" in r.stdout
     assert subprocess.run([str(SCRIPT), "nonsense"], capture_output=True, timeout=30).returncode == 2
+
+
+def recording_venv(tmp_path) -> tuple[pathlib.Path, pathlib.Path]:
+    """A virtual environment whose python records `pip install` calls (and installs nothing), and runs anything
+    else with this test's Python; and the log of pip calls."""
+    import sys
+    venv, log = tmp_path / "venv", tmp_path / "pip.log"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(
+        "#!/bin/bash\n"
+        f'if [ "$1 $2" = "-m pip" ]; then echo "${{@: -1}}" >> {log}; exit 0; fi\n'
+        f'exec {sys.executable} "$@"\n')
+    (venv / "bin" / "python").chmod(0o755)
+    return venv, log
+
+
+def test_setup_installs_the_learners_extra_only_and_test_adds_every_other(tmp_path):
+    """The lean set-up: `setup` installs course_lib with the extra "lab" only; `test` adds the test tools, the
+    site, lesson 13's compiler and the instructor's tools; a later `setup` removes nothing and installs nothing."""
+    venv, log = recording_venv(tmp_path)
+    env = {**os.environ, "COURSE_VENV": str(venv), "PYTHONPATH": str(ROOT)}
+
+    def course(*args):
+        r = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r
+
+    course("setup")
+    assert log.read_text().splitlines() == [".[lab]"]
+    assert (venv / ".course-stamp").read_text().splitlines()[1] == "lab"
+    course("setup")
+    assert log.read_text().splitlines() == [".[lab]"], "a second set-up installs nothing"
+    if platform.system() == "Linux" and platform.machine() == "x86_64":
+        r = course("tpu")
+        assert log.read_text().splitlines()[-1] == ".[lab,tpu]"
+        assert "lesson 13 (TPU compiler)" in r.stdout, "then it checks the compiler"
+    r = course("test", "--version")
+    assert "pytest" in r.stdout + r.stderr
+    assert log.read_text().splitlines()[-1] == ".[lab,test,site,tpu,instructor]"
+    n = len(log.read_text().splitlines())
+    course("setup")
+    assert len(log.read_text().splitlines()) == n, "after test, setup keeps every extra and installs nothing"
+
+
+def test_tpu_elsewhere_than_linux_x86_64_says_why_and_where_to_go(tmp_path):
+    r = run_script(tmp_path, ["tpu"], {"python3": OLD_PYTHON, "dot": HAS_DOT,
+                                       "uname": 'case "$1" in -s) echo Darwin;; -m) echo arm64;; esac'})
+    assert r.returncode == 1
+    assert "has wheels for Linux x86-64 only, and this is Darwin arm64" in r.stderr
+    assert "Colab or Kaggle" in r.stderr
+    assert not (tmp_path / "venv").exists(), "nothing was installed"
 
 
 def free_port() -> int:

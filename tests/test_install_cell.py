@@ -1,12 +1,17 @@
-"""The Colab/Kaggle install cell: the same in every notebook, pinned to the release tag, folded, never replacing
-JAX, and stopping the notebook with a short clear error that says why when it cannot install (tested offline: pip
-really runs, against local git repositories and a closed proxy, with its colour output forced on as a notebook
-kernel does, and once inside a real kernel)."""
+"""The Colab/Kaggle install cell and the launch buttons: one git ref (pyproject's [tool.course] ref) for the cell of
+every notebook, their badges, README's Binder badge and the website's buttons; the cell is folded, never replaces
+JAX, installs lesson 13's TPU compiler in lesson 13 where it is missing, and stops the notebook with a short clear
+error that says why when it cannot install (tested offline: pip really runs, against local git repositories and a
+closed proxy, with its colour output forced on as a notebook kernel does, and once inside a real kernel)."""
 
 import builtins
+import importlib.metadata
+import importlib.util
 import json
 import os
 import pathlib
+import re
+import runpy
 import subprocess
 import sys
 import types
@@ -21,13 +26,40 @@ sys.path.insert(0, str(ROOT / "tools"))
 import install_cell  # noqa: E402
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-TAG = install_cell.release_tag()
+REF = install_cell.REF
+KIND = "tag" if install_cell.is_tag(REF) else "branch"
+TPU_NOTEBOOK = "13_compile_for_a_tpu_pod.ipynb"
 
 
-def test_the_pin_is_the_release_tag_of_this_version():
-    assert TAG == f"v{course_lib.__version__}"
-    assert f'git+{{url}}@v{course_lib.__version__}"' in install_cell.source()
+def test_the_cell_installs_from_the_one_ref_in_pyproject():
+    assert REF == install_cell.PYPROJECT["tool"]["course"]["ref"]
+    assert f'git+{{url}}@{REF}", "course_lib from {REF}")' in install_cell.source()
     assert f'url = "{install_cell.REPOSITORY}"' in install_cell.source()
+    assert install_cell.source().splitlines()[0].endswith(f"install course_lib from {REF} (./course.sh installs it "
+                                                          "elsewhere)"), "the title says which commit it installs"
+    if install_cell.is_tag(REF):
+        assert REF == f"v{course_lib.__version__}", "a tag ref is this version's release tag"
+
+
+def test_every_launch_point_opens_the_one_ref():
+    """The notebooks' Colab and Kaggle badges, README's Binder badge and the website's buttons agree with the ref
+    that cell 1 installs from: a learner never runs one commit's notebook against another's course_lib unawares."""
+    refs = set()
+    for path in NOTEBOOKS:
+        nb = json.loads(path.read_text())
+        first, cell = "".join(nb["cells"][0]["source"]), "".join(nb["cells"][1]["source"])
+        refs |= set(re.findall(r"colab\.research\.google\.com/github/[^/]+/[^/]+/blob/([^/]+)/", first))
+        refs |= set(re.findall(r"kaggle\.com/kernels/welcome\?src=https://github\.com/[^/]+/[^/]+/blob/([^/]+)/",
+                               first))
+        refs |= set(re.findall(r'git\+\{url\}@([^"]+)"', cell))
+        assert install_cell.badges(path.name) in first, f"{path.name}: badges; run python tools/install_cell.py"
+    readme = (ROOT / "README.md").read_text()
+    binder = re.findall(r"https://mybinder\.org/v2/gh/[^/]+/[^/]+/([^?\s]+)\?", readme)
+    assert binder, "README has a Binder badge"
+    refs |= set(binder)
+    conf = runpy.run_path(str(ROOT / "tools" / "site" / "conf.py"))
+    refs.add(conf["html_theme_options"]["repository_branch"])  # the site's Binder, Colab and Kaggle buttons
+    assert refs == {REF}, f"launch points and install cells use {sorted(refs)}; pyproject's ref is {REF}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -35,16 +67,18 @@ def test_every_notebook_has_the_install_cell_as_cell_1_tagged_for_the_site_and_f
     cell = json.loads(path.read_text())["cells"][1]
     assert cell["cell_type"] == "code"
     fix = f"run: python tools/install_cell.py --apply {path.relative_to(ROOT)}"
-    assert "".join(cell["source"]) == install_cell.source(), f"{path.name}: cell 1 is not the install cell; {fix}"
+    assert "".join(cell["source"]) == install_cell.source(path), f"{path.name}: cell 1 is not the install cell; {fix}"
     assert "remove-cell" in cell.get("metadata", {}).get("tags", []), \
         f"{path.name}: the install cell lacks the tag that keeps it off the website; {fix}"
     assert install_cell.differs(path) is None, f"{path.name}: {install_cell.differs(path)}; {fix}"
 
 
-def test_the_cell_is_short_to_read_and_folded():
-    lines = install_cell.source().splitlines()
-    assert len(lines) <= 30 and max(map(len, lines)) <= 100, (len(lines), max(map(len, lines)))
+@pytest.mark.parametrize("notebook, most", [(None, 30), (TPU_NOTEBOOK, 37)])
+def test_the_cell_is_short_to_read_and_folded(notebook, most):
+    lines = install_cell.source(notebook).splitlines()
+    assert len(lines) <= most and max(map(len, lines)) <= 100, (len(lines), max(map(len, lines)))
     assert lines[0].startswith("# @title Colab and Kaggle only: install course_lib"), "Colab shows this line"
+    assert ("libtpu" in install_cell.source(notebook)) == (notebook == TPU_NOTEBOOK), "lesson 13's variant only"
     assert install_cell.CELL_METADATA == {"jupyter": {"source_hidden": True}, "cellView": "form"}
 
 
@@ -56,8 +90,10 @@ def test_the_tool_writes_the_cell_and_the_tag_into_a_new_notebook_and_keeps_othe
     path = tmp_path / "99_new.ipynb"
     path.write_text(json.dumps(nb))
     assert install_cell.apply(path) is True
-    cell = json.loads(path.read_text())["cells"][1]
+    cells = json.loads(path.read_text())["cells"]
+    cell = cells[1]
     assert "".join(cell["source"]) == install_cell.source()
+    assert "".join(cells[0]["source"]) == f"# 99 · New\n\n{install_cell.badges('99_new.ipynb')}", "badges added"
     assert cell["metadata"]["tags"] == ["mine", "remove-cell"]
     assert cell["metadata"]["jupyter"] == {"source_hidden": True} and cell["metadata"]["cellView"] == "form"
     assert install_cell.apply(path) is False, "a second run changes nothing"
@@ -85,8 +121,10 @@ def test_the_command_applies_the_cell_to_the_notebooks_named_and_checks_them(tmp
     assert done.returncode == 0 and done.stdout.count("updated ") == 2, done.stdout + done.stderr
     for p in paths:
         nb = json.loads(p.read_text())
-        assert "".join(nb["cells"][1]["source"]) == install_cell.source()
-        assert nb["cells"][2] == old["cells"][2] and nb["cells"][0] == old["cells"][0] and nb["metadata"] == old["metadata"]
+        assert "".join(nb["cells"][1]["source"]) == install_cell.source(p)
+        assert ("libtpu" in "".join(nb["cells"][1]["source"])) == p.name.startswith("13_")
+        assert nb["cells"][2] == old["cells"][2] and nb["metadata"] == old["metadata"]
+        assert "".join(nb["cells"][0]["source"]) == f"# 13 · New\n\n{install_cell.badges(p.name)}"
     assert subprocess.run([*tool, "--check", *map(str, paths)], capture_output=True).returncode == 0
     again = subprocess.run([*tool, "--apply", *map(str, paths)], capture_output=True, text=True)
     assert again.stdout.count("unchanged ") == 2
@@ -103,10 +141,10 @@ def test_the_cell_is_plain_python_that_ipython_runs_unchanged():
 
 
 def run_cell(monkeypatch, *, platform: str | None, jax_version: str | None = "0.12.0",
-             pip=None, repository: str | None = None):
-    """Run the install cell on a pretend platform ("colab", "kaggle" or None). ``pip`` replaces subprocess.run
-    (default: record the call and succeed); ``repository`` replaces the repository URL in the cell."""
-    code = install_cell.source()
+             pip=None, repository: str | None = None, notebook: str | None = None):
+    """Run the install cell (of ``notebook``) on a pretend platform ("colab", "kaggle" or None). ``pip`` replaces
+    subprocess.run (default: record the call and succeed); ``repository`` replaces the repository URL in the cell."""
+    code = install_cell.source(notebook)
     if repository is not None:
         code = code.replace(f'url = "{install_cell.REPOSITORY}"', f'url = "{repository}"')
     monkeypatch.delenv("KAGGLE_KERNEL_RUN_TYPE", raising=False)
@@ -143,9 +181,9 @@ def test_with_a_recent_enough_jax_it_installs_the_tag_and_leaves_jax_alone(monke
                                                                            jax_version):
     calls = run_cell(monkeypatch, platform=platform, jax_version=jax_version)
     assert calls == [[sys.executable, "-m", "pip", "install", "-q",
-                      f"course_lib @ git+{install_cell.REPOSITORY}@{TAG}"]]
+                      f"course_lib @ git+{install_cell.REPOSITORY}@{REF}"]]
     out = capsys.readouterr().out
-    assert f"installed course_lib {TAG}" in out and "restart" not in out
+    assert f"installed course_lib from {REF}" in out and "restart" not in out
 
 
 @pytest.mark.parametrize("jax_version, shown", [("0.10.2", "0.10.2"), ("0.4.38", "0.4.38"), (None, "no JAX")])
@@ -161,18 +199,20 @@ def test_with_an_old_or_missing_jax_it_stops_with_a_short_error_saying_how_to_up
     assert capsys.readouterr().out == ""
 
 
-def local_repo(tmp_path, tag: str | None) -> str:
-    """A git repository on disk holding a tiny installable course_lib; tagged ``tag`` if given; its file URL."""
+def local_repo(tmp_path, ref: str | None) -> str:
+    """A git repository on disk holding a tiny installable course_lib, with the branch or tag ``ref`` if given
+    (its only branch is otherwise "trunk"); its file URL."""
     repo = tmp_path / "repo"
     (repo / "course_lib").mkdir(parents=True)
     (repo / "course_lib" / "__init__.py").write_text("")
     (repo / "pyproject.toml").write_text('[project]\nname = "course_lib"\nversion = "0.0.1"\n')
     git = ["git", "-C", str(repo), "-c", "user.email=t@example.com", "-c", "user.name=t"]
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    branch = ref if ref and not install_cell.is_tag(ref) else "trunk"
+    subprocess.run(["git", "init", "-q", "-b", branch, str(repo)], check=True)
     subprocess.run([*git, "add", "-A"], check=True)
     subprocess.run([*git, "commit", "-qm", "c"], check=True)
-    if tag:
-        subprocess.run([*git, "tag", tag], check=True)
+    if ref and install_cell.is_tag(ref):
+        subprocess.run([*git, "tag", ref], check=True)
     return f"file://localhost{repo}"
 
 
@@ -201,14 +241,15 @@ def colour(request, monkeypatch):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("platform", ["colab", "kaggle"])
-def test_a_missing_tag_stops_the_notebook_saying_so_with_what_git_said(monkeypatch, capsys, tmp_path, platform,
+def test_a_missing_ref_stops_the_notebook_saying_so_with_what_git_said(monkeypatch, capsys, tmp_path, platform,
                                                                        colour):
-    url = local_repo(tmp_path, tag=None)
+    url = local_repo(tmp_path, ref=None)
     with pytest.raises(RuntimeError) as err:
         run_cell(monkeypatch, platform=platform, pip=real_pip_dry_run, repository=url)
     msg = str(err.value)
-    assert msg.startswith(f"Could not install course_lib {TAG}: there is no release tag {TAG} (see {url}/tags).")
-    assert f"pip said: error: pathspec '{TAG}' did not match any file(s) known to git" in msg, msg
+    listing = "tags" if KIND == "tag" else "branches"
+    assert msg.startswith(f"Could not install course_lib from {REF}: there is no {KIND} {REF} (see {url}/{listing}).")
+    assert f"pip said: error: pathspec '{REF}' did not match any file(s) known to git" in msg, msg
     assert "\x1b" not in msg and "See above" not in msg, msg
     assert "Internet" not in msg and "network" not in msg
     assert "restart the kernel" not in msg + capsys.readouterr().out
@@ -224,10 +265,10 @@ def test_no_network_stops_the_notebook_saying_so_with_what_git_said(monkeypatch,
         run_cell(monkeypatch, platform=platform, pip=real_pip_dry_run)
     msg = str(err.value)
     first = msg.splitlines()[0]
-    assert first == (f"Could not install course_lib {TAG}: no network"
+    assert first == (f"Could not install course_lib from {REF}: no network"
                      + (": turn Internet on in the notebook's settings." if platform == "kaggle" else "."))
     assert f"pip said: fatal: unable to access '{install_cell.REPOSITORY}/'" in msg, msg
-    assert "\x1b" not in msg and "See above" not in msg and "release tag" not in msg, msg
+    assert "\x1b" not in msg and "See above" not in msg and f"there is no {KIND}" not in msg, msg
 
 
 @pytest.mark.timeout(120)
@@ -236,7 +277,7 @@ def test_an_unreachable_repository_stops_the_notebook_with_what_git_said(monkeyp
         run_cell(monkeypatch, platform="colab", pip=real_pip_dry_run,
                  repository=f"file://localhost{tmp_path}/no_such_repository")
     msg = str(err.value)
-    assert msg.startswith(f"Could not install course_lib {TAG}: pip failed.")
+    assert msg.startswith(f"Could not install course_lib from {REF}: pip failed.")
     assert "fatal:" in msg and "no_such_repository" in msg, msg
 
 
@@ -246,7 +287,7 @@ def test_inside_a_notebook_kernel_with_colour_on_the_two_failures_say_why(tmp_pa
     both failures. Here the cell runs in a real ipykernel (FORCE_COLOR=1, as ipykernel sets it), pip really
     runs (a dry run, so nothing is installed): once against a repository without the tag, once with no network."""
     jupyter_client = pytest.importorskip("jupyter_client")
-    url = local_repo(tmp_path, tag=None)
+    url = local_repo(tmp_path, ref=None)
     preamble = ("import subprocess, sys, types\n"
                 "sys.modules['google.colab'] = types.ModuleType('google.colab')\n"
                 "_run = subprocess.run\n"
@@ -275,19 +316,19 @@ def test_inside_a_notebook_kernel_with_colour_on_the_two_failures_say_why(tmp_pa
         km.shutdown_kernel(now=True)
     assert no_tag and no_network, "the cell did not stop the notebook"
     assert no_tag["ename"] == no_network["ename"] == "RuntimeError"
-    assert no_tag["evalue"].startswith(f"Could not install course_lib {TAG}: there is no release tag {TAG}")
-    assert f"error: pathspec '{TAG}' did not match" in no_tag["evalue"], no_tag["evalue"]
-    assert no_network["evalue"].startswith(f"Could not install course_lib {TAG}: no network.")
+    assert no_tag["evalue"].startswith(f"Could not install course_lib from {REF}: there is no {KIND} {REF}")
+    assert f"error: pathspec '{REF}' did not match" in no_tag["evalue"], no_tag["evalue"]
+    assert no_network["evalue"].startswith(f"Could not install course_lib from {REF}: no network.")
     assert "fatal: unable to access" in no_network["evalue"], no_network["evalue"]
     for e in (no_tag, no_network):
         assert "\x1b" not in e["evalue"] and "See above" not in e["evalue"], e["evalue"]
 
 
 @pytest.mark.timeout(120)
-def test_the_real_pip_path_succeeds_against_a_repository_that_has_the_tag(monkeypatch, capsys, tmp_path):
-    """The same cell and the same pip call succeed once the tag is there (a dry run: nothing is installed)."""
-    run_cell(monkeypatch, platform="kaggle", pip=real_pip_dry_run, repository=local_repo(tmp_path, tag=TAG))
-    assert f"installed course_lib {TAG}" in capsys.readouterr().out
+def test_the_real_pip_path_succeeds_against_a_repository_that_has_the_ref(monkeypatch, capsys, tmp_path):
+    """The same cell and the same pip call succeed once the ref is there (a dry run: nothing is installed)."""
+    run_cell(monkeypatch, platform="kaggle", pip=real_pip_dry_run, repository=local_repo(tmp_path, ref=REF))
+    assert f"installed course_lib from {REF}" in capsys.readouterr().out
 
 
 def test_kaggle_without_internet_says_to_turn_it_on(monkeypatch):
@@ -303,7 +344,51 @@ def test_kaggle_without_internet_says_to_turn_it_on(monkeypatch):
         run_cell(monkeypatch, platform="kaggle",
                  pip=lambda cmd, **k: subprocess.CompletedProcess(cmd, 1, "", stderr))
     msg = str(err.value)
-    assert msg.splitlines()[0] == (f"Could not install course_lib {TAG}: no network: "
+    assert msg.splitlines()[0] == (f"Could not install course_lib from {REF}: no network: "
                                    "turn Internet on in the notebook's settings.")
     assert "pip said: fatal: unable to access" in msg and "Could not resolve host: github.com" in msg
     assert "subprocess-exited" not in msg and "\x1b" not in msg and msg.endswith("Then run this cell again.")
+
+
+JAX_REQUIRES = ["jaxlib<=0.12.0.1,>=0.12.0.1", 'jaxlib<=0.12.0.1,>=0.12.0.1; extra == "tpu"',
+                'libtpu==0.0.50.*; extra == "tpu"', 'requests; extra == "tpu"']
+
+
+@pytest.mark.parametrize("requires, has_libtpu, machine, wanted", [
+    (JAX_REQUIRES, False, "x86_64", "libtpu==0.0.50.*"),              # the libtpu this JAX pins
+    (JAX_REQUIRES[:1], False, "x86_64", install_cell.LIBTPU),          # a JAX that names none: the course's pin
+    (JAX_REQUIRES, True, "x86_64", None),                               # already there
+    (JAX_REQUIRES, False, "aarch64", None),                             # no wheels for this machine
+])
+def test_lesson_13s_cell_installs_the_tpu_compiler_where_it_is_missing(monkeypatch, capsys, requires, has_libtpu,
+                                                                        machine, wanted):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.metadata, "requires", lambda name: requires if name == "jax" else None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: (
+        (object() if has_libtpu else None) if name == "libtpu" else real_find_spec(name, *a)))
+    monkeypatch.setattr("platform.machine", lambda: machine)
+    calls = run_cell(monkeypatch, platform="colab", notebook=TPU_NOTEBOOK)
+    assert calls[0][-1] == f"course_lib @ git+{install_cell.REPOSITORY}@{REF}"
+    assert [c[-1] for c in calls[1:]] == ([wanted] if wanted else [])
+    out = capsys.readouterr().out
+    assert (f"installed {wanted} (lesson 13's TPU compiler)" in out) == bool(wanted), out
+    assert run_cell(monkeypatch, platform=None, notebook=TPU_NOTEBOOK) == [], "elsewhere it does nothing"
+
+
+def test_a_failed_libtpu_install_stops_lesson_13_saying_why(monkeypatch):
+    monkeypatch.setattr(importlib.metadata, "requires", lambda name: JAX_REQUIRES)
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "libtpu" else real_find_spec(name, *a))
+    monkeypatch.setattr("platform.machine", lambda: "x86_64")
+
+    def pip(cmd, **kwargs):
+        if cmd[-1].startswith("libtpu"):
+            return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution found for libtpu\n")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    with pytest.raises(RuntimeError) as err:
+        run_cell(monkeypatch, platform="kaggle", pip=pip, notebook=TPU_NOTEBOOK)
+    msg = str(err.value)
+    assert msg.startswith("Could not install libtpu==0.0.50.* (lesson 13's TPU compiler): pip failed.")
+    assert "No matching distribution found for libtpu" in msg and msg.endswith("Then run this cell again.")

@@ -21,8 +21,6 @@ REPO = REPO_URL.removeprefix("https://github.com/")
 sys.path.insert(0, str(ROOT / "tools"))
 import install_cell  # noqa: E402  (the install cell's one source; tests/test_install_cell.py tests what it does)
 
-INSTALL_CELL = install_cell.source()
-
 
 def cells(path, kind):
     nb = json.loads(path.read_text())
@@ -48,16 +46,16 @@ def test_stored_outputs_are_clean(path):
 def test_first_cell_has_title_and_colab_and_kaggle_badges(path):
     first = source(cells(path, "markdown")[0])
     assert first.startswith("# "), "the first cell is the notebook's title"
-    badge = f"https://colab.research.google.com/github/{REPO}/blob/main/notebooks/{path.name}"
+    badge = f"https://colab.research.google.com/github/{REPO}/blob/{install_cell.REF}/notebooks/{path.name}"
     assert f"({badge})" in first, f"missing Open-in-Colab badge linking to {badge}"
-    kaggle = f"https://kaggle.com/kernels/welcome?src={REPO_URL}/blob/main/notebooks/{path.name}"
+    kaggle = f"https://kaggle.com/kernels/welcome?src={REPO_URL}/blob/{install_cell.REF}/notebooks/{path.name}"
     assert f"({kaggle})" in first, f"missing Open-in-Kaggle badge linking to {kaggle}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_first_code_cell_installs_course_lib_only_on_hosted_platforms(path):
     first = cells(path, "code")[0]
-    assert source(first) == INSTALL_CELL
+    assert source(first) == install_cell.source(path)  # lesson 13's variant also installs its TPU compiler
     assert first["outputs"] == [], "it prints nothing outside Colab and Kaggle"
 
 
@@ -78,4 +76,6 @@ def test_readme_lists_every_notebook_and_badges():
     readme = (ROOT / "README.md").read_text()
     for path in NOTEBOOKS:
         assert f"notebooks/{path.name}" in readme, f"README does not link {path.name}"
-    assert f"https://mybinder.org/v2/gh/{REPO}/main?urlpath=lab/tree/notebooks/00_setup_and_devices.ipynb" in readme
+    assert install_cell.binder_url() == (f"https://mybinder.org/v2/gh/{REPO}/{install_cell.REF}"
+                                         "?urlpath=lab/tree/notebooks/00_setup_and_devices.ipynb")
+    assert install_cell.binder_url() in readme

@@ -1,5 +1,6 @@
 """The release check (tools/release_check.py, ./course.sh release-check): the released commit must carry the tag
-v<__version__> that every notebook's install cell installs from. CI runs it on every pushed tag."""
+v<__version__>, and the ref every notebook's install cell installs from (pyproject's [tool.course] ref) must exist:
+a tag ref must be there (and be this release's), a branch ref too. CI runs it on every pushed tag."""
 
 import json
 import pathlib
@@ -18,16 +19,19 @@ def git(repo, *args):
                    check=True, capture_output=True)
 
 
-def make_repo(tmp_path, version="1.2.3", pinned=None):
-    """A repository with course_lib/__init__.py at ``version`` and one notebook pinning ``pinned`` (default: it)."""
+def make_repo(tmp_path, version="1.2.3", pinned=None, ref=None):
+    """A repository with course_lib/__init__.py at ``version``, pyproject's install ref ``ref`` (default
+    v<version>) and one notebook installing from ``pinned`` (default: the ref); its branch is main."""
     repo = tmp_path / "repo"
     (repo / "course_lib").mkdir(parents=True)
     (repo / "notebooks").mkdir()
     (repo / "course_lib" / "__init__.py").write_text(f'"""doc"""\n\n__version__ = "{version}"\n')
-    cell = f'%pip install "course_lib @ git+https://github.com/o/r@v{pinned or version}"'
+    ref = ref or f"v{version}"
+    (repo / "pyproject.toml").write_text(f'[project]\nname = "x"\n\n[tool.course]\nref = "{ref}"\n')
+    cell = f'pip_install(f"course_lib @ git+{{url}}@{pinned or ref}", "course_lib from {pinned or ref}")'
     nb = {"cells": [{"cell_type": "markdown", "source": ["# 00"]}, {"cell_type": "code", "source": [cell]}]}
     (repo / "notebooks" / "00_x.ipynb").write_text(json.dumps(nb))
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "release")
     return repo
@@ -76,16 +80,41 @@ def test_a_tag_of_another_version_fails(tmp_path):
     assert "the pushed tag v1.2.4 is not v<__version__> = v1.2.3" in r.stderr
 
 
-def test_notebooks_pinning_another_tag_fail(tmp_path):
-    repo = make_repo(tmp_path, version="1.2.3", pinned="1.2.2")
+def test_notebooks_installing_another_ref_than_pyproject_says_fail(tmp_path):
+    repo = make_repo(tmp_path, version="1.2.3", pinned="v1.2.2")
     git(repo, "tag", "v1.2.3")
     r = check(repo)
     assert r.returncode == 1
-    assert "notebooks/00_x.ipynb: its install cell (cell 1) does not install v1.2.3" in r.stderr
+    assert "notebooks/00_x.ipynb: its install cell (cell 1) does not install course_lib from v1.2.3" in r.stderr
+    assert "python tools/install_cell.py --apply" in r.stderr
 
 
-def test_this_repository_notebooks_pin_its_version():
-    """Whatever the tags here, the notebooks of this checkout pin v<__version__> (the rest is tested above)."""
+def test_a_tag_ref_must_exist_in_the_repository(tmp_path):
+    """The release's own tag is there, but the ref the notebooks install from is a tag that is not."""
+    repo = make_repo(tmp_path, version="1.2.3", ref="v1.2.2")
+    git(repo, "tag", "v1.2.3")
+    r = check(repo)
+    assert r.returncode == 1
+    assert "install course_lib from the tag v1.2.2" in r.stderr and "does not exist in this repository" in r.stderr
+    git(repo, "tag", "v1.2.2")
+    r = check(repo)
+    assert r.returncode == 1 and "not from this release v1.2.3" in r.stderr, "an older tag is another commit"
+
+
+def test_a_branch_ref_passes_when_the_branch_exists(tmp_path):
+    repo = make_repo(tmp_path, version="1.2.3", ref="main")
+    git(repo, "tag", "v1.2.3")
+    r = check(repo)
+    assert r.returncode == 0, r.stderr
+    assert "its notebooks install course_lib from the branch main" in r.stdout
+    missing = make_repo(tmp_path / "other", version="1.2.3", ref="stable")
+    git(missing, "tag", "v1.2.3")
+    r = check(missing)
+    assert r.returncode == 1 and "the branch stable" in r.stderr and "does not exist" in r.stderr
+
+
+def test_this_repository_notebooks_install_its_ref():
+    """Whatever the tags here, the notebooks of this checkout install pyproject's ref (the rest is tested above)."""
     r = check(ROOT)
     assert "install cell" not in r.stderr, r.stderr
 

@@ -1,21 +1,28 @@
-"""The release check: the commit being released must carry the tag ``v<course_lib.__version__>``.
+"""The release check: the commit being released must carry the tag ``v<course_lib.__version__>``, and the git ref
+that its notebooks install course_lib from must exist in the repository.
 
     python3 tools/release_check.py                    # is HEAD tagged v<version>?   (./course.sh release-check)
     python3 tools/release_check.py --commit REF       # another commit
     python3 tools/release_check.py --pushed-tag v0.2.0  # CI, on a tag push: that tag must be v<version> too
 
-Every notebook's install cell (tools/install_cell.py) installs course_lib from the tag ``v<__version__>`` on
-Colab and Kaggle: a release whose tag is missing, or points at another commit, breaks the first cell of every
-lesson there. To release: set ``__version__`` in course_lib/__init__.py, run ``python tools/install_cell.py``,
-commit, then ``git tag -a v<version> -m v<version>`` and ``git push origin v<version>``. CI runs this on every
-pushed tag. Exit status 0 when the tag is there, 1 (with what to do) when it is not. Standard library only.
+Every notebook's install cell (tools/install_cell.py) installs course_lib, on Colab and Kaggle, from one git ref:
+``[tool.course] ref`` in pyproject.toml, which every launch button opens too. ``main`` on main; a release may set
+its own tag ``v<version>`` there, so that its notebooks install its own course_lib. A ref that does not exist
+breaks the first cell of every lesson there, so: a tag ref must exist (and be this release's tag), a branch ref
+must exist, and every notebook's cell 1 must install that ref. To release: set ``__version__`` in
+course_lib/__init__.py (and, to pin the release's notebooks to it, ``ref = "v<version>"``), run ``python
+tools/install_cell.py --apply``, commit, then ``git tag -a v<version> -m v<version>`` and ``git push origin
+v<version>``. CI runs this on every pushed tag. Exit status 0 when all holds, 1 (with what to do) when not.
+Standard library only.
 """
 
 import argparse
 import json
 import pathlib
+import re
 import subprocess
 import sys
+import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -26,6 +33,18 @@ def version(repo: pathlib.Path) -> str:
         if line.startswith("__version__"):
             return line.split("=", 1)[1].strip().strip("\"'")
     raise SystemExit(f"{repo / 'course_lib' / '__init__.py'} has no __version__ line")
+
+
+def install_ref(repo: pathlib.Path) -> str:
+    """The git ref the notebooks install course_lib from: pyproject.toml's ``[tool.course] ref``."""
+    try:
+        return tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["course"]["ref"]
+    except (FileNotFoundError, KeyError) as e:
+        raise SystemExit(f"{repo / 'pyproject.toml'} has no [tool.course] ref (the notebooks' install ref): {e}")
+
+
+def is_tag(ref: str) -> bool:
+    return re.fullmatch(r"v\d+(\.\d+)*", ref) is not None
 
 
 def git(repo: pathlib.Path, *args: str) -> str:
@@ -48,11 +67,24 @@ def problems(repo: pathlib.Path, commit: str = "HEAD", pushed_tag: str | None = 
         found.append(f"{commit} ({sha[:12]}) is not tagged {want}, the version in course_lib/__init__.py: {where}"
                      + (f"; its tags: {', '.join(tags)}" if tags else "")
                      + f". Tag it: git tag -a {want} -m {want} {sha[:12]} && git push origin {want}")
+    ref = install_ref(repo)
+    fix = "set [tool.course] ref in pyproject.toml, run python tools/install_cell.py --apply, and commit"
+    if is_tag(ref):
+        if not git(repo, "tag", "--list", ref):
+            found.append(f"the notebooks install course_lib from the tag {ref} (pyproject.toml's [tool.course] "
+                         f"ref), which does not exist in this repository: every lesson's first cell would fail "
+                         f"on Colab and Kaggle. Create it, or {fix}")
+        elif ref != want:
+            found.append(f"the notebooks install course_lib from the tag {ref}, not from this release {want}: "
+                         f"{fix} (ref = \"{want}\", or \"main\")")
+    elif not git(repo, "for-each-ref", "--format=%(refname)", f"refs/heads/{ref}", f"refs/remotes/*/{ref}"):
+        found.append(f"the notebooks install course_lib from the branch {ref} (pyproject.toml's [tool.course] "
+                     f"ref), which does not exist in this repository (fetch it, or {fix})")
     for nb in sorted((repo / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         cells = json.loads(nb.read_text())["cells"]
-        if len(cells) < 2 or f'@{want}"' not in "".join(cells[1]["source"]):
-            found.append(f"notebooks/{nb.name}: its install cell (cell 1) does not install {want}: "
-                         "run python tools/install_cell.py and commit")
+        if len(cells) < 2 or f'@{ref}"' not in "".join(cells[1]["source"]):
+            found.append(f"notebooks/{nb.name}: its install cell (cell 1) does not install course_lib from {ref}: "
+                         "run python tools/install_cell.py --apply and commit")
     if pushed_tag is not None and pushed_tag != want:
         found.append(f"the pushed tag {pushed_tag} is not v<__version__> = {want}: set __version__ in "
                      f"course_lib/__init__.py, run python tools/install_cell.py, commit, and tag that commit {want}")
@@ -69,7 +101,9 @@ def main(argv=None) -> int:
     for p in found:
         print(f"release check failed: {p}", file=sys.stderr)
     if not found:
-        print(f"release check: {args.commit} is tagged v{version(args.repo)}")
+        ref = install_ref(args.repo)
+        print(f"release check: {args.commit} is tagged v{version(args.repo)}; its notebooks install course_lib "
+              f"from {'the tag' if is_tag(ref) else 'the branch'} {ref}")
     return 1 if found else 0
 
 

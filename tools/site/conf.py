@@ -15,7 +15,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 REPOSITORY = PYPROJECT["project"]["urls"]["Repository"]  # https://github.com/<org>/<repo>
 ORG, REPO = REPOSITORY.removeprefix("https://github.com/").split("/")[:2]
-BRANCH = "main"  # the launch buttons open the notebooks of this branch (as the notebooks' own badges do)
+# The launch buttons open the notebooks at the course's one git ref (as the notebooks' own badges do, and their
+# install cell installs course_lib from it): pyproject's [tool.course] ref, read by tools/install_cell.py too.
+BRANCH = PYPROJECT["tool"]["course"]["ref"]
 
 project = "SPMD data parallelism in JAX"
 author = "the course's authors"
