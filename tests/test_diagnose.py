@@ -57,7 +57,7 @@ def test_a_device_count_written_in_is_measured_not_guessed():
         run(lambda x, a: jax.lax.psum(jnp.mean(x), a) / 8)
     text = str(e.value)
     assert text.startswith("on 4 devices: expected")
-    assert "2x too small, a factor 4/8" in text and "Right on 8 devices; not on 4 devices, on 2 devices." in text
+    assert "2x too small, a factor 4/8" in text and "It is right on the other 1 case; wrong also on 2 devices." in text
     assert "added, not averaged" not in text
 
 

@@ -301,3 +301,20 @@ def test_05_3_a_nan_hidden_in_the_value_but_not_in_the_gradient_is_caught(hide):
 def test_05_1_a_string_returned_from_pmap_is_explained():
     fb = check("05.1", lambda *args: "3")
     assert not fb and "returns arrays (or pytrees of them)" in fb.message
+
+
+def test_05_1_a_gathered_batch_is_refused_with_the_rows_the_loss_saw():
+    def gathered(loss_fn, optimizer, params, opt_state, batch):
+        everything = jax.tree.map(lambda v: jax.lax.all_gather(v, "devices", tiled=True), batch)
+        loss, grads = jax.value_and_grad(loss_fn)(params, everything)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    fb = check("05.1", gathered)
+    assert not fb and "the loss function was called on a batch of 128 rows; each device's shard has 16" in fb.message
+
+
+def test_05_3_dividing_by_a_zero_count_is_named_on_the_all_padding_case():
+    fb = check("05.3", lambda p, y, m: jnp.sum(m * (p - y) ** 2) / jnp.sum(m))
+    assert not fb and fb.message.startswith("masked_mse with no real rows at all")
+    assert "0 / 0 is NaN" in fb.message
