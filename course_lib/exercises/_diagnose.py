@@ -100,9 +100,12 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
         try:
             got = run(answer, case)
         except Mismatch as e:
+            if len(right_on) < len(rows):       # an earlier case already differs: report that one
+                break
             if right_on:
-                raise type(e)(f"{case.label}: {e} (It gave the right result {_join(right_on[:3])}"
-                              f"{', ...' if len(right_on) > 3 else ''}.)") from None
+                raise type(e)(f"{case.label}: {e} (It was right in {len(right_on)} earlier case"
+                              f"{'s' * (len(right_on) != 1)}: {_join(right_on[:2])}{', ...' * (len(right_on) > 2)}.)"
+                              ) from None
             raise
         diff = difference(got, expected, n=case.n, **opts)
         rows.append((case, expected, got, diff))
@@ -120,8 +123,10 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
         raise Mismatch(f"{evidence}. {named[0].feedback.format_map(fields)}")
     where = ""
     if right_on:
-        where = f" It is right on the other {len(right_on)} case{'s' * (len(right_on) != 1)}"
-        where += "." if len(wrong) == 1 else f"; wrong also {_join([r[0].label for r in wrong[1:]])}."
+        where = f" It is right in the other {len(right_on)} case{'s' * (len(right_on) != 1)}"
+        where += "." if len(wrong) == 1 else f"; wrong also in: {_join([r[0].label for r in wrong[1:]])}."
+    if diff.startswith("expected "):        # a structure or a kind of value: the diff says both sides
+        raise Mismatch(f"{case.label}: {diff}.{where}")
     raise Mismatch(f"{evidence}: {diff}.{where}")
 
 
@@ -251,6 +256,9 @@ def _leaf_difference(g, e, n, rtol, atol, dtype) -> str | None:
             equal = False
         return None if equal else f"expected {e!r}, got {_show(g)}"
     gv = _numbers(g)
+    if isinstance(g, jax.ShapeDtypeStruct):
+        return (f"expected {_describe_leaf(e)}, got {describe_tree(g)}: jax.eval_shape describes a result without "
+                "computing it. Call the function itself")
     if gv is None:
         return f"expected {_describe_leaf(e)}, got {describe_tree(g)}"
     if gv.shape != ev.shape:
@@ -274,6 +282,8 @@ def _describe_leaf(e) -> str:
 
 def _shape_relation(g: np.ndarray, e: np.ndarray, n: int | None) -> str:
     text = f"shape {g.shape} where {e.shape} was expected"
+    if g.ndim == 0:
+        return f"one number where shape {e.shape} was expected"
     if g.ndim == 2 and g.shape == e.shape[::-1] and np.allclose(g.T, e, rtol=1e-4, atol=1e-5):
         return text + ": the expected values, transposed"
     if g.size == e.size and np.allclose(g.reshape(e.shape), e, rtol=1e-4, atol=1e-5):
