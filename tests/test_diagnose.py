@@ -163,3 +163,24 @@ def test_mistake_feedback_fills_in_the_case():
     m = [Mistake("double", "twice the value on {n} devices.", lambda x, a: 2 * jax.lax.pmean(jnp.mean(x), a))]
     with pytest.raises(Mismatch, match="twice the value on 8 devices"):
         diagnose(m[0].fn, cases(), solution=solution_mean, mistakes=m, run=under_pmap)
+
+
+def _declared_mistakes():
+    """(exercise id, Mistake) for every mistake lessons 00-06 declare as data."""
+    import importlib
+    import re as _re
+    out = []
+    for lesson in range(7):
+        module = importlib.import_module(f"course_lib.exercises.lesson{lesson:02d}")
+        for name, value in vars(module).items():
+            match = _re.fullmatch(r"MISTAKES_(\d\d)_(\d)", name)
+            ids = [f"{match[1]}.{match[2]}"] if match else (["01.2", "01.3"] if name == "MISTAKES_NORMS" else [])
+            out += [(id_, m) for id_ in ids for m in value]
+    return out
+
+
+@pytest.mark.parametrize("id_, mistake", _declared_mistakes(), ids=lambda v: v if isinstance(v, str) else v.name)
+def test_every_declared_mistake_is_named_when_submitted(id_, mistake):
+    fb = ex.check(id_, mistake.fn)
+    assert not fb and fb.started, fb.message
+    assert mistake.feedback.split("{")[0] in fb.message, fb.message

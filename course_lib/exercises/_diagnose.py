@@ -264,9 +264,13 @@ def _leaf_difference(g, e, n, rtol, atol, dtype) -> str | None:
     if gv.shape != ev.shape:
         return _shape_relation(gv, ev, n)
     rt, at = _tolerance(ev, rtol, atol)
-    if dtype and gv.ndim and hasattr(g, "dtype") and hasattr(e, "dtype") and np.dtype(g.dtype) != np.dtype(e.dtype):
+    floats = jax.numpy.issubdtype(gv.dtype, np.floating) and jax.numpy.issubdtype(ev.dtype, np.floating)
+    # A 0-d value: only a loss of precision counts (a Python float expected: anything below float32)
+    want = np.dtype(e.dtype) if hasattr(e, "dtype") else np.dtype(np.float32)
+    lower = gv.ndim == 0 and floats and gv.dtype.itemsize < want.itemsize
+    if dtype and hasattr(g, "dtype") and ((gv.ndim and hasattr(e, "dtype") and np.dtype(g.dtype) != want) or lower):
         close = np.allclose(gv.astype(np.float64), ev.astype(np.float64), rtol=rt, atol=at, equal_nan=True)
-        return (f"dtype {np.dtype(g.dtype).name} where {np.dtype(e.dtype).name} was expected"
+        return (f"dtype {np.dtype(g.dtype).name} where {want.name} was expected"
                 + ("" if close else f"; and {relation(gv, ev, n=n, rtol=rt, atol=at)}"))
     if gv.dtype == bool and ev.dtype != bool:
         gv = gv.astype(ev.dtype)
@@ -350,7 +354,7 @@ def relation(g: np.ndarray, e: np.ndarray, *, n: int | None = None, rtol: float 
     offset = g64 - e64
     if g64.size > 1 and np.allclose(offset, offset.flat[0], atol=max(atol, 1e-6), rtol=0):
         return f"every value off by {float(offset.flat[0]):+.4g}"
-    for half in ("bfloat16", "float16"):
+    for half in ("float16", "bfloat16"):
         dt = jax.numpy.dtype(half)
         if e.dtype != dt and np.array_equal(g64, e64.astype(dt).astype(np.float64)):
             return f"the expected values rounded to {half} precision"

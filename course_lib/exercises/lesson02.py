@@ -70,8 +70,9 @@ def solution_sum_of_squares(xs):
 MISTAKES_02_2 = [
     Mistake("mean", "Each block's mean of the squares: the sum divided by the number of values in a block. The "
             "exercise asks for the sum.", lambda xs: jax.pmap(lambda b: jnp.mean(b ** 2))(xs)),
-    Mistake("square of the sum", "That is the square of each block's sum: the sum was taken first and squared afterwards, where "
-            "each value is squared before the sum.", lambda xs: jax.pmap(lambda b: jnp.sum(b) ** 2)(xs)),
+    Mistake("square of the sum", "That is the square of each block's sum: the sum was taken first and squared "
+            "afterwards, where each value is squared before the sum.",
+            lambda xs: jax.pmap(lambda b: jnp.sum(b) ** 2)(xs)),
     Mistake("last axis only", "Each device summed only its block's last axis, not the whole block.",
             lambda xs: jax.pmap(lambda b: jnp.sum(b ** 2, axis=-1))(xs)),
 ]
