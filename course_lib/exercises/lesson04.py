@@ -183,14 +183,22 @@ def _snowball(x, a):        # each hop passes the running total on
     return total
 
 
+def _hops(x, a, hops, perm):
+    total, passing = x, x
+    for _ in range(hops):
+        passing = jax.lax.ppermute(passing, a, perm)
+        total = total + passing
+    return total
+
+
 MISTAKES_04_1 = [
     Mistake("one hop too many", "Every device ends with the sum plus its own value once more: its own value came "
-            "back to it round the ring, one hop too many.", lambda x, a: jax.lax.psum(x, a) + x),
+            "back to it round the ring, one hop too many.", lambda x, a: _hops(x, a, jax.lax.axis_size(a), _ring(a))),
     Mistake("one hop only", "Each device ends with its own value plus its left neighbour's: the values travelled "
             "one hop only, so the others never arrived.", lambda x, a: x + jax.lax.ppermute(x, a, _ring(a))),
     Mistake("ring not closed", "Device i ends with the sum of devices 0 to i only: the ring is not closed. No pair "
             "sends from the last device back to device 0, so nothing travels past the end of the line.",
-            lambda x, a: jnp.cumsum(_every(x, a), axis=0)[jax.lax.axis_index(a)]),
+            lambda x, a: _hops(x, a, jax.lax.axis_size(a) - 1, _ring(a)[:-1])),
     Mistake("passes the running total", "The values are far too large: at each hop a device passed on its running "
             "total, not the value in transit, so each value arrived again and again.", _snowball),
     Mistake("adds what it sent", "Each device ends with n = {n} times its own value: at each hop it added what it "
