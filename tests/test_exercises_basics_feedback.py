@@ -116,11 +116,11 @@ WRONG = {
     "02.1": [
         ("interleaved", lambda x, n: x.reshape((x.shape[0] // n, n) + x.shape[1:]).swapaxes(0, 1),
          "rows were interleaved"),
-        ("device axis second", lambda x, n: x.reshape((x.shape[0] // n, n) + x.shape[1:]), "comes first"),
+        ("device axis second", lambda x, n: x.reshape((x.shape[0] // n, n) + x.shape[1:]), "should come first"),
         ("float16", lambda x, n: x.reshape((n, x.shape[0] // n) + x.shape[1:]).astype(np.float16), "dtype float16"),
         ("B / n", lambda x, n: x.reshape((n, x.shape[0] / n) + x.shape[1:]), "B / n is a float"),
         ("one trailing axis", lambda x, n: x.reshape(n, x.shape[0] // n, x.shape[1]),
-         "Here x has shape (12, 2, 2), so 2 axis(es) after the batch axis"),
+         "Keep each axis after the batch axis as it is"),
     ],
     "02.2": [
         ("last axis only", jax.pmap(lambda b: jnp.sum(b ** 2, axis=-1)), "whole block"),
@@ -157,8 +157,8 @@ WRONG = {
     ],
     "03.3": [
         ("transpose after", lambda xs: jax.pmap(lambda r: 2.0 * r)(xs).T, "swapped afterwards"),
-        ("device axis first", jax.pmap(lambda r: 2.0 * r), "the device axis is still first"),
-        ("negative out_axes", jax.pmap(lambda r: 2.0 * r, out_axes=-1), "has shape (40, 1); expected (5, 8)"),
+        ("device axis first", jax.pmap(lambda r: 2.0 * r), "The device axis is still first"),
+        ("negative out_axes", jax.pmap(lambda r: 2.0 * r, out_axes=-1), "got shape (40, 1)"),
     ],
 }
 CASES = [(id_, label, fn, fragment) for id_, rows in WRONG.items() for label, fn, fragment in rows]
