@@ -277,22 +277,25 @@ def _check_global_batch(global_batch, real):
         raise Mismatch(f"global_batch uses {' and '.join(sorted(by_name))} by a name imported from jax. The checker "
                        "simulates a 2-process job by replacing them in the jax module, where it cannot reach a name "
                        "imported before: write them as jax.<name>, as the exercise's text says.")
-    for n in (len(jax.devices()), 4):
+    # rows of rank 2 and 3: an answer that writes in the rows' rank (shape[0], shape[1]) shows
+    for n, tail in ((len(jax.devices()), (3,)), (4, (2, 3)), (2, (5,))):
         devices = jax.devices()[:n]
         mesh = jax.make_mesh((n,), (DATA,), axis_types=(jax.sharding.AxisType.Explicit,), devices=devices)
         rows = 2 * n
-        full = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)
-        where = f"on a mesh of {n} devices"
+        full = np.arange(rows * int(np.prod(tail)), dtype=np.float32).reshape((rows, *tail))
+        where = f"on a mesh of {n} devices, rows of shape {tail}"
 
         # 1. One process, the only one: its rows are the whole batch. The real API runs.
         recorder = _Recorder(real)
         with _patched(recorder):
             got = call(global_batch, full.copy(), mesh, name="global_batch", hints={
                 "does not evenly divide": "Split the batch's rows (axis 0) over 'data', nothing else.",
-                "should be None or equal to local_data.shape": f"Here one process holds all {rows} rows: the "
-                                                               "global shape must follow from this process's rows "
-                                                               "and the number of processes (not of devices), not "
-                                                               "be a fixed number.",
+                "should be None or equal to local_data.shape": f"Here one process holds all {rows} rows, shape "
+                                                               f"{full.shape}: the global shape must follow from "
+                                                               "this process's rows and the number of processes "
+                                                               "(not of devices), then every other axis of the "
+                                                               "rows, however many there are: it must not be a "
+                                                               "fixed number.",
                 "pytree structure error": "The global shape is a tuple of ints, like an array's .shape.",
                 "if a PartitionSpec is passed": "A PartitionSpec alone does not say which mesh it refers to: pair "
                                                 "it with the mesh you were given (lesson 06, section 1).",
@@ -300,7 +303,7 @@ def _check_global_batch(global_batch, real):
         if not isinstance(got, jax.Array):
             raise Mismatch(f"global_batch {where} returned {describe_tree(got)}; expected a jax.Array on the "
                            "mesh's devices.")
-        if got.ndim == 3 and got.shape[0] == n:
+        if got.ndim == full.ndim + 1 and got.shape[:2] == (n, rows // n):
             raise Mismatch(f"global_batch {where} returned shape {got.shape}: the stacked (n, B // n, ...) layout "
                            "is pmap's. Lessons 06 and 07 keep the global shape (B, ...) and let the sharding say "
                            "which rows each device holds.")

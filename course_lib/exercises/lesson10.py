@@ -750,10 +750,10 @@ def check_predict_collectives(predict):
                 counts[name] = counts.get(name, 0) + int(count)
         if counts == want:
             continue
-        where = "; ".join(f"{c.op} {c.described} {'inside the micro-batch loop' if c.in_loop else 'once'}"
-                          for c in found)
+        off = sorted(op for op in set(want) | set(counts) if counts.get(op, 0) != want.get(op, 0))
         head = (f"{stage}, k = {k}: you predicted {_shown_counts(counts)} per step; the compiled program of "
-                f"sharded_state's {stage!r} step with accumulate={k} runs {_shown_counts(want)} ({where}).")
+                f"sharded_state's {stage!r} step with accumulate={k} runs another number of {' and '.join(off)} "
+                "(its counts are the answer: run the cells below to read them).")
         inside = {op for op in want if any(c.op == op and c.in_loop for c in found)}
         said = []
         for op in sorted(set(want) | set(counts)):
@@ -764,8 +764,10 @@ def check_predict_collectives(predict):
                 said.append(f"the {op} sits inside the micro-batch loop, so it runs once per micro-batch, not "
                             "once per step")
             elif op not in inside and w and g == w * k:
-                said.append(f"the {op} runs once, after the loop: this stage keeps a whole accumulator (or "
-                            "whole parameters) and communicates once per step")
+                said.append(f"the {op} runs once, after the loop: " + (
+                    "it rebuilds the whole parameters from the updated slices, and the update happens once per step"
+                    if op == "all-gather" else
+                    "this stage keeps a whole accumulator across the micro-batches and sums it once per step"))
             elif w == 0:
                 said.append(f"this stage runs no {op} on parameter-sized buffers")
             elif g == 0:

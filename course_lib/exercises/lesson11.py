@@ -19,10 +19,12 @@ HINTS = {
              "Section 1, 'Restoring: where it was, or where you say', and the devices= argument of checkpoint.restore.",
              "Where the arrays land is decided by the placement the restore is given, not by the arrays of like "
              "nor by what the checkpoint recorded; and the restore gives back more than the state."],
-    "11.2": ["Add up, over every device, the time inside collectives and the time inside dispatches.",
-             "profile.summarise gives, per device, 'collective_us' and 'busy_us'.",
-             "A device that was busy longer must weigh more in the share over all devices: a share of totals, not "
-             "an average of shares."],
+    "11.2": ["A fraction of time: which time goes above the line, which below, and does the idle time between "
+             "dispatches belong to either?",
+             "Section 3: profile.summarise reports per device what the trace's ops add up to. Print it for one "
+             "trace and read its keys.",
+             "Test your function on a trace where one device was busy far longer than the others: should that "
+             "device count for more in the share over all devices than a device that was busy briefly?"],
     "11.3": ["The host marks where each step began and how long it took: trace.markers.",
              "Section 3, 'Profiling the step', prints the host's step marks (trace.markers). While the host "
              "stalls, the devices wait idle and the next step cannot begin: the stall is in the host's time for "
@@ -464,7 +466,7 @@ def check_restore_resharded(restore_resharded):
     # (case, devices it is saved from, the steps saved before each call (oldest first), the mesh sizes asked for)
     plans = [(_case_a, devs, [7], [smaller[0]]),
              (_case_a, devs, [8, 10], smaller[1:] or smaller),  # 7, 8, 10: as text "8" > "10"; 7 the oldest
-             (_case_b, devs[:half], [9, 100, 99], [n])]          # saved from fewer devices, restored onto all
+             (_case_b, devs[:half], [9, 99, 100], [n])]          # as text "99" > "100"; saved from fewer devices
     with tempfile.TemporaryDirectory() as tmp:
         saved_steps, values, specs, axis, saved_from = {}, None, None, None, None
         for index, (case, from_devices, steps, sizes) in enumerate(plans):

@@ -64,9 +64,17 @@ def tpu_compiler_missing() -> str | None:
     try:
         import libtpu  # noqa: F401
     except ImportError:
-        return ("libtpu is not installed here (it has wheels for Linux x86-64 only; ./course.sh installs it "
-                "there)")
+        return "libtpu is not installed here (it has wheels for Linux x86-64 only)"
     return None
+
+
+def _install_hint() -> str:
+    """How to install the TPU compiler: the set-up check's own advice where the course has it."""
+    try:
+        from ..setup_check import tpu_compiler_hint
+        return str(tpu_compiler_hint())
+    except (ImportError, AttributeError):
+        return "To install it: ./course.sh tpu (or pip install libtpu on Linux x86-64)."
 
 
 @functools.cache
@@ -233,7 +241,7 @@ def check_predict_state_bytes(predict_state_bytes):
     missing = tpu_compiler_missing()
     if missing:
         raise Mismatch(f"this checker compiles for TPU chips and needs the TPU compiler: {missing}. The lesson's "
-                       "other cells say the same; on a Linux x86-64 machine, ./course.sh setup installs it.")
+                       f"other cells say the same. {_install_hint()}")
     for c, topology, fsdp in CASES:
         n = int(np.prod([int(k) for k in topology.split(":")[1].split("x")]))
         form = "FSDP" if fsdp else "data parallelism"

@@ -18,6 +18,8 @@ WRONG = [
     ("one dispatch too many", lambda d, s, k: d / (k + 1) + s, "neither the dispatch shared by k"),
     ("costs swapped", lambda d, s, k: d + s / k, "the two costs are swapped"),
     ("work times k, dispatch shared", lambda d, s, k: d / k + s * k, "the step's own work is multiplied by k"),
+    ("rounded to hundredths", lambda d, s, k: round(d / k + s, 2), "expected"),
+    ("rounded to thousandths", lambda d, s, k: round(d / k + s, 3), "expected"),
 ]
 RIGHT = [
     ("total over k", lambda d, s, k: (d + k * s) / k),

@@ -42,7 +42,8 @@ WRONG = [
     ("three values", lambda ks, ms: (*polyfit_inv(ks, ms), 0.0), "should return a pair"),
     ("half precision", lambda ks, ms: tuple(np.float16(v) for v in polyfit_inv(ks, ms)), "float16"),
 ]
-RIGHT = [("np.linalg.lstsq", lstsq), ("covariance formula", by_covariance)]
+RIGHT = [("np.linalg.lstsq", lstsq), ("covariance formula", by_covariance),
+         ("np.polyfit's array itself", lambda ks, ms: np.polyfit(1.0 / np.asarray(ks, float), ms, 1))]
 
 
 verdict, test_a_wrong_answer_fails_and_its_feedback_names_the_mistake, \

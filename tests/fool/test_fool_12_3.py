@@ -62,7 +62,29 @@ def _numpy_ints(n_layers, matrices, inner_biases, outer_biases, remat):
             "reduce-scatter": float(n_layers * (matrices + inner_biases + outer_biases))}
 
 
-@pytest.mark.parametrize("answer", [_counted, _numpy_ints])
+def _jax_floats(n_layers, matrices, inner_biases, outer_biases, remat):
+    import jax.numpy as jnp
+    return {kind: jnp.float32(v) for kind, v in _counted(n_layers, matrices, inner_biases, outer_biases,
+                                                          remat).items()}
+
+
+def _zero_d_arrays(n_layers, matrices, inner_biases, outer_biases, remat):
+    return {kind: np.array(v) for kind, v in _counted(n_layers, matrices, inner_biases, outer_biases, remat).items()}
+
+
+@pytest.mark.parametrize("answer", [_counted, _numpy_ints, _jax_floats, _zero_d_arrays])
 def test_right_answers_written_another_way_pass(answer):
     feedback = check("12.3", answer)
     assert feedback, feedback.message
+
+
+def test_feedback_never_prints_the_compiled_counts():
+    """A prediction exercise: the compiler's counts are the answer, so no feedback shows them."""
+    from course_lib.exercises import lesson12 as L
+    kinds = ("all-gather", "reduce-scatter", "all-reduce")
+    for answer, _ in WRONG[:9]:
+        message = check("12.3", answer).message
+        case = next(c for c in L._CASES if {k: int(v) for k, v in answer(*c).items()}
+                    != {k: L.measured_collectives(*c).get(k, 0) for k in kinds})
+        compiled = {k: L.measured_collectives(*case).get(k, 0) for k in kinds}
+        assert str(compiled) not in message, message
