@@ -102,8 +102,9 @@ def _check_restore_onto_run(restore_onto, directory, saved, steps, counts, devs,
         checkpoint.save(directory, step, jax.device_put(values, on_all), {"position": step})
     for count in counts:
         target = devs[len(devs) - count:]   # the last devices, so "the first n" or "all" is caught
-        restores = []
-        with _watch(checkpoint, "restore", restores), _watch(checkpoint.Checkpoints, "restore", restores):
+        restores, reads = [], []
+        with _watch(checkpoint, "restore", restores), _watch(checkpoint.Checkpoints, "restore", restores), \
+                _orbax_reads(reads) as watching:
             got = call(restore_onto, directory, like, target, name="restore_onto")
         what = f"restore_onto(directory, like, devices={count} device(s))"
         if isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], dict):
@@ -146,8 +147,16 @@ def _check_restore_onto_run(restore_onto, directory, saved, steps, counts, devs,
                          if len(steps) > 1 and np.all(a == 7) else ": restore the checkpoint, not like=.")
                 raise Mismatch(f"{what} returned values that differ from the saved ones, e.g. {a.reshape(-1)[:4]} "
                                f"instead of {np.asarray(b).reshape(-1)[:4]}{older}")
+        elsewhere = [r for r in reads if r == "host" or r is None or set(r.device_set) != set(target)]
         if restores and not any(k.get("devices") is not None or k.get("sharding") is not None
-                                for k in restores):
+                                for k in restores) or watching and elsewhere:
+            if watching and elsewhere and any(k.get("devices") is not None or k.get("sharding") is not None
+                                              for k in restores) or not restores:
+                where = "the host" if "host" in elsewhere else "other devices than the ones you were given"
+                raise Mismatch(f"{what}: the values and devices are right, but Orbax read the arrays onto {where} "
+                               "and they were moved afterwards: a second copy, and on a large model a second trip "
+                               "through memory. Ask the restore itself for the devices you were given, so that "
+                               "each array is read straight onto them.")
             raise Mismatch(f"{what}: the values and devices are right, but checkpoint.restore read the arrays "
                            "onto the devices of like= and they were moved afterwards: a second copy, and on "
                            "a large model a second trip through device memory. Pass devices= to "
