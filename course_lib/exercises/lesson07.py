@@ -38,28 +38,47 @@ def solution_ported(x, w, mesh):
 _SUMS = ("psum", "psum_invariant", "psum2", "reduce_scatter", "psum_scatter")
 
 
+@contextlib.contextmanager
+def _set_mesh_allowed(mesh):
+    """``mesh`` entered here, and ``jax.set_mesh`` a no-op inside: an answer that enters the mesh itself can then be
+    traced (JAX refuses set_mesh while a program is traced)."""
+    real = jax.set_mesh
+    swapped = [m for m in (jax, jax.sharding) if getattr(m, "set_mesh", None) is real]
+    with real(mesh):
+        for m in swapped:
+            m.set_mesh = lambda *a, **k: contextlib.nullcontext()
+        try:
+            yield
+        finally:
+            for m in swapped:
+                m.set_mesh = real
+
+
 def _program(fn, *args, name, mesh):
-    """The equations of ``fn(*args)``'s program. An answer that enters ``jax.set_mesh(mesh)`` itself cannot be
-    traced (set_mesh refuses to run under a trace): it is read again with the mesh entered here instead."""
+    """The equations of ``fn(*args)``'s program (read again with ``_set_mesh_allowed`` if fn enters a mesh)."""
     try:
         return primitives(fn, *args, name=name)
     except Mismatch as e:
         if "set_mesh` can only be used outside" not in str(e):
             raise
         first = e
-    real = jax.set_mesh
-    swapped = [m for m in (jax, jax.sharding) if getattr(m, "set_mesh", None) is real]
     try:
-        with real(mesh):
-            for m in swapped:
-                m.set_mesh = lambda *a, **k: contextlib.nullcontext()
+        with _set_mesh_allowed(mesh):
             return primitives(fn, *args, name=name)
     except Mismatch:
         raise Mismatch(f"{first} What stopped it is the jax.set_mesh inside your function: JAX refuses it while "
                        "a program is traced.") from None
-    finally:
-        for m in swapped:
-            m.set_mesh = real
+
+
+def _compiled_text(step, mesh, *args):
+    """The compiled program of ``step(*args)`` (a jitted function's own, else jit's), or None if it cannot be built."""
+    for allowed in (contextlib.nullcontext(), _set_mesh_allowed(mesh)):
+        try:
+            with allowed:
+                return (step if hasattr(step, "lower") else jax.jit(step)).lower(*args).compile()
+        except Exception:  # noqa: BLE001: the learner's step; its own call reports its error
+            continue
+    return None
 
 
 def _shard_maps(fn, *args, name, mesh):
@@ -333,14 +352,10 @@ def check_make_sharded_step(make_sharded_step):
                 raise Mismatch(f"the step {where} has no jax.shard_map in its program. This exercise asks for "
                                "the per-device form, where you write the collective yourself (the sharded-jit "
                                "form of lesson 07's last step is not it).")
-            run = step
-            try:
-                compiled = (step if hasattr(step, "lower") else jax.jit(step)).lower(params, opt_state, x, y).compile()
-                hlo = compiled.as_text()
-                if hasattr(step, "lower"):
-                    run = compiled       # the same program, compiled once: run it, donation included
-            except Exception:
-                hlo = None  # the call below reports the learner's error
+            compiled = _compiled_text(step, mesh, params, opt_state, x, y)
+            hlo = compiled and compiled.as_text()
+            # a jitted step: the same program, compiled once, run with donation included
+            run = compiled if compiled is not None and hasattr(step, "lower") else step
             for i, (x_np, y_np) in enumerate(batches):
                 x, y = jax.device_put((x_np, y_np), split)
                 given = jax.tree.leaves((params, opt_state))
