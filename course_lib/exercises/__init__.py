@@ -49,7 +49,8 @@ import jax
 import numpy as np
 
 __all__ = ["Feedback", "Mismatch", "Exercise", "exercise", "check", "hint", "solution", "progress", "exercises",
-           "call", "expect_array", "expect_placed_on", "expect_scalar", "expect_structure", "describe", "as_array"]
+           "call", "expect_array", "expect_placed_on", "expect_scalar", "expect_structure", "describe", "as_array",
+           "Mistake", "Case", "diagnose", "difference", "relation", "same"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +107,20 @@ class _NotStarted(Mismatch):
 
 # What the learner's code returned most recently, for feedback when a checker cannot use it.
 _last_call: dict[str, Any] = {}
+# Whether the answer being checked is still a placeholder (a body of only ``...``, ``pass`` or a docstring).
+_answer_is_stub: list[bool] = [False]
+
+
+def is_placeholder(fn) -> bool:
+    """Whether ``fn``'s body does nothing: ``...``, ``pass``, a docstring or ``return None``."""
+    code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
+    if code is None:
+        return False
+    import dis
+    ops = [i for i in dis.get_instructions(code) if i.opname not in ("RESUME", "NOP", "CACHE")]
+    if [i.opname for i in ops] == ["RETURN_CONST"]:
+        return ops[0].argval is None
+    return [i.opname for i in ops] == ["LOAD_CONST", "RETURN_VALUE"] and ops[0].argval is None
 
 NO_ANSWER = "no answer yet: write your code in the cell above, then run it again."
 
@@ -131,6 +146,7 @@ class Exercise:
             return Feedback(self.id, False, f"expected a function, your_function({params}), passed to check itself "
                                             f"(not its result); got {describe_tree(answer)}.")
         _last_call.clear()
+        _answer_is_stub[0] = is_placeholder(answer)
         try:
             return Feedback(self.id, True, self.checker(answer))
         except _NotStarted as e:
@@ -431,7 +447,10 @@ def call(fn, *args, name: str | None = None, hints: dict[str, str] | None = None
                            "alone and return a new value (the caller may still need them, and jax.Arrays cannot "
                            "be changed in place at all).")
     if result is None:
-        raise _NotStarted(f"{name}({shown}) returned None: write the function's body, and `return` its result.")
+        if _answer_is_stub[0] or is_placeholder(fn):
+            raise _NotStarted(f"{name}({shown}) returned None: write the function's body, and `return` its result.")
+        raise Mismatch(f"{name}({shown}) returned None. Does every path through the function end in a `return` "
+                       "of its result?")
     return result
 
 
@@ -582,3 +601,6 @@ def vmap_calls(fn, *args) -> int | None:
     except Exception:
         return None  # fn fails on these inputs: the checker's own call of fn will say how
     return count[0]
+
+
+from ._diagnose import Case, Mistake, diagnose, difference, relation, same  # noqa: E402  (uses the names above)

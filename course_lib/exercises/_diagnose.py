@@ -1,0 +1,385 @@
+"""One diagnosis engine for every checker: run the answer on varied cases, name a mistake only when the
+answer's own numbers confirm it, and otherwise say what differs.
+
+An exercise declares its known mistakes as data. A ``Mistake`` is a name, the feedback to give, and a function
+that does what that mistake does: it takes the same inputs as the answer, so it runs through the same runner::
+
+    def solution_mean(x, axis_name):
+        return jax.lax.pmean(jnp.mean(x), axis_name)
+
+    MISTAKES = [
+        Mistake("summed", "the shard means were added, not averaged: psum where pmean belongs.",
+                lambda x, a: jax.lax.psum(jnp.mean(x), a)),
+        Mistake("local", "each device kept its own shard's mean: no collective.", lambda x, a: jnp.mean(x)),
+    ]
+
+    def check_mean(mean):
+        cases = [Case((xs,), f"on {len(xs)} devices", n=len(xs)) for xs in (x8, x4, x2)]
+        diagnose(mean, cases, solution=solution_mean, mistakes=MISTAKES, run=under_pmap)
+        return "every device holds the mean of all the data."
+
+``diagnose`` runs the solution and the answer on every case. When they agree everywhere it returns the
+answer's results (for mechanism checks that follow). Otherwise it raises ``Mismatch``:
+
+* naming a mistake only when the answer matches that mistake's result on EVERY case, the mistake's result
+  differs from the right one on at least one, and no other mistake matches too, e.g.
+  ``on 4 devices: expected 2.5, got 10.0. The shard means were added, not averaged: ...``;
+* otherwise saying what differs, with a relation measured from the numbers, never a guessed cause, e.g.
+  ``on 4 devices: expected 2.5, got 1.25: 2x too small, a factor 4/8 (this case's 4 devices over all 8).
+  Right on 8 devices; not on 4 devices, 2 devices.``
+
+Right answers in other forms pass: NumPy and JAX scalars, 0-d arrays and Python numbers are one number; an
+array of shape ``(k, ...)`` stands for a tuple of ``k`` equal-shaped items; tuples and lists are alike (unless
+``strict_containers``); dict keys in any order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from . import Mismatch, _last_call, call, describe_tree
+
+__all__ = ["Mistake", "Case", "diagnose", "difference", "relation", "same"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Mistake:
+    """A known wrong answer: ``fn`` takes the answer's inputs and returns what that mistake returns.
+
+    ``feedback`` is shown when the answer is confirmed to be this mistake; ``{n}`` and ``{label}`` in it are
+    replaced by the first differing case's device count and label.
+    """
+
+    name: str
+    feedback: str
+    fn: Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One set of inputs: ``args`` for the answer, a ``label`` for feedback ("on 4 devices, x (4, 3)"), and
+    ``n``, the device count of the case (for relations such as "a factor of the device count")."""
+
+    args: tuple
+    label: str
+    n: int | None = None
+    kwargs: dict = dataclasses.field(default_factory=dict)
+
+
+def _default_run(fn, case: Case, name: str):
+    return call(fn, *case.args, name=name, **case.kwargs)
+
+
+def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Sequence[Mistake] = (),
+             run: Callable | None = None, name: str | None = None, rtol: float = 1e-5, atol: float = 1e-6,
+             dtype: bool = True, strict_containers: bool = False) -> list:
+    """Run ``answer`` and ``solution`` on every case; return the answer's results, or raise ``Mismatch``.
+
+    Args:
+      run: ``run(fn, case) -> result``: how a function is run on a case (default: ``call(fn, *case.args)``).
+        It runs the answer, the solution and every mistake alike. An answer that raises gives the runner's
+        ``Mismatch``, with the cases it got right added.
+      rtol, atol: the tolerance (loosened for float16/bfloat16 expected values).
+      dtype: whether an array's dtype must be the expected one (0-d values are compared by value only).
+    """
+    name = name or getattr(answer, "__name__", "your function")
+    if run is None:
+        run = lambda fn, case: _default_run(fn, case, name)  # noqa: E731
+    opts = dict(rtol=rtol, atol=atol, dtype=dtype, strict=strict_containers)
+    rows, results, right_on = [], [], []
+    for case in cases:
+        saved = dict(_last_call)
+        expected = run(solution, case)
+        _last_call.clear()
+        _last_call.update(saved)
+        try:
+            got = run(answer, case)
+        except Mismatch as e:
+            if right_on:
+                raise type(e)(f"{case.label}: {e} (It gave the right result {_join(right_on)}.)") from None
+            raise
+        diff = difference(got, expected, n=case.n, **opts)
+        rows.append((case, expected, got, diff))
+        results.append(got)
+        if diff is None:
+            right_on.append(case.label)
+    wrong = [r for r in rows if r[3] is not None]
+    if not wrong:
+        return results
+    case, expected, got, diff = wrong[0]
+    named = _confirmed(mistakes, rows, run, opts)
+    evidence = f"{case.label}: expected {_show(expected)}, got {_show(got)}"
+    if len(named) == 1:
+        fields = _Fields(n=case.n, label=case.label)
+        raise Mismatch(f"{evidence}. {named[0].feedback.format_map(fields)}")
+    where = ""
+    if right_on:
+        where = f" Right {_join(right_on)}; not {_join([r[0].label for r in wrong])}."
+    raise Mismatch(f"{evidence}: {diff}.{where}")
+
+
+class _Fields(dict):
+    def __missing__(self, key):
+        return "{" + key + "}"
+
+
+def _join(labels: list[str]) -> str:
+    return ", ".join(labels)
+
+
+def _confirmed(mistakes, rows, run, opts) -> list[Mistake]:
+    """The mistakes whose results equal the answer's on every case and differ from the right one somewhere."""
+    saved = dict(_last_call)
+    named = []
+    for m in mistakes:
+        differs = False
+        for case, expected, got, _ in rows:
+            try:
+                result = run(m.fn, case)
+            except Exception:  # a mistake that cannot run on this case is not this answer
+                break
+            if difference(got, result, n=case.n, **opts) is not None:
+                break
+            differs = differs or difference(result, expected, n=case.n, **opts) is not None
+        else:
+            if differs:
+                named.append(m)
+    _last_call.clear()
+    _last_call.update(saved)
+    return named
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparing values: structure, shape, dtype, numbers.
+
+
+def _leaf(x) -> bool:
+    return not isinstance(x, (tuple, list, dict))
+
+
+def _pairs(got, expected, strict: bool, path: str = ""):
+    """(path, got leaf, expected leaf) pairs, or a ``str`` saying how the structures differ."""
+    if isinstance(expected, dict):
+        if not isinstance(got, dict) or set(got) != set(expected):
+            return f"expected {describe_tree(expected)}, got {describe_tree(got)}"
+        out = []
+        for k in expected:
+            sub = _pairs(got[k], expected[k], strict, f"{path}[{k!r}]")
+            if isinstance(sub, str):
+                return sub
+            out += sub
+        return out
+    if isinstance(expected, (tuple, list)):
+        items = got
+        if isinstance(got, (tuple, list)) and strict and type(got) is not type(expected) \
+                and not hasattr(expected, "_fields"):
+            return f"expected a {type(expected).__name__}, got a {type(got).__name__}: {describe_tree(got)}"
+        if not isinstance(got, (tuple, list)) and hasattr(got, "shape") and hasattr(got, "dtype") \
+                and np.ndim(got) >= 1 and len(got) == len(expected) \
+                and all(_leaf(e) and np.shape(e) == tuple(got.shape[1:]) for e in expected):
+            items = [got[i] for i in range(len(expected))]   # an array standing for a tuple of equal items
+        if not isinstance(items, (tuple, list)) or len(items) != len(expected):
+            return (f"expected {_kind(expected)} of {len(expected)}, {describe_tree(expected)}; "
+                    f"got {describe_tree(got)}")
+        out = []
+        for i, (g, e) in enumerate(zip(items, expected)):
+            sub = _pairs(g, e, strict, f"{path}[{i}]")
+            if isinstance(sub, str):
+                return sub
+            out += sub
+        return out
+    if not _leaf(got):
+        return f"expected {describe_tree(expected)}, got {describe_tree(got)}"
+    return [(path, got, expected)]
+
+
+def _kind(x) -> str:
+    return "a tuple" if isinstance(x, tuple) else "a list"
+
+
+def _numbers(x):
+    """``x`` as a NumPy array of numbers, or None."""
+    if isinstance(x, (str, bytes)) or x is None or isinstance(x, jax.ShapeDtypeStruct):
+        return None
+    try:
+        a = np.asarray(x)
+    except Exception:
+        return None
+    if a.dtype == object or not (jax.numpy.issubdtype(a.dtype, np.number) or a.dtype == bool):
+        return None
+    return a
+
+
+def _tolerance(expected: np.ndarray, rtol: float, atol: float) -> tuple[float, float]:
+    if expected.dtype.itemsize <= 2 and jax.numpy.issubdtype(expected.dtype, np.floating):
+        return max(rtol, 1e-2), max(atol, 1e-2)
+    return rtol, atol
+
+
+def same(got, expected, *, rtol: float = 1e-5, atol: float = 1e-6, dtype: bool = True,
+         strict: bool = False) -> bool:
+    """Whether ``got`` equals ``expected`` in the engine's sense (other forms of a right answer allowed)."""
+    return difference(got, expected, rtol=rtol, atol=atol, dtype=dtype, strict=strict) is None
+
+
+def difference(got, expected, *, n: int | None = None, rtol: float = 1e-5, atol: float = 1e-6,
+               dtype: bool = True, strict: bool = False) -> str | None:
+    """None when ``got`` equals ``expected``; otherwise what differs, with a measured relation."""
+    pairs = _pairs(got, expected, strict)
+    if isinstance(pairs, str):
+        return pairs
+    for path, g, e in pairs:
+        text = _leaf_difference(g, e, n, rtol, atol, dtype)
+        if text is not None:
+            return f"{path}: {text}" if path else text
+    return None
+
+
+def _leaf_difference(g, e, n, rtol, atol, dtype) -> str | None:
+    ev = _numbers(e)
+    if ev is None:                                      # a non-numeric expected value: compare as it is
+        try:
+            equal = bool(g == e)
+        except Exception:
+            equal = False
+        return None if equal else f"expected {e!r}, got {_show(g)}"
+    gv = _numbers(g)
+    if gv is None:
+        return f"expected {_describe_leaf(e)}, got {describe_tree(g)}"
+    if gv.shape != ev.shape:
+        return _shape_relation(gv, ev, n)
+    rt, at = _tolerance(ev, rtol, atol)
+    if dtype and gv.ndim and hasattr(g, "dtype") and hasattr(e, "dtype") and np.dtype(g.dtype) != np.dtype(e.dtype):
+        close = np.allclose(gv.astype(np.float64), ev.astype(np.float64), rtol=rt, atol=at, equal_nan=True)
+        return (f"dtype {np.dtype(g.dtype).name} where {np.dtype(e.dtype).name} was expected"
+                + ("" if close else f"; and {relation(gv, ev, n=n, rtol=rt, atol=at)}"))
+    if gv.dtype == bool and ev.dtype != bool:
+        gv = gv.astype(ev.dtype)
+    if np.allclose(gv.astype(np.float64), ev.astype(np.float64), rtol=rt, atol=at, equal_nan=True):
+        return None
+    return relation(gv, ev, n=n, rtol=rt, atol=at)
+
+
+def _describe_leaf(e) -> str:
+    a = np.asarray(e)
+    return "one number" if a.ndim == 0 else f"an array of shape {a.shape}"
+
+
+def _shape_relation(g: np.ndarray, e: np.ndarray, n: int | None) -> str:
+    text = f"shape {g.shape} where {e.shape} was expected"
+    if g.ndim == 2 and g.shape == e.shape[::-1] and np.allclose(g.T, e, rtol=1e-4, atol=1e-5):
+        return text + ": the expected values, transposed"
+    if g.size == e.size and np.allclose(g.reshape(e.shape), e, rtol=1e-4, atol=1e-5):
+        return text + ": the expected values in another shape"
+    if g.size == e.size:
+        return text + " (the same number of values)"
+    if g.ndim == e.ndim:
+        for axis, (a, b) in enumerate(zip(g.shape, e.shape)):
+            if a != b and a and b:
+                ratio = a / b
+                size = _factor(ratio if ratio >= 1 else 1 / ratio, n)
+                return text + f": axis {axis} is {_x(ratio if ratio >= 1 else 1 / ratio)} too " \
+                              f"{'long' if ratio > 1 else 'short'}{size}"
+    if g.ndim == e.ndim + 1 and g.shape[1:] == e.shape:
+        return text + f": an extra leading axis of {g.shape[0]}" + _factor(g.shape[0], n)
+    if e.ndim == g.ndim + 1 and e.shape[1:] == g.shape:
+        return text + f": the leading axis of {e.shape[0]} is missing"
+    return text
+
+
+def _x(k: float) -> str:
+    return f"{k:.3g}x"
+
+
+def _factor(k: float, n: int | None) -> str:
+    """", a factor of the device count (4)" when ``k`` is one, or of the machine's device count."""
+    if n is None or n <= 1:
+        return ""
+    total = len(jax.devices())
+    if math.isclose(k, n, rel_tol=1e-4):
+        return f", a factor of the device count ({n})"
+    if total != n and math.isclose(k, total, rel_tol=1e-4):
+        return f", a factor of {total}, the count of all devices (this case has {n})"
+    if total != n and (math.isclose(k, total / n, rel_tol=1e-4) or math.isclose(k, n / total, rel_tol=1e-4)):
+        return f", a factor {n}/{total} (this case's {n} devices against all {total})"
+    if math.isclose(k, n / (n - 1), rel_tol=1e-4) or math.isclose(k, (n - 1) / n, rel_tol=1e-4):
+        return f", a factor {n}/{n - 1} (the device count over itself minus one)"
+    return ""
+
+
+def relation(g: np.ndarray, e: np.ndarray, *, n: int | None = None, rtol: float = 1e-5,
+             atol: float = 1e-6) -> str:
+    """How two same-shaped arrays of numbers differ, measured: a constant factor, an offset, a rounding, an
+    order, a transpose; or how many values differ, and the largest difference."""
+    g64, e64 = g.astype(np.float64), e.astype(np.float64)
+
+    def close(a, b):
+        return a.shape == b.shape and np.allclose(a, b, rtol=max(rtol, 1e-4), atol=max(atol, 1e-6))
+
+    if np.isnan(g64).any() and not np.isnan(e64).any():
+        return f"NaN in {int(np.isnan(g64).sum())} of {g64.size} values, where numbers were expected"
+    nonzero = np.abs(e64) > 1e-9
+    if nonzero.any() and np.all(np.isfinite(g64)):
+        k = float(np.median(g64[nonzero] / e64[nonzero]))
+        if k != 0 and not math.isclose(k, 1, rel_tol=1e-4) and close(g64, k * e64):
+            if math.isclose(k, -1, rel_tol=1e-4):
+                return "the expected values negated (sign flipped)"
+            sign = "" if k > 0 else "negated and "
+            big = abs(k) >= 1
+            size = abs(k) if big else 1 / abs(k)
+            return f"{sign}{_x(size)} too {'large' if big else 'small'}{_factor(size, n)}"
+        if np.all(np.abs(g64) < 1e-12) and not np.all(nonzero == 0):
+            return "all zeros"
+    offset = g64 - e64
+    if g64.size > 1 and np.allclose(offset, offset.flat[0], atol=max(atol, 1e-6), rtol=0):
+        return f"every value off by {float(offset.flat[0]):+.4g}"
+    for half in ("bfloat16", "float16"):
+        dt = jax.numpy.dtype(half)
+        if e.dtype != dt and np.array_equal(g64, e64.astype(dt).astype(np.float64)):
+            return f"the expected values rounded to {half} precision"
+    for digits in range(0, 4):
+        if np.array_equal(np.round(g64, 6), np.round(np.round(e64, digits), 6)) and not close(g64, e64):
+            return f"the expected values rounded to {digits} decimal{'s' * (digits != 1)}"
+    if g.ndim >= 1 and g.shape[0] > 1:
+        if close(g64, e64[::-1]):
+            return "the expected values in reverse order along the first axis"
+        for s in range(1, g.shape[0]):
+            if close(g64, np.roll(e64, s, axis=0)):
+                return f"the expected values rotated by {s} along the first axis (row i holds row i - {s})"
+    if g.ndim == 2 and g.shape[0] == g.shape[1] and close(g64, e64.T):
+        return "the expected values, transposed"
+    if g.size > 1 and close(np.sort(g64, axis=None), np.sort(e64, axis=None)):
+        return "the expected values, in another order"
+    wrong = ~np.isclose(g64, e64, rtol=max(rtol, 1e-4), atol=max(atol, 1e-6), equal_nan=True)
+    if g.ndim == 0:
+        return f"off by {float(g64 - e64):+.4g}"
+    first = tuple(int(i) for i in np.argwhere(wrong)[0])
+    worst = float(np.max(np.abs(g64 - e64)))
+    return (f"{int(wrong.sum())} of {wrong.size} values differ; first at index {first}: expected "
+            f"{_num(e64[first])}, got {_num(g64[first])}; the largest difference is {worst:.4g}")
+
+
+def _num(v) -> str:
+    v = float(v)
+    return str(int(v)) if v.is_integer() and abs(v) < 1e15 else f"{v:.6g}"
+
+
+def _show(x) -> str:
+    """A value as feedback shows it: a number, a small array in full, or its description."""
+    if isinstance(x, (tuple, list)) and len(x) <= 4 and all(_leaf(v) for v in x):
+        inner = ", ".join(_show(v) for v in x)
+        return f"({inner})" if isinstance(x, tuple) else f"[{inner}]"
+    a = _numbers(x) if _leaf(x) else None
+    if a is None:
+        return describe_tree(x)
+    if a.ndim == 0:
+        return _num(a) if a.dtype != bool else str(bool(a))
+    if a.size <= 8:
+        return np.array2string(a.astype(np.float64) if a.dtype != bool else a, separator=", ",
+                               formatter={"float": _num}).replace("\n", "")
+    return f"an array of shape {a.shape}"

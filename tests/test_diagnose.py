@@ -1,0 +1,165 @@
+"""The diagnosis engine: a mistake is named only when every case confirms it; otherwise a measured difference."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from course_lib import exercises as ex
+from course_lib.exercises import Case, Mismatch, Mistake, diagnose, difference, relation, same
+
+AXIS = "i"
+
+
+def under_pmap(fn, case):
+    (xs,) = case.args
+    mapped = jax.pmap(lambda x: fn(x, AXIS), axis_name=AXIS, devices=jax.devices()[:xs.shape[0]])
+    return ex.call(mapped, jnp.asarray(xs), name="pmap(mean)")
+
+
+def solution_mean(x, a):
+    return jax.lax.pmean(jnp.mean(x), a)
+
+
+MISTAKES = [
+    Mistake("summed", "the shard means were added, not averaged.", lambda x, a: jax.lax.psum(jnp.mean(x), a)),
+    Mistake("local", "each device kept its own shard's mean.", lambda x, a: jnp.mean(x)),
+]
+
+
+def cases():
+    rng = np.random.default_rng(0)
+    out = []
+    for n in (8, 4, 2):
+        xs = rng.normal(size=(n, 3)).astype(np.float32) + np.arange(n, dtype=np.float32)[:, None]
+        out.append(Case((xs,), f"on {n} devices", n=n))
+    return out
+
+
+def run(answer):
+    return diagnose(answer, cases(), solution=solution_mean, mistakes=MISTAKES, run=under_pmap)
+
+
+def test_a_right_answer_passes_and_its_results_come_back():
+    results = run(lambda x, a: jax.lax.psum(jnp.sum(x), a) / (x.size * jax.lax.axis_size(a)))
+    assert len(results) == 3 and np.shape(results[1]) == (4,)
+
+
+def test_a_mistake_is_named_only_when_every_case_confirms_it():
+    with pytest.raises(Mismatch, match="the shard means were added, not averaged") as e:
+        run(MISTAKES[0].fn)
+    assert str(e.value).startswith("on 8 devices: expected ")
+
+
+def test_a_device_count_written_in_is_measured_not_guessed():
+    # right on 8 devices, a factor 4/8 too small on 4: no known mistake matches every case
+    with pytest.raises(Mismatch) as e:
+        run(lambda x, a: jax.lax.psum(jnp.mean(x), a) / 8)
+    text = str(e.value)
+    assert text.startswith("on 4 devices: expected")
+    assert "2x too small, a factor 4/8" in text and "Right on 8 devices; not on 4 devices, on 2 devices." in text
+    assert "added, not averaged" not in text
+
+
+def test_an_answer_matching_a_mistake_on_some_cases_only_is_not_told_that_cause():
+    def half_summed(x, a):      # psum on 8 devices (the 'summed' mistake there), right elsewhere
+        n = jax.lax.axis_size(a)
+        return jax.lax.psum(jnp.mean(x), a) / (1 if n == 8 else n)
+
+    with pytest.raises(Mismatch) as e:
+        run(half_summed)
+    assert "added, not averaged" not in str(e.value)
+    assert "8x too large, a factor of the device count (8)" in str(e.value)
+
+
+def test_two_mistakes_matching_the_answer_name_neither():
+    twins = MISTAKES + [Mistake("twin", "a twin.", lambda x, a: jax.lax.psum(jnp.mean(x), a) * 1.0)]
+    with pytest.raises(Mismatch) as e:
+        diagnose(MISTAKES[0].fn, cases(), solution=solution_mean, mistakes=twins, run=under_pmap)
+    assert "added" not in str(e.value) and "twin" not in str(e.value)
+    assert "8x too large, a factor of the device count (8)" in str(e.value)
+
+
+def test_a_mistake_that_raises_is_not_named_and_an_answer_that_raises_says_where_it_was_right():
+    def fixed_shape(x, a):
+        return jax.lax.pmean(jnp.mean(x.reshape(3)), a) + jnp.zeros(8)[jax.lax.axis_size(a) - 1] * 0 \
+            if jax.lax.axis_size(a) == 8 else x.reshape(99)
+
+    with pytest.raises(Mismatch) as e:
+        run(fixed_shape)
+    assert "raised TypeError" in str(e.value) and "It gave the right result on 8 devices." in str(e.value)
+
+
+@pytest.mark.parametrize("got, expected, words", [
+    (np.arange(6.0).reshape(2, 3) * 4, np.arange(6.0).reshape(2, 3), "4x too large"),
+    (np.arange(1.0, 7.0) / 4, np.arange(1.0, 7.0), "4x too small"),
+    (np.arange(6.0).reshape(3, 2), np.arange(6.0).reshape(2, 3).T.copy(), "in another order"),
+    (np.arange(6.0).reshape(2, 3).T, np.arange(6.0).reshape(2, 3), "transposed"),
+    (np.arange(6.0).reshape(3, 2), np.arange(6.0).reshape(2, 3), "in another shape"),
+    (np.round(np.linspace(0, 1, 7), 2), np.linspace(0, 1, 7), "rounded to 2 decimals"),
+    (np.arange(5.0) + 0.5, np.arange(5.0), "every value off by +0.5"),
+    (np.arange(5.0)[::-1], np.arange(5.0), "reverse order"),
+    (np.roll(np.arange(5.0), 1), np.arange(5.0), "rotated by 1"),
+    (-np.arange(1.0, 4.0), np.arange(1.0, 4.0), "negated"),
+    (np.array([np.nan, 1.0]), np.array([0.0, 1.0]), "NaN in 1 of 2 values"),
+    (np.zeros((4, 3)), np.ones((2, 3)), "axis 0 is 2x too long"),
+    (np.zeros((4, 3)), np.ones(3), "an extra leading axis of 4, a factor of the device count (4)"),
+])
+def test_relations_are_measured_from_the_numbers(got, expected, words):
+    assert words in difference(got, expected, n=4)
+
+
+def test_values_exact_in_bfloat16_only_name_the_rounding():
+    e = np.float32(np.linspace(0.1, 0.9, 5))
+    g = np.asarray(jnp.asarray(e, jnp.bfloat16).astype(jnp.float32))
+    assert "rounded to bfloat16 precision" in relation(g, e)
+
+
+def test_a_wrong_dtype_is_named_even_when_the_values_agree():
+    e = jnp.arange(3, dtype=jnp.float32)
+    assert "dtype bfloat16 where float32 was expected" in difference(e.astype(jnp.bfloat16), e)
+    assert same(e.astype(jnp.bfloat16), e, dtype=False)
+
+
+@pytest.mark.parametrize("got", [np.float32(2.5), jnp.float32(2.5), np.asarray(2.5), 2.5, jnp.asarray(2.5),
+                                 np.float64(2.5)])
+def test_right_answers_in_other_forms_are_one_number(got):
+    assert same(got, jnp.asarray(2.5, jnp.float32))
+
+
+def test_an_array_stands_for_a_pair_and_lists_for_tuples():
+    expected = (jnp.asarray(1.0), jnp.asarray(2.0))
+    assert same(np.array([1.0, 2.0]), expected)
+    assert same([1.0, 2.0], expected)
+    assert not same([1.0, 2.0], expected, strict=True)
+    assert same({"b": 2.0, "a": 1.0}, {"a": 1.0, "b": 2.0})
+    assert "expected a tuple of 2" in difference(1.0, expected)
+    assert "expected a tuple of 2" in difference((1.0, 2.0, 3.0), expected)
+
+
+def test_a_string_or_none_is_described_not_raised():
+    assert "got str" in difference("2.5", 2.5)
+    assert "got NoneType" in difference(None, 2.5)
+
+
+def test_none_from_a_written_answer_is_started_and_from_a_placeholder_is_not():
+    exercise = ex.Exercise("96.1", "t", lambda f: (diagnose(f, [Case((1.0,), "for x = 1.0")],
+                                                            solution=lambda x: 2 * x), "ok")[1], lambda x: 2 * x)
+
+    def placeholder(x):
+        ...
+
+    def forgot_return(x):
+        y = 2 * x  # noqa: F841
+
+    stub = exercise.check(placeholder)
+    assert not stub and not stub.started and "write the function's body" in stub.message
+    written = exercise.check(forgot_return)
+    assert not written and written.started and "returned None" in written.message
+    assert "write the function's body" not in written.message
+
+
+def test_mistake_feedback_fills_in_the_case():
+    m = [Mistake("double", "twice the value on {n} devices.", lambda x, a: 2 * jax.lax.pmean(jnp.mean(x), a))]
+    with pytest.raises(Mismatch, match="twice the value on 8 devices"):
+        diagnose(m[0].fn, cases(), solution=solution_mean, mistakes=m, run=under_pmap)
