@@ -8,7 +8,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from . import Mismatch, _NotStarted, call, describe, describe_tree, exercise, expect_array
+from . import Case, Mismatch, Mistake, _NotStarted, call, describe, describe_tree, diagnose, exercise, expect_array
 
 AXIS = "data"
 
@@ -135,45 +135,67 @@ def solution_zero_bytes(n_params, n_devices, stage):
     return {"params": params, "grads": grads, "opt_state": opt_state}
 
 
-@exercise("10.1", "Bytes per device for each ZeRO stage, from the formula", solution=solution_zero_bytes)
+_SPLIT = {"replicated": (), "zero1": ("opt_state",), "zero2": ("opt_state", "grads"),
+          "fsdp": ("opt_state", "grads", "params")}
+
+
+def _table(split=_SPLIT, adam=8):
+    """A zero_bytes that splits ``split[stage]`` over the devices, with ``adam`` bytes of optimizer state."""
+    def zero_bytes(n_params, n_devices, stage):
+        whole = {"params": 4 * n_params, "grads": 4 * n_params, "opt_state": adam * n_params}
+        return {k: v / (n_devices if k in split[stage] else 1) for k, v in whole.items()}
+    return zero_bytes
+
+
+MISTAKES_10_1 = [
+    Mistake("one moment", "The optimizer state is half what it should be. Adam keeps two float32 numbers per "
+            "parameter (its first and second moments): 8 bytes, not 4.", _table(adam=4)),
+    Mistake("nothing split", "Every stage keeps everything whole; but each ZeRO stage splits a part of the state "
+            "over the devices.", _table({s: () for s in _SPLIT})),
+    Mistake("everything split", "Every stage splits all three parts; but replicated keeps everything whole, "
+            "zero1 shards only the optimizer state and zero2 also the gradients.",
+            _table({s: _SPLIT["fsdp"] for s in _SPLIT})),
+    Mistake("zero1 splits grads", "zero1 keeps the whole gradients on every device. ZeRO-1 reduce-scatters too, "
+            "but with gradient accumulation it adds whole local gradients over the micro-batches and "
+            "reduce-scatters once: its accumulator is whole (section 4).", _table({**_SPLIT, "zero1": _SPLIT["zero2"]})),
+    Mistake("zero2 keeps grads whole", "zero2 keeps only its slice of the gradient accumulator; this answer keeps "
+            "it whole, as zero1 does.", _table({**_SPLIT, "zero2": _SPLIT["zero1"]})),
+    Mistake("fsdp keeps params whole", "fsdp splits the parameters too: that is what makes it FSDP rather than "
+            "zero2; this answer keeps params whole.", _table({**_SPLIT, "fsdp": _SPLIT["zero2"]})),
+    Mistake("zero2 splits params", "zero2 keeps the whole params on every device; only fsdp splits them.",
+            _table({**_SPLIT, "zero2": _SPLIT["fsdp"]})),
+]
+
+
+def _bytes_runner(fn, case):
+    """``fn(*case.args)``, with numbers of any Python kind (Fraction, Decimal) read as floats."""
+    import numbers
+    got = call(fn, *case.args, name="zero_bytes")
+    if isinstance(got, dict):
+        got = {k: float(v) if isinstance(v, numbers.Number) and not isinstance(v, bool) else v
+               for k, v in got.items()}
+    return got
+
+
+@exercise("10.1", "Bytes per device for each ZeRO stage, from the formula", solution=solution_zero_bytes,
+          returns="a dict {'params': bytes, 'grads': bytes, 'opt_state': bytes} per device")
 def check_zero_bytes(zero_bytes):
-    sharded_by = {"replicated": set(), "zero1": {"opt_state"}, "zero2": {"opt_state", "grads"},
-                  "fsdp": {"opt_state", "grads", "params"}}
-    for n_params, n in [(1_000_000_000, 8), (19_210, 4)]:
-        full = {"params": 4 * n_params, "grads": 4 * n_params, "opt_state": 8 * n_params}
-        for stage, split in sharded_by.items():
-            got = call(zero_bytes, n_params, n, stage, name="zero_bytes")
-            if not isinstance(got, dict) or set(got) != set(full):
-                raise Mismatch(f"zero_bytes({n_params:_}, {n}, {stage!r}) should return a dict with the keys "
-                               f"'params', 'grads', 'opt_state'; got {got!r:.200}.")
-            for part, whole in full.items():
-                want = whole / n if part in split else whole
-                if isinstance(got[part], (str, bytes, bool)) or not np.isscalar(got[part]) and np.ndim(got[part]):
-                    raise Mismatch(f"zero_bytes(...)[{part!r}] should be a number of bytes (an int or a float), "
-                                   f"got {describe(got[part])}.")
-                try:
-                    value = float(got[part])
-                except (TypeError, ValueError):
-                    raise Mismatch(f"zero_bytes(...)[{part!r}] should be a number of bytes, got "
-                                   f"{type(got[part]).__name__}.") from None
-                if np.isclose(value, want, rtol=1e-9):
-                    continue
-                if part == "opt_state" and np.isclose(value * 2, want, rtol=1e-9):
-                    raise Mismatch(f"{stage}: the optimizer state is half what it should be. Adam keeps two float32 "
-                                   "numbers per parameter (its first and second moments): 8 bytes, not 4.")
-                if np.isclose(value, whole / n, rtol=1e-9):
-                    why = (" ZeRO-1 reduce-scatters too, but with gradient accumulation it adds whole local "
-                           "gradients over the micro-batches and reduce-scatters once: its accumulator is whole "
-                           "(section 4)." if stage == "zero1" and part == "grads" else "")
-                    raise Mismatch(f"{stage} on {n} devices: {part} comes back divided by {n}, but this stage keeps "
-                                   f"the whole {part} on every device. It shards only "
-                                   f"{', '.join(sorted(split)) or 'nothing'}.{why}")
-                if np.isclose(value, whole, rtol=1e-9):
-                    raise Mismatch(f"{stage} on {n} devices: {part} is the whole {part}, but this stage splits it "
-                                   "over the devices.")
-                raise Mismatch(f"zero_bytes({n_params:_}, {n}, {stage!r})[{part!r}] is {value:,.0f} bytes: neither "
-                               f"the whole {part} nor 1/{n} of it. Count the bytes per parameter of each part "
-                               "(section 1).")
+    from .. import sharded_state
+    from .lesson11 import _watch
+    cases = [Case((p, n, stage), f"zero_bytes({p:_}, {n}, {stage!r})", n=n)
+             for p, n in [(1_000_000_000, 8), (19_210, 4), (3_001, 2)] for stage in _SPLIT]
+    library = []
+    with _watch(sharded_state, "formula_bytes", library):
+        try:
+            diagnose(zero_bytes, cases, solution=solution_zero_bytes, mistakes=MISTAKES_10_1, run=_bytes_runner,
+                     name="zero_bytes", rtol=1e-9, atol=1e-6)
+        except Mismatch:
+            if not library:
+                raise
+    if library:
+        raise Mismatch("zero_bytes gives the right numbers by calling sharded_state.formula_bytes, the course's "
+                       "own answer to this exercise. Write the count yourself: bytes per parameter of each part, "
+                       "divided where the stage shards it.")
     return ("replicated 16 bytes per parameter per device; zero1 cuts Adam's 8, zero2 also the gradient "
             "accumulator's 4, fsdp also the parameters' 4: 16 / n in the end. Section 3 compares it with the "
             "compiled programs.")
