@@ -18,7 +18,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import Mismatch, _NotStarted, call, describe, describe_tree, exercise
+from . import Mismatch, Mistake, _NotStarted, call, describe, describe_tree, exercise, same
 
 AXIS = "data"
 
@@ -550,39 +550,51 @@ def _whole(value):
     return int(number) if float(number).is_integer() else None
 
 
-def _diagnose(numbers, measured, n_layers, k, inner, outer, remat):
-    """The mistake that explains a wrong prediction, in words (the first that fits)."""
-    ag, rs, ar = numbers["all-gather"], numbers["reduce-scatter"], numbers["all-reduce"]
-    arrays, again = k + inner + outer, k + inner
-    right_ag = measured["all-gather"]
-    if n_layers > 1 and (ag * n_layers, rs * n_layers) == (right_ag, measured["reduce-scatter"]):
-        return (f"Those are one layer's collectives: the step runs the scan's body {n_layers} times in the forward "
-                "pass and again in the backward, each time with its own collectives. Count per step, over all the "
-                "layers.")
-    notes = []
-    if ag != right_ag:
-        if remat and ag == n_layers * arrays:
-            notes.append("All-gathers: only the forward pass's. jax.checkpoint does not keep what the forward "
-                         "computed inside the layer, the gathered weights included. What must the backward pass do "
-                         "before it can use a layer's weights?")
-        elif not remat and ag == n_layers * (arrays + again):
-            notes.append("All-gathers: this step has no jax.checkpoint, so the backward pass uses what the forward "
-                         "pass saved, the gathered weights included: nothing is gathered again.")
-        elif remat and ag == 2 * n_layers * arrays:
-            notes.append("All-gathers: the biases at the end of the layer are not gathered again: nothing the "
-                         "backward pass recomputes reads their values, so the recomputation skips their gathers.")
-        elif remat and ag == n_layers * (arrays + k):
-            notes.append("All-gathers: a bias inside the tanh is gathered again too: the recomputation needs it to "
-                         "rebuild what the tanh's gradient reads.")
-        else:
-            notes.append("All-gathers: count per layer the arrays each pass needs whole, then the passes.")
-    if rs != measured["reduce-scatter"]:
-        notes.append("Reduce-scatters: each sharded array's gradient comes back to its slices once per layer, in the "
-                     "backward pass (the transpose of its gather), however often it was gathered.")
-    if ar != measured["all-reduce"]:
-        notes.append("All-reduces: the sharded arrays' gradients are reduce-scattered, not all-reduced; what else in "
-                     "the step is averaged over the devices, and how often?")
-    return " ".join(notes)
+def _counts(gathers=None, scatters=None, reduces=None):
+    """A prediction: the right counts, with the named kinds computed another way (n, k, inner, outer, remat)."""
+    def predict(n, k, i, o, r):
+        right = solution_predict(n, k, i, o, r)
+        return {"all-gather": gathers(n, k, i, o, r) if gathers else right["all-gather"],
+                "reduce-scatter": scatters(n, k, i, o, r) if scatters else right["reduce-scatter"],
+                "all-reduce": reduces(n, k, i, o, r) if reduces else right["all-reduce"]}
+    return predict
+
+
+_SCATTERS = ("Reduce-scatters: each sharded array's gradient comes back to its slices once per layer, in the "
+             "backward pass (the transpose of its gather), however often it was gathered.")
+_REDUCES = ("All-reduces: the sharded arrays' gradients are reduce-scattered, not all-reduced; what else in the step "
+            "is averaged over the devices, and how often?")
+MISTAKES_12_3 = [
+    Mistake("one layer", "Those are one layer's collectives: the step runs the scan's body n_layers times in the "
+            "forward pass and again in the backward, each time with its own collectives. Count per step, over all "
+            "the layers.", lambda n, k, i, o, r: solution_predict(1, k, i, o, r)),
+    Mistake("no re-gather", "All-gathers: only the forward pass's. jax.checkpoint does not keep what the forward "
+            "computed inside the layer, the gathered weights included. What must the backward pass do before it "
+            "can use a layer's weights?", _counts(lambda n, k, i, o, r: n * (k + i + o))),
+    Mistake("re-gather without remat", "All-gathers: a step with no jax.checkpoint has the backward pass use what "
+            "the forward pass saved, the gathered weights included: nothing is gathered again.",
+            _counts(lambda n, k, i, o, r: n * (2 * (k + i) + o))),
+    Mistake("outer biases re-gathered", "All-gathers: the biases at the end of the layer are not gathered again: "
+            "nothing the backward pass recomputes reads their values, so the recomputation skips their gathers.",
+            _counts(lambda n, k, i, o, r: n * (2 if r else 1) * (k + i + o))),
+    Mistake("inner biases not re-gathered", "All-gathers: a bias inside the tanh is gathered again too: the "
+            "recomputation needs it to rebuild what the tanh's gradient reads.",
+            _counts(lambda n, k, i, o, r: n * ((2 * k + i + o) if r else (k + i + o)))),
+    Mistake("outer biases not scattered", _SCATTERS, _counts(scatters=lambda n, k, i, o, r: n * (k + i))),
+    Mistake("a scatter per gather", _SCATTERS,
+            _counts(scatters=lambda n, k, i, o, r: solution_predict(n, k, i, o, r)["all-gather"])),
+    Mistake("a scatter per remat gather", _SCATTERS, _counts(scatters=lambda n, k, i, o, r: n * (2 * (k + i) + o))),
+    Mistake("an all-reduce per layer", _REDUCES, _counts(reduces=lambda n, k, i, o, r: n)),
+    Mistake("no all-reduce", _REDUCES, _counts(reduces=lambda n, k, i, o, r: 0)),
+]
+
+
+def confirmed_mistake(mistakes, cases, got, want):
+    """The one mistake whose results equal the answer's ``got`` on every case (argument tuples) and differ from the
+    right ``want`` on one; None when none or several do. For predictions, whose right results stay unprinted."""
+    named = [m for m in mistakes if all(same(g, m.fn(*c)) for c, g in zip(cases, got))
+             and not all(same(w, m.fn(*c)) for c, w in zip(cases, want))]
+    return named[0] if len(named) == 1 else None
 
 
 @exercise("12.3", "Predict an FSDP step's collectives, then read them from the compiled program",
@@ -593,27 +605,33 @@ def check_predict(predict):
     if not callable(predict):
         raise Mismatch(f"expected a function predict(n_layers, matrices, inner_biases, outer_biases, remat); got "
                        f"{describe_tree(predict)}.")
-    for n_layers, k, inner, outer, remat in _CASES:
-        got = call(predict, n_layers, k, inner, outer, remat, name="predict")
-        shown = (f"predict(n_layers={n_layers}, matrices={k}, inner_biases={inner}, outer_biases={outer}, "
-                 f"remat={remat})")
-        if not isinstance(got, dict) or set(got) != set(kinds):
-            raise Mismatch(f"{shown} should return a dict with exactly the keys {list(kinds)}; got "
-                           f"{got!r:.200}.")
-        numbers = {}
-        for kind in kinds:
-            number = _whole(got[kind])
+    got, want, shown = [], [], []
+    for case in _CASES:
+        answer = call(predict, *case, name="predict")
+        shown.append("predict(n_layers={}, matrices={}, inner_biases={}, outer_biases={}, remat={})".format(*case))
+        if not isinstance(answer, dict) or set(answer) != set(kinds):
+            raise Mismatch(f"{shown[-1]} should return a dict with exactly the keys {list(kinds)}; got "
+                           f"{answer!r:.200}.")
+        numbers = {kind: _whole(answer[kind]) for kind in kinds}
+        for kind, number in numbers.items():
             if number is None:
-                shown_value = describe(got[kind]) if hasattr(got[kind], "shape") else repr(got[kind])
-                raise Mismatch(f"{shown}[{kind!r}] is {shown_value}; expected a whole number of operations (an int).")
-            numbers[kind] = number
-        measured = measured_collectives(n_layers, k, inner, outer, remat)
-        measured = {kind: measured.get(kind, 0) for kind in kinds}
-        if numbers != measured:
-            off = [kind for kind in kinds if numbers[kind] != measured[kind]]
-            raise Mismatch(f"{shown}: you predicted {numbers}; the compiled step runs another number of "
-                           f"{' and '.join(off)} (the checker does not print the compiler's counts: they are the "
-                           "answer). " + _diagnose(numbers, measured, n_layers, k, inner, outer, remat))
+                value = describe(answer[kind]) if hasattr(answer[kind], "shape") else repr(answer[kind])
+                raise Mismatch(f"{shown[-1]}[{kind!r}] is {value}; expected a whole number of operations (an int).")
+        measured = measured_collectives(*case)
+        got.append(numbers)
+        want.append({kind: measured.get(kind, 0) for kind in kinds})
+    wrong = [i for i in range(len(_CASES)) if got[i] != want[i]]
+    if wrong:
+        i = wrong[0]
+        off = [f"{kind} ({'too many' if got[i][kind] > want[i][kind] else 'too few'})" for kind in kinds
+               if got[i][kind] != want[i][kind]]
+        mistake = confirmed_mistake(MISTAKES_12_3, _CASES, got, want)
+        right = [shown[j] for j in range(len(_CASES)) if j not in wrong]
+        raise Mismatch(f"{shown[i]}: you predicted {got[i]}; the compiled step runs another number of "
+                       f"{' and '.join(off)} (its counts are the answer: the checker does not print them). "
+                       + (mistake.feedback if mistake else
+                          f"Right for {len(right)} of {len(_CASES)} cases" + (f", e.g. {right[0]}" if right else "")
+                          + ". Count per layer the arrays each pass needs whole, then the passes."))
     return ("right in every case: the forward gathers every array of every layer; with jax.checkpoint the backward "
             "gathers again what the recomputation reads; each sharded array's gradient is reduce-scattered once per "
             "layer, and the loss's mean is the one all-reduce. (These are the CPU compiler's counts: a GPU merges "
