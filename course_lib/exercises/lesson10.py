@@ -741,65 +741,84 @@ def _shown_counts(counts):
     return ", ".join(f"{op} x{v}" for op, v in sorted(counts.items())) or "no collective"
 
 
+def _table_5(**changes):
+    """A prediction: the right table, with ``changes[stage](k)`` for the stages named."""
+    return lambda stage, k: changes[stage](k) if stage in changes else solution_predict_collectives(stage, k)
+
+
+_ONCE = "runs once, after the loop: "
+MISTAKES_10_5 = [
+    Mistake("zero2 scatters once", "The reduce-scatter sits inside the micro-batch loop, so it runs once per "
+            "micro-batch, not once per step: ZeRO-2 keeps only its slice of the accumulator.",
+            _table_5(zero2=lambda k: {"reduce-scatter": 1, "all-gather": 1})),
+    Mistake("zero1 scatters every micro-batch", "The reduce-scatter " + _ONCE + "ZeRO-1 keeps a whole accumulator "
+            "across the micro-batches and sums it once per step.",
+            _table_5(zero1=lambda k: {"reduce-scatter": k, "all-gather": 1})),
+    Mistake("zero2 gathers every micro-batch", "The all-gather " + _ONCE + "it rebuilds the whole parameters from "
+            "the updated slices, and the update happens once per step.",
+            _table_5(zero2=lambda k: {"reduce-scatter": k, "all-gather": k})),
+    Mistake("replicated all-reduces every micro-batch", "The all-reduce " + _ONCE + "data parallelism keeps a "
+            "whole accumulator across the micro-batches and sums it once per step.",
+            _table_5(replicated=lambda k: {"all-reduce": k})),
+    Mistake("zero1 all-reduces", "ZeRO-1 runs no all-reduce on parameter-sized buffers: each device needs only its "
+            "slice of the summed gradient.", _table_5(zero1=lambda k: {"all-reduce": 1, "all-gather": 1})),
+    Mistake("zero2 without its gather", "ZeRO-2's all-gather is missing: after each device updates its slice, how "
+            "does every device get the whole parameters back?", _table_5(zero2=lambda k: {"reduce-scatter": k})),
+]
+
+
 @exercise("10.5", "Predict how often each collective runs in an accumulated step, for each stage",
           solution=solution_predict_collectives,
           returns='a dict {collective: runs per step}, e.g. {"all-reduce": 1}, for a stage ("replicated", '
                   '"zero1" or "zero2") and k micro-batches')
 def check_predict_collectives(predict):
-    compiled = _compiled_counts()
-    for (stage, k), (want, found) in compiled.items():
-        got = call(predict, stage, k, name="predict")
-        if not isinstance(got, dict):
-            raise Mismatch(f"predict({stage!r}, {k}) returned {describe_tree(got)}; expected a dict from a "
-                           'collective\'s name to how many times one step runs it, e.g. {"all-gather": 1}.')
-        counts = {}
-        for op, count in got.items():
-            if not isinstance(op, str):
-                raise Mismatch(f"predict({stage!r}, {k}) has the key {op!r}; the keys are the collectives' names, "
-                               f"strings: {', '.join(repr(o) for o in _OPS)}.")
-            name = _SPELLINGS.get(op.strip().lower().replace(" ", ""), op.strip().lower())
-            if name not in _OPS:
-                raise Mismatch(f"predict({stage!r}, {k}) names {op!r}; use the compiled program's names: "
-                               f"{', '.join(repr(o) for o in _OPS)} (psum is an all-reduce, psum_scatter a "
-                               "reduce-scatter).")
-            integral_float = (isinstance(count, (float, np.floating)) and np.isfinite(count)
-                              and float(count).is_integer())
-            if isinstance(count, bool) or not (isinstance(count, (int, np.integer)) or integral_float):
-                raise Mismatch(f"predict({stage!r}, {k})[{op!r}] is "
-                               f"{describe(count) if hasattr(count, 'shape') else repr(count)}; expected a whole "
-                               "number of runs per step (an int such as 1 or k; 3.0 is accepted too).")
-            if count:
-                counts[name] = counts.get(name, 0) + int(count)
-        if counts == want:
-            continue
-        off = sorted(op for op in set(want) | set(counts) if counts.get(op, 0) != want.get(op, 0))
-        head = (f"{stage}, k = {k}: you predicted {_shown_counts(counts)} per step; the compiled program of "
-                f"sharded_state's {stage!r} step with accumulate={k} runs another number of {' and '.join(off)} "
-                "(its counts are the answer: run the cells below to read them).")
-        inside = {op for op in want if any(c.op == op and c.in_loop for c in found)}
-        said = []
-        for op in sorted(set(want) | set(counts)):
-            g, w = counts.get(op, 0), want.get(op, 0)
-            if g == w:
-                continue
-            if op in inside and g * k == w:
-                said.append(f"the {op} sits inside the micro-batch loop, so it runs once per micro-batch, not "
-                            "once per step")
-            elif op not in inside and w and g == w * k:
-                said.append(f"the {op} runs once, after the loop: " + (
-                    "it rebuilds the whole parameters from the updated slices, and the update happens once per step"
-                    if op == "all-gather" else
-                    "this stage keeps a whole accumulator across the micro-batches and sums it once per step"))
-            elif w == 0:
-                said.append(f"this stage runs no {op} on parameter-sized buffers")
-            elif g == 0:
-                said.append(f"the {op} is missing")
-        why = {"replicated": "Which accumulator does data parallelism keep across micro-batches, and when must it "
-                             "be summed? (section 4, the hand-written step)",
-               "zero1": "ZeRO-1 keeps a whole local accumulator: when does it need its slice of the sum?",
-               "zero2": "ZeRO-2 keeps only its slice of the accumulator: when must each micro-batch's gradient "
-                        "be scattered?"}[stage]
-        raise Mismatch(f"{head} {'; '.join(said).capitalize() + '.' if said else why}")
-    return ("read from the compiled programs: a collective inside the micro-batch loop runs k times per step. "
-            "ZeRO-1 communicates once per step like data parallelism; ZeRO-2 scatters every micro-batch and "
-            "gathers once.")
+    from .lesson12 import confirmed_mistake
+    cases, got, want = [], [], []
+    for (stage, k), (counts_wanted, _) in _compiled_counts().items():
+        cases.append((stage, k))
+        got.append(_read_prediction(call(predict, stage, k, name="predict"), stage, k))
+        want.append(counts_wanted)
+    wrong = [i for i in range(len(cases)) if got[i] != want[i]]
+    if not wrong:
+        return ("read from the compiled programs: a collective inside the micro-batch loop runs k times per step. "
+                "ZeRO-1 communicates once per step like data parallelism; ZeRO-2 scatters every micro-batch and "
+                "gathers once.")
+    (stage, k), counts, right = cases[wrong[0]], got[wrong[0]], want[wrong[0]]
+    off = [f"{op} ({'too many' if counts.get(op, 0) > right.get(op, 0) else 'too few'})"
+           for op in sorted(set(right) | set(counts)) if counts.get(op, 0) != right.get(op, 0)]
+    mistake = confirmed_mistake(MISTAKES_10_5, cases, got, [{op: v for op, v in w.items()} for w in want])
+    why = mistake.feedback if mistake else {
+        "replicated": "Which accumulator does data parallelism keep across micro-batches, and when must it be "
+                      "summed? (section 4, the hand-written step)",
+        "zero1": "ZeRO-1 keeps a whole local accumulator: when does it need its slice of the sum?",
+        "zero2": "ZeRO-2 keeps only its slice of the accumulator: when must each micro-batch's gradient be "
+                 "scattered?"}[stage]
+    raise Mismatch(f"{stage}, k = {k}: you predicted {_shown_counts(counts)} per step; the compiled program of "
+                   f"sharded_state's {stage!r} step with accumulate={k} runs another number of {' and '.join(off)} "
+                   f"(its counts are the answer: run the cells below to read them). {why}")
+
+
+def _read_prediction(got, stage, k) -> dict:
+    """A prediction as ``{op: runs}`` in the compiled program's names (JAX's names accepted), zeros left out."""
+    if not isinstance(got, dict):
+        raise Mismatch(f"predict({stage!r}, {k}) returned {describe_tree(got)}; expected a dict from a "
+                       'collective\'s name to how many times one step runs it, e.g. {"all-gather": 1}.')
+    counts = {}
+    for op, count in got.items():
+        if not isinstance(op, str):
+            raise Mismatch(f"predict({stage!r}, {k}) has the key {op!r}; the keys are the collectives' names, "
+                           f"strings: {', '.join(repr(o) for o in _OPS)}.")
+        name = _SPELLINGS.get(op.strip().lower().replace(" ", ""), op.strip().lower())
+        if name not in _OPS:
+            raise Mismatch(f"predict({stage!r}, {k}) names {op!r}; use the compiled program's names: "
+                           f"{', '.join(repr(o) for o in _OPS)} (psum is an all-reduce, psum_scatter a "
+                           "reduce-scatter).")
+        from .lesson12 import _whole
+        number = _whole(count)
+        if number is None:
+            raise Mismatch(f"predict({stage!r}, {k})[{op!r}] is "
+                           f"{describe(count) if hasattr(count, 'shape') else repr(count)}; expected a whole "
+                           "number of runs per step (an int such as 1 or k; 3.0 is accepted too).")
+        if number:
+            counts[name] = counts.get(name, 0) + number
+    return counts

@@ -51,3 +51,10 @@ def test_feedback_never_prints_the_compiled_counts():
         for (stage, k), (counts, _) in L._compiled_counts().items():
             assert f"runs {L._shown_counts(counts)}" not in message, message
             assert " x" not in message.split("you predicted")[-1].split("per step")[-1], message
+
+
+def test_every_declared_mistake_is_named():
+    from course_lib.exercises import lesson10 as L
+    for m in L.MISTAKES_10_5:
+        feedback = verdict(m.fn)
+        assert not feedback and m.feedback in feedback.message, (m.name, feedback.message)
