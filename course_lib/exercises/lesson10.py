@@ -382,106 +382,89 @@ def _k3_case(stage, n, per_device, d_in, hidden, d_out, optimizer_name):
     return _K3_CASES[key]
 
 
-def _smallest_k(parts, budget, measure):
-    return next((k for k in sorted(parts) if measure(parts[k]) <= budget), None)
+def _search(measure=lambda p: p["peak"], order=lambda ks: ks, fits=lambda need, budget: need <= budget,
+            candidates=lambda ks: ks, stop_at_misfit=False):
+    """A choose_k that reads each K's memory parts (from the case's cache) and returns the first K that fits."""
+    def choose_k(make_step, state, batch, n_devices, budget):
+        parts = _K3_PARTS[id(make_step)]
+        found = None
+        for k in order(candidates(sorted(parts))):
+            make_step(k)                                   # built (and cached) as an answer would
+            if fits(measure(parts[k]), budget):
+                found = k
+                if not stop_at_misfit:
+                    return k
+            elif stop_at_misfit:
+                break
+        return found
+    return choose_k
+
+
+MISTAKES_10_3 = [
+    Mistake("temporaries only", "Your answer counted only the temporaries; the step also needs its arguments (the "
+            "state and the batch) and whatever outputs are not written into donated buffers.",
+            _search(lambda p: p["temporaries"])),
+    Mistake("XLA's peak field", "Your answer used memory_analysis().peak_memory_in_bytes, which on the CPU backend "
+            "leaves the temporaries out (section 1); add the parts yourself.", _search(lambda p: p["xla_peak"])),
+    Mistake("aliased not subtracted", "Your answer counted the outputs written into donated buffers twice: subtract "
+            "the aliased bytes.", _search(lambda p: p["arguments"] + p["outputs"] + p["temporaries"])),
+    Mistake("strictly below", "A step that needs exactly the budget fits: compare with <=.",
+            _search(fits=lambda need, budget: need < budget)),
+    Mistake("largest K", "Your answer takes the largest K that fits; every extra micro-batch is one more pass "
+            "through the model: take the smallest K that fits.", _search(order=lambda ks: ks[::-1])),
+    Mistake("powers of two", "Your answer tried only powers of two; other divisors of the batch fit too. Try every "
+            "divisor.", _search(candidates=lambda ks: [k for k in ks if not k & (k - 1)])),
+    Mistake("peak assumed to fall", "Your search assumes the peak falls steadily as K grows: it walks down from "
+            "the largest K and stops at the first that does not fit. The compiled peak need not fall steadily: "
+            "try every K that divides the batch.", _search(order=lambda ks: ks[::-1], stop_at_misfit=True)),
+]
+_K3_PARTS: dict = {}
+
+
+def _k_runner(answer):
+    """Run a choose_k on a case: on copies of the state and batch, counting the steps the answer builds."""
+    from . import _answer_is_stub
+
+    def run(fn, case):
+        make_step, state, batch, n, budget, calls = case.args
+        before = len(calls)
+        got = call(lambda *a: [fn(*a)], make_step, jax.tree.map(lambda a: a, state),
+                   {k: np.array(a) for k, a in batch.items()}, n, budget, name="choose_k", hints={
+                       "divide": "K must divide each device's examples (the batch's rows divided by n_devices), so "
+                                 "that every micro-batch has the same size; try only those K.",
+                       "multiple of": "K must divide each device's examples (the batch's rows divided by n_devices), "
+                                      "so that every micro-batch has the same size; try only those K."})[0]
+        if fn is answer and got is None and _answer_is_stub[0]:
+            raise _NotStarted("choose_k(make_step, state, batch, n_devices, budget) returned None: write the "
+                              "function's body, and `return` its result.")
+        if fn is answer and len(calls) == before:
+            raise Mismatch(f"{case.label} returned {got!r} without building a single step: the peak of a step "
+                           "with K micro-batches is read from its compiled program, make_step(K) compiled for "
+                           "this state and batch.")
+        return got
+    return run
 
 
 @exercise("10.3", "Choose the number of micro-batches for a memory budget, from the compiled step",
           solution=solution_choose_k, returns="the smallest K (an int) whose compiled step fits the budget, or None")
 def check_choose_k(choose_k):
-    cases = [("zero2", len(jax.devices()), 6, 20, 160, 6, "adam"), ("replicated", 4, 6, 24, 96, 4, "sgd+momentum"),
-             ("fsdp", 2, 12, 16, 128, 5, "adam")]
-    for stage, n, per_device, d_in, hidden, d_out, opt_name in cases:
+    cases = []
+    for stage, n, per_device, d_in, hidden, d_out, opt_name in [
+            ("zero2", len(jax.devices()), 6, 20, 160, 6, "adam"), ("replicated", 4, 6, 24, 96, 4, "sgd+momentum"),
+            ("fsdp", 2, 12, 16, 128, 5, "adam")]:
         make_step, state, batch, parts, calls = _k3_case(stage, n, per_device, d_in, hidden, d_out, opt_name)
+        _K3_PARTS[id(make_step)] = parts
         peaks = {k: p["peak"] for k, p in parts.items()}
         ks = sorted(parts)
         # budgets: room for every K; exactly the peak of a K that beats every smaller one (not K = 1); too little
         record = [k for i, k in enumerate(ks) if all(peaks[k] < peaks[j] for j in ks[:i])]
-        budgets = [max(peaks.values()) + 4096, min(peaks.values()) - 1]
-        budgets[1:1] = [peaks[k] for k in record[1:][:2]] or [peaks[ks[0]]]
-        for budget in budgets:
-            want = _smallest_k(parts, budget, lambda p: p["peak"])
-            shown = (f"choose_k(make_step, state, batch, n_devices={n}, budget={budget:_}) for a {stage!r} state "
-                     f"on {n} devices, {per_device} examples per device, {opt_name}")
-            before = len(calls)
-            try:   # copies: an answer that edits its arguments must not spoil the cached case for later checks
-                got = choose_k(make_step, jax.tree.map(lambda a: a, state),
-                               {name: np.array(a) for name, a in batch.items()}, n, budget)
-            except Exception as e:              # noqa: BLE001: the learner's error becomes feedback
-                text = str(e).splitlines()[0][:300] if str(e) else ""
-                why = ""
-                if "divide" in text or "multiple of" in text:
-                    why = (" K must divide each device's examples (the batch's rows divided by n_devices), so "
-                           "that every micro-batch has the same size; try only those K.")
-                elif want is None:
-                    why = " When no K fits, return None rather than raise."
-                raise Mismatch(f"{shown} raised {type(e).__name__}: {text.rstrip('.')}.{why}") from None
-            built = calls[before:]
-            whole = isinstance(got, (int, np.integer)) and not isinstance(got, bool)
-            if got is None and not built:
-                raise _NotStarted("choose_k(make_step, state, batch, n_devices, budget) returned None: write the "
-                                  "function's body, and `return` its result.")
-            if not built:
-                raise Mismatch(f"{shown} returned {got!r} without building a single step: the peak of a step with "
-                               "K micro-batches is read from its compiled program, make_step(K) compiled for "
-                               "this state and batch.")
-            if (got is None or whole) and got == want:
-                continue
-            if want is None:
-                raise Mismatch(f"{shown} returned {got!r}, but no K fits: the smallest compiled peak is "
-                               f"{min(peaks.values()):_} bytes. Return None.")
-            if not whole and got is not None:
-                raise Mismatch(f"{shown} returned {describe(got) if hasattr(got, 'shape') else repr(got)}; "
-                               "expected a whole number of micro-batches, a Python int.")
-            if got is not None and got not in parts:
-                raise Mismatch(f"{shown} returned {got}, which does not divide the {per_device} examples each "
-                               "device gets: micro-batches must all have the same size.")
-            wrong_measures = [
-                ("temporaries", lambda p: p["temporaries"],
-                 "counted only the temporaries; the step also needs its arguments (the state and the batch) "
-                 "and whatever outputs are not written into donated buffers"),
-                ("xla_peak", lambda p: p["xla_peak"],
-                 "used memory_analysis().peak_memory_in_bytes, which on the CPU backend leaves the temporaries "
-                 "out (section 1); add the parts yourself"),
-                ("arguments+outputs+temporaries", lambda p: p["arguments"] + p["outputs"] + p["temporaries"],
-                 "counted the outputs written into donated buffers twice: subtract the aliased bytes"),
-            ]
-            powers = {k: p for k, p in parts.items() if not k & (k - 1)}
-            mistakes = [(lambda b, m=m: _smallest_k(parts, b, m), why) for _, m, why in wrong_measures]
-            if want & (want - 1):
-                mistakes.append((lambda b: _smallest_k(powers, b, lambda p: p["peak"]),
-                                 f"tried only powers of two; K = {want} is not one, divides the batch and fits. "
-                                 "Try every divisor"))
-            suspects = [w for w in mistakes if got == w[0](budget)]
-            # Several mistakes can give the same K here: ask the answer about budgets where they differ.
-            probes = sorted({m(p) for _, m, _ in wrong_measures for p in parts.values()} | set(peaks.values()))
-            for probe in probes:
-                if len(suspects) < 2:
-                    break
-                said = [w[0](probe) for w in suspects]
-                if len(set(said)) < 2:
-                    continue
-                try:
-                    again = choose_k(make_step, state, batch, n, probe)
-                except Exception:       # noqa: BLE001: the first budget's feedback stands
-                    break
-                suspects = [w for w, k in zip(suspects, said) if k == again] or suspects[:1]
-            if suspects:
-                what_k = f"the compiled peak of K = {got} is {peaks[got]:_} bytes" if got else \
-                    f"K = {want} fits (its compiled peak is {peaks[want]:_} bytes)"
-                raise Mismatch(f"{shown} returned {got}; {what_k}. Your answer {suspects[0][1]}.")
-            if got is None:
-                raise Mismatch(f"{shown} returned None, but K = {want} divides the batch and its compiled step "
-                               f"needs {peaks[want]:_} bytes, within the budget.")
-            if peaks[got] > budget:
-                raise Mismatch(f"{shown} returned {got}, whose compiled step needs {peaks[got]:_} bytes per device, "
-                               "over the budget.")
-            if got == _smallest_k(parts, budget - 1, lambda p: p["peak"]):
-                raise Mismatch(f"{shown} returned {got}; K = {want} needs exactly the budget, {budget:_} bytes, "
-                               "and a step that needs exactly the budget fits.")
-            raise Mismatch(f"{shown} returned {got}; a smaller K that divides the batch fits too (its compiled "
-                           "peak is within the budget). Every extra micro-batch is one more pass through the "
-                           "model: take the smallest K that fits.")
+        # and budgets where the declared mistakes' measures part: only some K's temporaries or XLA's field fit
+        budgets = [max(peaks.values()) + 4096, *([peaks[k] for k in record[1:][:2]] or [peaks[ks[0]]]),
+                   min(peaks.values()) - 1, *{min(p[m] for p in parts.values()) for m in ("temporaries", "xla_peak")}]
+        cases += [Case((make_step, state, batch, n, budget, calls), f"a {stage!r} state on {n} devices "
+                       f"({per_device} examples each, {opt_name}), budget={budget:_}", n=n) for budget in budgets]
+    diagnose(choose_k, cases, solution=solution_choose_k, mistakes=MISTAKES_10_3, run=_k_runner(choose_k),
+             name="choose_k", rtol=0, atol=0)
     return ("the smallest K whose compiled step, arguments + outputs - aliased + temporaries, fits: read from the "
             "program, not guessed, since the peak need not fall steadily with K.")
 
