@@ -8,7 +8,8 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from . import Case, Mismatch, Mistake, _NotStarted, call, describe, describe_tree, diagnose, exercise, expect_array
+from . import (Case, Mismatch, Mistake, _NotStarted, call, describe, describe_tree, diagnose, difference, exercise,
+               expect_array)
 
 AXIS = "data"
 
@@ -218,6 +219,14 @@ class _NoResult(Exception):
     """The learner's function returned None inside the mapped program."""
 
 
+def _none_returned(fn, shown, what):
+    """None from inside a mapped program, reported as ``call`` reports it: not started for a placeholder."""
+    from . import _answer_is_stub, is_placeholder
+    if _answer_is_stub[0] or is_placeholder(fn):
+        raise _NotStarted(f"{shown} returned None: write the function's body, and `return` {what}.")
+    raise Mismatch(f"{shown} returned None. Does every path through the function end in a `return` of {what}?")
+
+
 def _scatter_hints():
     return {**_vma_hints(),
             "must be divisible": "A tiled psum_scatter splits its operand along scatter_dimension (the first axis "
@@ -249,8 +258,7 @@ def check_zero2_sgd(zero2_sgd):
         try:
             jax.eval_shape(f, whole, grads)
         except _NoResult:
-            raise _NotStarted("zero2_sgd(params, grads, lr) returned None: write the function's body, and `return` "
-                              "its result.") from None
+            _none_returned(zero2_sgd, "zero2_sgd(params, grads, lr)", "its result")
         except Exception:
             pass                  # reported with the inputs by call() below
         try:
@@ -531,33 +539,6 @@ def _gradient_all_reduces(found, slice_bytes):
     return [c for c in found if c.op == "all-reduce" and non_scalar_bytes(c) > slice_bytes]
 
 
-def _own_update(loss_fn, optimizer, opt_name, params, data, first, got, n):
-    """Why the answer's parameters look like its own update rule rather than ``optimizer``'s, or None: a first
-    step along the plain gradient where the optimizer's is not (Adam), or with another learning rate, or three
-    plain-SGD steps where the optimizer has momentum."""
-    g0 = jax.grad(loss_fn)(jax.tree.map(jnp.asarray, params), data[0])
-    keys = sorted(params)
-    d = np.concatenate([np.ravel(first[k] - params[k]) for k in keys])
-    g = np.concatenate([np.ravel(np.asarray(g0[k])) for k in keys])
-    if not np.any(d) or not np.any(g):
-        return None
-    c = -float(d @ g) / float(g @ g)
-    if c <= 0 or not np.allclose(d, -c * g, rtol=1e-3, atol=1e-6):
-        return None                                         # not a plain gradient step
-    want_first = _reference(loss_fn, optimizer, params, data[:1])[0]
-    if _tree_close(first, want_first):
-        if "momentum" in opt_name and _tree_close(got, _reference(loss_fn, optax.sgd(c), params, data)[0]):
-            return (f"its three steps are plain SGD with learning rate {c:.3g}, without {opt_name}'s momentum (the "
-                    "first step of momentum SGD is a plain one; the later ones are not)")
-        return None
-    lr = next((float(t) for t in opt_name.replace("(", ",").replace(")", ",").split(",")
-               if t.strip().replace(".", "", 1).isdigit()), None)
-    if opt_name.startswith("optax.sgd") and lr and any(np.isclose(c, lr * m, rtol=1e-3) for m in (n, 1 / n)):
-        return None                                         # a factor n: named by the caller
-    return (f"its first update is the gradient times {-c:.3g} (p - {c:.3g} * g, plain SGD), where {opt_name} "
-            "gives another")
-
-
 def _tree_close(got, want):
     return all(np.allclose(g, w, rtol=1e-4, atol=1e-5) for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
 
@@ -566,6 +547,7 @@ def _tree_close(got, want):
           solution=solution_fsdp_step,
           returns="a function step(my_params, opt_state, batch) -> (new my_params, new opt_state, mean loss)")
 def check_fsdp_step(make_fsdp_step):
+    differs, summed_everywhere = [], True
     for n, (d_in, hidden, d_out), (opt_name, optimizer) in [
             (len(jax.devices()), (8, 16, 3), ("optax.sgd(0.5)", optax.sgd(0.5))),
             (4, (12, 8, 5), ("optax.adam(0.05)", optax.adam(0.05))),
@@ -573,7 +555,9 @@ def check_fsdp_step(make_fsdp_step):
         loss_fn, params, data = _toy_problem(n, d_in, hidden, d_out, seed=n)
         want_params, want_losses = _reference(loss_fn, optimizer, params, data)
         n_params = sum(p.size for p in jax.tree.leaves(params))
-        step = call(make_fsdp_step, loss_fn, optimizer, name="make_fsdp_step")
+        from .lesson07 import _Spy
+        spy = _Spy(optimizer)
+        step = call(make_fsdp_step, loss_fn, spy.transformation(), name="make_fsdp_step")
         if not callable(step):
             raise Mismatch(f"make_fsdp_step(loss_fn, optimizer) returned {describe_tree(step)}; expected the step "
                            "function, step(my_params, opt_state, batch), that runs on each device.")
@@ -602,8 +586,8 @@ def check_fsdp_step(make_fsdp_step):
         try:
             shapes = jax.eval_shape(f, my_params, opt_state, batch)
         except _NoResult:
-            raise _NotStarted("step(my_params, opt_state, batch) returned None: write the function's body, and "
-                              "`return` the new slices, the new optimizer state and the loss.") from None
+            _none_returned(step, "step(my_params, opt_state, batch)", "the new slices, the new optimizer state and "
+                           "the loss")
         except Mismatch:
             raise
         except Exception:
@@ -640,28 +624,31 @@ def check_fsdp_step(make_fsdp_step):
                            f"gradient over the devices ({_listed(every)}): each device updated its slices with the "
                            "gradient of its own examples only. The gradient of a slice must be summed over the "
                            "devices, which the transpose of a gather inside the differentiated loss does (section 3).")
-        if opt_name.startswith("optax.sgd"):
-            lr = 0.5 if "0.5" in opt_name else 0.3
-            summed = optax.sgd(lr * n, momentum=0.9 if "momentum" in opt_name else None)
-            if _tree_close(got, _reference(loss_fn, summed, params, data)[0]):
-                raise Mismatch(f"{what}: the steps are {n} times too large. The gradient of a slice arrives summed "
-                               "over the devices (the transpose of a gather is a reduce-scatter, a sum): the update "
-                               "needs the mean. With Adam this bug hardly shows, which is why the checker uses SGD "
-                               "too.")
-        if not _tree_close(got, want_params):
-            own = _own_update(loss_fn, optimizer, opt_name, params, data, first, got, n)
-            if own:
-                raise Mismatch(f"{what}: your step does not use the optimizer it was given: {own}. Whatever "
-                               "optimizer make_fsdp_step receives (SGD, momentum, Adam) must make the update.")
-        if not np.allclose(losses, want_losses, rtol=1e-5, atol=1e-6):
-            _expect_close(np.asarray(losses), np.asarray(want_losses), f"{what}: the losses", f, my_params,
-                          opt_state, batch)
-            raise Mismatch(f"{what}: the losses {np.round(losses, 5).tolist()} differ from data parallelism's "
-                           f"{np.round(want_losses, 5).tolist()}. The loss must be the mean over every device's "
-                           "examples.")
-        for k in params:
-            _expect_close(got[k], want_params[k], f"{what}: {k} after 3 steps, gathered", f, my_params,
-                          opt_state, batch)
+        if not spy.updates:
+            raise Mismatch(f"{what}: your step never calls the update of the optimizer it was given. Whatever "
+                           "optimizer make_fsdp_step receives (SGD, momentum, Adam) must make the update.")
+        # the mistake of a summed gradient: the same optimizer fed n times the mean, checked on every case
+        summed_everywhere &= _tree_close(got, _reference(loss_fn, optax.chain(optax.scale(n), optimizer), params,
+                                                         data)[0])
+        wrong_losses = not np.isclose(losses[0], want_losses[0], rtol=1e-5, atol=1e-6)   # before any update
+        if wrong_losses or not _tree_close(got, want_params) or not np.allclose(losses, want_losses, rtol=1e-5,
+                                                                                 atol=1e-6):
+            low = _low_precision(jax.make_jaxpr(f)(my_params, opt_state, batch).jaxpr)
+            if low:               # a half-precision computation is named, whatever else differs
+                raise Mismatch(f"{what}: the values differ from data parallelism's, and your code computes in "
+                               f"{' and '.join(sorted(low))}: with 8 bits of mantissa (bfloat16) or 11 (float16) "
+                               "the result is no longer float32's. Keep this exercise in float32.")
+            if wrong_losses:
+                differs.append(f"{what}: the losses {np.round(losses, 5).tolist()} differ from data parallelism's "
+                               f"{np.round(want_losses, 5).tolist()}. The loss must be the mean over every device's "
+                               "examples.")
+            else:
+                first_want = _reference(loss_fn, optimizer, params, data[:1])[0]
+                moved = difference({k: first[k] - params[k] for k in params},
+                                   {k: first_want[k] - params[k] for k in params}, n=n, rtol=1e-4, atol=1e-6)
+                differs.append(f"{what}: the parameters differ from data parallelism's; the first step's update of "
+                               f"{moved}.")
+            continue
         gathered = [c for c in every if c.op == "all-gather"]
         if not gathered:
             raise Mismatch(f"{what}: the values are right, but the compiled program gathers no parameters "
@@ -677,6 +664,13 @@ def check_fsdp_step(make_fsdp_step):
         if not any(c.op == "reduce-scatter" for c in every):
             raise Mismatch(f"{what}: the values are right, but the compiled program has no reduce-scatter of the "
                            f"gradient ({_listed(every)}).")
+    if differs and summed_everywhere:
+        raise Mismatch(f"{differs[0]} On every case the steps are those of the mean gradient times the device "
+                       "count: the gradient of a slice arrives summed over the devices (the transpose of a gather "
+                       "is a reduce-scatter, a sum), and the update needs the mean. With Adam this bug hardly "
+                       "shows, which is why the checker uses SGD too.")
+    if differs:
+        raise Mismatch(differs[0])
     return ("every leaf stays split between steps; the gathers inside the loss make jax.grad return each slice's "
             "reduce-scattered (summed) gradient, divided by n for the mean; the same training as data parallelism, "
             "whatever the model's leaves.")
