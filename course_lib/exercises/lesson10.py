@@ -215,6 +215,62 @@ def solution_zero2_sgd(params, grads, lr):
     return jax.lax.all_gather(my_params - lr * mine, "data", axis=1, tiled=True)       # (R, C) on every device
 
 
+def _zero(p, g, lr, mean=True, tiled=True, gather_axis=1, start_at=None):
+    """A ZeRO update of a column-split matrix, right or with one of the declared mistakes."""
+    n = jax.lax.axis_size(AXIS)
+    cols = p.shape[1] // n
+    mine = jax.lax.psum_scatter(g, AXIS, scatter_dimension=1, tiled=True) / (n if mean else 1)
+    start = jax.lax.axis_index(AXIS) * cols if start_at is None else start_at
+    mine = jax.lax.dynamic_slice_in_dim(p, start, cols, axis=1) - lr * mine
+    return jax.lax.all_gather(mine, AXIS, axis=gather_axis, tiled=tiled)
+
+
+MISTAKES_10_2 = [
+    Mistake("summed", "The step is {n} times too large. psum_scatter adds the devices' gradients; the update needs "
+            "their mean.", lambda p, g, lr: _zero(p, g, lr, mean=False)),
+    Mistake("own gradient", "Each device applied only its own gradient: the devices' gradients were never summed.",
+            lambda p, g, lr: p - lr * g),
+    Mistake("not tiled", "Each device returned the blocks stacked on a new axis; expected the whole matrix. An "
+            "all_gather that is not tiled stacks what it gathers; a tiled one joins the blocks along the axis you "
+            "name (lesson 04).", lambda p, g, lr: _zero(p, g, lr, tiled=False)),
+    Mistake("joined along the rows", "The blocks of columns were joined along the rows. Gather along the column "
+            "axis to get the whole matrix back.", lambda p, g, lr: _zero(p, g, lr, gather_axis=0)),
+    Mistake("first block everywhere", "Only the first block is right: every device updated the first columns of "
+            "the parameters with its own block of the gradient. Device i owns the columns from i times the block "
+            "width: cut its block where its index says.", lambda p, g, lr: _zero(p, g, lr, start_at=0)),
+    Mistake("no gather", "Every device returned only its block. The forward pass of the next step needs the whole "
+            "matrix: gather the updated blocks.",
+            lambda p, g, lr: jax.lax.psum_scatter(g, AXIS, scatter_dimension=1, tiled=True)),
+]
+
+
+def _zero2_program(fn, mesh, lr):
+    """``fn`` under a jitted shard_map: every device's result stacked, ``(n, ...)``."""
+    def body(p, g):
+        out = fn(p, g, lr)
+        if out is None:
+            raise _NoResult
+        return jnp.asarray(out)[None]
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(AXIS), check_vma=True))
+
+
+def _zero2_runner(answer):
+    def run(fn, case):
+        whole, grads, lr, mesh = case.args
+        f = _zero2_program(fn, mesh, lr)
+        try:
+            jax.eval_shape(f, whole, grads)
+        except _NoResult:
+            _none_returned(answer, "zero2_sgd(params, grads, lr)", "its result")
+        except Exception:  # noqa: BLE001: reported with the inputs by call() below
+            pass
+        out = call(f, whole, grads, name=f"zero2_sgd on {mesh.size} devices", hints=_scatter_hints())
+        if out.shape[1:] != whole.shape or out.dtype != whole.dtype:
+            return out
+        return out - whole[None]               # the update each device made: a factor shows in it
+    return run
+
+
 class _NoResult(Exception):
     """The learner's function returned None inside the mapped program."""
 
@@ -239,64 +295,22 @@ def _scatter_hints():
           solution=solution_zero2_sgd, returns="the whole updated parameter matrix, float32 (R, C), on every device")
 def check_zero2_sgd(zero2_sgd):
     rng = np.random.default_rng(10)
+    cases = []
     for n, rows, cols, lr in [(len(jax.devices()), 3, 2, 0.1), (4, 5, 3, 0.5), (2, 7, 5, 0.25)]:
         mesh = Mesh(np.array(jax.devices()[:n]), (AXIS,))
-        c = n * cols
-        params = rng.normal(size=(rows, c)).astype(np.float32)
-        local = rng.normal(size=(n, rows, c)).astype(np.float32)          # device i's own gradient: local[i]
-        grads = jax.device_put(local.reshape(n * rows, c), NamedSharding(mesh, P(AXIS)))
-        whole = jax.device_put(params, NamedSharding(mesh, P()))
-
-        def body(p, g):
-            out = zero2_sgd(p, g, lr)
-            if out is None:
-                raise _NoResult
-            return jnp.asarray(out)[None]
-
-        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(AXIS), check_vma=True))
-        what = f"zero2_sgd on {n} devices, a ({rows}, {c}) matrix ({cols} columns per device)"
-        try:
-            jax.eval_shape(f, whole, grads)
-        except _NoResult:
-            _none_returned(zero2_sgd, "zero2_sgd(params, grads, lr)", "its result")
-        except Exception:
-            pass                  # reported with the inputs by call() below
-        try:
-            out = call(f, whole, grads, name="zero2_sgd", hints=_scatter_hints())
-        except Mismatch as e:
-            raise Mismatch(f"{what}: {e}") from None
-        problem = _float_dtype_problem(out, f"{what}: the result")
-        if problem:
-            raise Mismatch(problem)
-        out = np.asarray(out)
-        expected = params - lr * local.mean(axis=0)
-        per = out.shape[1:]
-        if per in ((n, rows, cols), (rows, n, cols)):
-            raise Mismatch(f"{what}: each device returned shape {per}, the {n} blocks stacked on a new axis; "
-                           f"expected the whole matrix, ({rows}, {c}). An all_gather that is not tiled stacks what "
-                           "it gathers; a tiled one joins the blocks along the axis you name (lesson 04).")
-        if per == (n * rows, cols):
-            raise Mismatch(f"{what}: each device returned shape {per}: the blocks of columns were joined along "
-                           f"the rows. Gather along the column axis to get ({rows}, {c}) back.")
-        if per == (rows, cols):
-            raise Mismatch(f"{what}: every device returned only its block, shape ({rows}, {cols}). The forward pass "
-                           "of the next step needs the whole matrix: gather the updated blocks.")
-        if per != (rows, c):
-            raise Mismatch(f"{what}: each device returned shape {per}; expected the whole matrix, ({rows}, {c}).")
-        if np.allclose(out[0], params - lr * local.sum(axis=0), rtol=1e-4, atol=1e-5):
-            raise Mismatch(f"{what}: the step is {n} times too large. psum_scatter adds the devices' gradients; "
-                           "the update needs their mean.")
-        if np.allclose(out[0], params - lr * local[0], rtol=1e-4, atol=1e-5):
-            raise Mismatch(f"{what}: device 0 applied only its own gradient: the devices' gradients were never "
-                           "summed.")
-        first = np.tile(params[:, :cols], (1, n)) - lr * local.mean(axis=0)
-        if np.allclose(out[0], first, rtol=1e-4, atol=1e-5) and not np.allclose(out[0], expected, rtol=1e-4,
-                                                                               atol=1e-5):
-            raise Mismatch(f"{what}: only the first block is right: every device updated columns [0, {cols}) of "
-                           "the parameters with its own block of the gradient. Device i owns the columns from "
-                           f"i * {cols}: cut its block where its index says.")
-        for i in range(n):
-            _expect_close(out[i], expected, f"{what}: the parameters on device {i}", f, whole, grads)
+        params = rng.normal(size=(rows, n * cols)).astype(np.float32)
+        local = rng.normal(size=(n, rows, n * cols)).astype(np.float32)    # device i's own gradient: local[i]
+        grads = jax.device_put(local.reshape(n * rows, n * cols), NamedSharding(mesh, P(AXIS)))
+        cases.append(Case((jax.device_put(params, NamedSharding(mesh, P())), grads, lr, mesh),
+                          f"zero2_sgd on {n} devices, a ({rows}, {n * cols}) matrix ({cols} columns per device), "
+                          "each device's update (its result - params)", n=n))
+    diagnose(zero2_sgd, cases, solution=solution_zero2_sgd, mistakes=MISTAKES_10_2, run=_zero2_runner(zero2_sgd),
+             name="zero2_sgd", rtol=1e-4, atol=1e-5)
+    for case in cases:
+        whole, grads, lr, mesh = case.args
+        n, (rows, c), cols = mesh.size, whole.shape, whole.shape[1] // mesh.size
+        what = case.label.rsplit(", each", 1)[0]
+        f = _zero2_program(zero2_sgd, mesh, lr)
         # The mechanism, read from the compiled program: each device must receive its block of the summed gradient.
         found = _big_collectives(f.lower(whole, grads).compile().as_text(), 4 * rows * c)
         ops = [x.op for x in found]
