@@ -9,8 +9,8 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import (Mismatch, as_array, call, describe_tree, exercise, expect_array, expect_scalar, expect_structure,
-               primitives)
+from . import (Case, Mismatch, Mistake, as_array, call, describe_tree, diagnose, difference, exercise, expect_array,
+               expect_scalar, expect_structure, primitives)
 from .lesson06 import AXIS, _mesh, _spec
 
 
@@ -98,6 +98,63 @@ def _shard_map_collectives(fn, *args, name, mesh):
     return [names for _, names in _shard_maps(fn, *args, name=name, mesh=mesh)]
 
 
+def _ported_as(reduce=jax.lax.psum, out_specs=(P("i"), P())):
+    """The port with one mistake: another collective (or none), or other out_specs (nothing checks them)."""
+    def ported(x, w, mesh):
+        def per_device(xb, wb):
+            h = jnp.tanh(xb @ wb)
+            return h, reduce(h.sum(axis=0), "i") if reduce else h.sum(axis=0)
+        return jax.shard_map(per_device, mesh=mesh, in_specs=(P("i"), P()), out_specs=out_specs,
+                             check_vma=False)(x, w)
+    return ported
+
+
+_PMAP_SUMS = " The pmap version adds up every device's sums."
+MISTAKES_07_1 = [
+    Mistake("pmean", "The column sums are the total divided by {n}: the mean over the devices, not their sum."
+            + _PMAP_SUMS, _ported_as(jax.lax.pmean)),
+    Mistake("no collective", "The column sums are those of device 0's rows only: each device's own sums never met "
+            "the others' (no collective adds them), and the output returned one device's value." + _PMAP_SUMS,
+            _ported_as(None)),
+    Mistake("total stacked", "The column sums came back once per device, stacked: out_specs naming 'i' stacks the "
+            "devices' values; this one is the same on every device, and pmap's out_axes=None returned it once.",
+            _ported_as(out_specs=(P("i"), P("i")))),
+    Mistake("rows claimed replicated", "tanh(x @ w) came back as one device's block: an out_specs entry naming no "
+            "axis returns a single block, as if all were the same (with check_vma=False nothing checks that "
+            "claim): name the axis the rows are split over.", _ported_as(out_specs=(P(), P()))),
+]
+_PORT_HINTS = {
+    "can't be statically inferred": "An out_specs entry naming no axis claims that the output is the same on every "
+                                    "device. tanh(x @ w) differs from device to device (each has its own rows); "
+                                    "only the total that came out of the collective is the same everywhere.",
+    "does not match the specs of the input": "in_specs must match how the inputs are placed: x split over 'i', w "
+                                             "whole on every device.",
+    "marked as manual": "A spec names a mesh axis that this mesh does not have: its only axis is 'i'.",
+    "not found in mesh": "A spec names a mesh axis that this mesh does not have: its only axis is 'i'.",
+    "unbound axis name": "A collective names an axis that only exists inside shard_map: compute the total in the "
+                         "per-device function.",
+    "should match the mesh passed to shard_map": "Build the shard_map on the mesh you were given, not on one of "
+                                                 "your own.",
+}
+
+
+def _port_runner(fn, case):
+    x, w, mesh = case.args
+    try:
+        return call(fn, x, w, mesh, name="ported", hints=_PORT_HINTS)
+    except Mismatch as e:
+        if "raised KeyError: 'i'" in str(e):
+            raise Mismatch(f"{case.label} raised KeyError: 'i'. That is what jax.pmap does with arrays already "
+                           "placed on a mesh with an Explicit axis, as x and w are here. The port replaces "
+                           "pmap: the per-device function runs under jax.shard_map on the given mesh, on the "
+                           "global x with no reshape (lesson 07, migration table).") from None
+        if "evenly divi" in str(e) or ("dot_general" in str(e) and "contracting" in str(e)):
+            raise Mismatch(f"{case.label} raised an error: w is split over 'i' too. w is broadcast in the pmap "
+                           "version (in_axes=None), so every device needs all of it, and its in_specs entry "
+                           "should split nothing.") from None
+        raise
+
+
 @exercise("07.1", "Port a pmap function with a broadcast argument and a replicated output",
           solution=solution_ported,
           returns="a pair: tanh(x @ w) of shape (B, k) split by rows over 'i', and its column sums over the "
@@ -112,72 +169,20 @@ def _shard_map_collectives(fn, *args, name, mesh):
                  "axis, because after the collective it is the same on every device."])
 def check_ported(ported):
     rng = np.random.default_rng(6)
+    cases = []
     for n, b, d, k in [(len(jax.devices()), 2, 3, 4), (4, 3, 5, 2), (2, 5, 2, 3)]:
         mesh = _mesh(n)
-        x_np = rng.normal(size=(n * b, d)).astype(np.float32)
-        w_np = rng.normal(size=(d, k)).astype(np.float32)
-        x = jax.device_put(x_np, NamedSharding(mesh, P(AXIS)))
-        w = jax.device_put(w_np, NamedSharding(mesh, P()))
-        h_ref = np.tanh(x_np.astype(np.float64) @ w_np)
-        total_ref = h_ref.sum(axis=0)
-        what = f"ported(x {x.shape}, w {w.shape}) on {n} devices"
-        try:
-            got = call(ported, x, w, mesh, name="ported", hints={
-                "can't be statically inferred": "An out_specs entry naming no axis claims that the output is the "
-                                                "same on every device. tanh(x @ w) differs from device to device "
-                                                "(each has its own rows); only the total that came out of the "
-                                                "collective is the same everywhere.",
-                "does not match the specs of the input": "in_specs must match how the inputs are placed: x split "
-                                                         "over 'i', w whole on every device.",
-                "marked as manual": "A spec names a mesh axis that this mesh does not have: its only axis is 'i'.",
-                "not found in mesh": "A spec names a mesh axis that this mesh does not have: its only axis is 'i'.",
-                "unbound axis name": "A collective names an axis that only exists inside shard_map: compute the "
-                                     "total in the per-device function.",
-                "should match the mesh passed to shard_map": f"Build the shard_map on the mesh you were given "
-                                                             f"(here {n} devices), not on one of your own.",
-            })
-        except Mismatch as e:
-            if "raised KeyError: 'i'" in str(e):
-                raise Mismatch(f"{what} raised KeyError: 'i'. That is what jax.pmap does with arrays already "
-                               "placed on a mesh with an Explicit axis, as x and w are here. The port replaces "
-                               "pmap: the per-device function runs under jax.shard_map on the given mesh, on the "
-                               "global x with no reshape (lesson 07, migration table).") from None
-            if "evenly divi" in str(e) or ("dot_general" in str(e) and "contracting" in str(e)):
-                raise Mismatch(f"{what} raised an error: w is split over 'i' too. w is broadcast in the pmap "
-                               "version (in_axes=None), so every device needs all of it, and its in_specs entry "
-                               "should split nothing.") from None
-            raise
-        if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise Mismatch(f"{what} should return a pair (tanh(x @ w), its column sums), as the pmap version "
-                           f"does; got {describe_tree(got)}.")
-        h, total = got
-        if hasattr(h, "dtype") and np.dtype(h.dtype) != np.float32:
-            raise Mismatch(f"{what}: tanh(x @ w) came back as {np.dtype(h.dtype).name}; x and w are float32, and "
-                           "so is the pmap version's result. Keep the dtype: no cast.")
-        if hasattr(h, "shape") and tuple(h.shape) == (b, k):
-            raise Mismatch(f"{what}: tanh(x @ w) has shape {tuple(h.shape)}, one device's block; expected "
-                           f"({n * b}, {k}). An out_specs entry naming no axis returns a single block, as if all "
-                           "were the same (with check_vma=False nothing checks that claim): name the axis the "
-                           "rows are split over.")
-        expect_array(h, h_ref, what=f"{what}, tanh(x @ w)", rtol=1e-4, atol=1e-5)
+        x = jax.device_put(rng.normal(size=(n * b, d)).astype(np.float32), NamedSharding(mesh, P(AXIS)))
+        w = jax.device_put(rng.normal(size=(d, k)).astype(np.float32), NamedSharding(mesh, P()))
+        cases.append(Case((x, w, mesh), f"ported(x {x.shape}, w {w.shape}) on {n} devices", n=n))
+    results = diagnose(ported, cases, solution=solution_ported, mistakes=MISTAKES_07_1, run=_port_runner,
+                       name="ported", rtol=1e-4, atol=1e-5)
+    for case, (h, total) in zip(cases, results):
+        x, w, mesh = case.args
+        (n, b), d, what = (mesh.size, x.shape[0] // mesh.size), x.shape[1], case.label
         if not isinstance(h, jax.Array) or _spec(h) is None or tuple(_spec(h))[:1] != (AXIS,):
             raise Mismatch(f"{what}: tanh(x @ w) has sharding {_spec(h)}; expected the rows split over 'i', as "
                            "the input was.")
-        if hasattr(total, "shape") and tuple(total.shape) == (n * k,):
-            raise Mismatch(f"{what}: the column sums have shape ({n * k},): the same total, once per device, "
-                           "stacked. out_specs naming 'i' stacks the devices' values; this one is the same on "
-                           f"every device, and pmap's out_axes=None returned it once, shape ({k},).")
-        totals = as_array(total, what=f"{what}, the column sums", expected_shape=(k,))
-        if totals.shape == (k,):
-            first = h_ref[:b].sum(axis=0)
-            if np.allclose(totals, total_ref / n, rtol=1e-4, atol=1e-5):
-                raise Mismatch(f"{what}: the column sums are the total divided by {n}: the mean over the "
-                               "devices, not their sum. The pmap version adds up every device's sums.")
-            if np.allclose(totals, first, rtol=1e-4, atol=1e-5):
-                raise Mismatch(f"{what}: the column sums are those of device 0's rows only: each device's own "
-                               "sums never met the others' (no collective adds them), and the output returned "
-                               "one device's value. The pmap version adds up every device's sums.")
-        expect_array(totals, total_ref, what=f"{what}, the column sums", rtol=1e-4, atol=1e-4)
         if isinstance(total, jax.Array) and len(total.devices()) != n:
             raise Mismatch(f"{what}: the column sums live on {len(total.devices())} device(s); as the pmap "
                            f"version's out_axes=None output, they should be on all {n}, the same everywhere.")
