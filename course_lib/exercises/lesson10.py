@@ -93,22 +93,6 @@ def _low_precision(jaxpr) -> set:
     return found
 
 
-def _expect_close(got, want, what, traced, *args):
-    """``expect_array``, and when the values differ, name a half-precision dtype the answer computed in."""
-    try:
-        expect_array(got, want, what=what, rtol=1e-4, atol=1e-5)
-    except Mismatch as e:
-        try:
-            low = _low_precision(jax.make_jaxpr(traced)(*args).jaxpr)
-        except Exception:
-            low = set()
-        if low:
-            raise Mismatch(f"{e} Your code computes in {' and '.join(sorted(low))}: with 8 bits of mantissa "
-                           "(bfloat16) or 11 (float16) the result is no longer float32's. Keep this exercise in "
-                           "float32.") from None
-        raise
-
-
 def _vma_hints():
     return {
         "unbound axis name": f"The mesh axis is named {AXIS!r}: use that name in every collective.",
