@@ -27,35 +27,33 @@ def solution_process_rows(global_batch, num_processes, process_id):
                  "In words: divide the batch by the number of processes to get the rows per process; process p's "
                  "block starts at p times that and ends where process p + 1's block starts."])
 def check_process_rows(process_rows):
-    for batch, procs in [(64, 2), (96, 4), (30, 3), (8, 8), (48, 12)]:
-        per = batch // procs
-        seen = []
-        for pid in range(procs):
-            got = call(process_rows, batch, procs, pid, name="process_rows")
-            what = f"process_rows({batch}, {procs}, {pid})"
-            if not isinstance(got, slice):
-                raise Mismatch(f"{what} should return a slice, like slice(start, stop); got {describe_tree(got)}.")
-            try:
-                rows = list(range(batch))[got]
-            except (TypeError, ValueError) as e:
-                raise Mismatch(f"{what} returned {got!r}, which cannot select rows ({e}): start and stop must be "
-                               "ints.") from None
-            if got.step not in (None, 1) and len(rows) == per:
-                raise Mismatch(f"{what} takes every {got.step}-th row (interleaved): its rows do not line up "
-                               "with the devices it owns.")
-            if len(rows) != per:
-                raise Mismatch(f"{what} selects {len(rows)} rows; each of the {procs} processes loads the same "
-                               f"number, {batch} // {procs} = {per}.")
-            if rows != list(range(rows[0], rows[0] + per)):
-                raise Mismatch(f"{what} selects rows that are not one contiguous block ({rows[:4]}...).")
-            if rows[0] != pid * per:
-                raise Mismatch(f"{what} starts at row {rows[0]}: process {pid}'s block comes right after the blocks "
-                               f"of the {pid} process(es) before it, in process order.")
-            expect_array(rows, list(range(pid * per, (pid + 1) * per)), what=f"the rows of {what}")
-            seen += rows
-        if sorted(seen) != list(range(batch)):
-            raise Mismatch(f"for a batch of {batch} on {procs} processes the slices do not cover every row once.")
+    cases = [Case((batch, procs, pid), f"process_rows({batch}, {procs}, {pid})")
+             for batch, procs in [(64, 2), (96, 4), (30, 3), (8, 8), (48, 12)] for pid in range(procs)]
+    diagnose(process_rows, cases, solution=solution_process_rows, mistakes=MISTAKES_08_1, run=_selected_rows,
+             name="process_rows")
     return "each process loads one contiguous block of batch // num_processes rows."
+
+
+def _selected_rows(fn, case):
+    """The rows ``fn``'s slice selects from a batch of ``case``'s size."""
+    got = call(fn, *case.args, name="process_rows")
+    if not isinstance(got, slice):
+        raise Mismatch(f"{case.label} should return a slice, like slice(start, stop); got {describe_tree(got)}.")
+    try:
+        return np.arange(case.args[0])[got]
+    except (TypeError, ValueError, IndexError) as e:
+        raise Mismatch(f"{case.label} returned {got!r}, which cannot select rows ({e}): start and stop must be "
+                       "ints.") from None
+
+
+MISTAKES_08_1 = [
+    Mistake("interleaved", "It takes every num_processes-th row (interleaved): its rows do not line up with the "
+            "devices it owns.", lambda b, n, p: slice(p, b, n)),
+    Mistake("one row too many", "It selects one row too many: a slice stops before its stop.",
+            lambda b, n, p: slice(p * (b // n), (p + 1) * (b // n) + 1)),
+    Mistake("start at the process id", "It starts at row process_id: process p's block comes right after the "
+            "blocks of the p processes before it, in process order.", lambda b, n, p: slice(p, p + b // n)),
+]
 
 
 # ----------------------------------------------------------------------------------------------
