@@ -9,8 +9,8 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import (Case, Mismatch, Mistake, as_array, call, describe_tree, diagnose, difference, exercise, expect_array,
-               expect_scalar, expect_structure, primitives)
+from . import (Case, Mismatch, Mistake, call, describe_tree, diagnose, difference, exercise, expect_scalar,
+               expect_structure, primitives)
 from .lesson06 import AXIS, _mesh, _spec
 
 
@@ -129,8 +129,8 @@ _PORT_HINTS = {
                                     "only the total that came out of the collective is the same everywhere.",
     "does not match the specs of the input": "in_specs must match how the inputs are placed: x split over 'i', w "
                                              "whole on every device.",
-    "marked as manual": "A spec names a mesh axis that this mesh does not have: its only axis is 'i'.",
-    "not found in mesh": "A spec names a mesh axis that this mesh does not have: its only axis is 'i'.",
+    **dict.fromkeys(("marked as manual", "not found in mesh"), "A spec names a mesh axis that this mesh does "
+                    "not have: its only axis is 'i'."),
     "unbound axis name": "A collective names an axis that only exists inside shard_map: compute the total in the "
                          "per-device function.",
     "should match the mesh passed to shard_map": "Build the shard_map on the mesh you were given, not on one of "
@@ -458,10 +458,8 @@ def _step_hints(n):
         "too long to be compatible": "An out_specs entry splits an axis that its output does not have: "
                                      "the loss is a scalar. Make it the same on every device and "
                                      "return it once, like the state.",
-        "marked as manual": "A spec or a collective names a mesh axis that this mesh does not have: its only "
-                            "axis is 'i'.",
-        "not found in mesh": "A spec or a collective names a mesh axis that this mesh does not have: its only axis "
-                             "is 'i'.",
+        **dict.fromkeys(("marked as manual", "not found in mesh"), "A spec or a collective names a mesh axis "
+                        "that this mesh does not have: its only axis is 'i'."),
         "unbound axis name: data": "A collective names the lesson's axis 'data'; this mesh's only axis is 'i'.",
         "does not match the specs of the input": "in_specs must match how the checker places the "
                                                  "arguments: params and opt_state replicated, x and y "

@@ -18,7 +18,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import Mismatch, Mistake, _NotStarted, call, describe, describe_tree, exercise, same
+from . import Mismatch, Mistake, _NotStarted, call, describe, describe_tree, difference, exercise, same
 
 AXIS = "data"
 
@@ -362,8 +362,8 @@ def _fsdp_grads(gather, mesh, specs=SPECS):
         given = dict(layer)                             # the slices as they came in, kept from an in-place edit
         out = gather(layer)
         if out is None:
-            raise _NotStarted("gather_layer(layer) returned None: write the function's body, and `return` the dict "
-                              "of whole leaves.")
+            from .lesson10 import _none_returned
+            _none_returned(gather, "gather_layer(layer)", "the dict of whole leaves")
         if not isinstance(layer, dict) or set(layer) != set(given) or any(layer[k] is not given[k] for k in given):
             raise _Bad("gather_layer changed the dict it was given in place: leave `layer` as it came and build "
                        "a new dict of whole leaves to return (the caller, or another transformation, may still "
@@ -453,14 +453,9 @@ def check_gather_layer(gather_layer):
                            "with the wrong weights. The slices must be joined in device order along the axis that "
                            "was split (the last one), so that each leaf comes back exactly as it was before "
                            "sharding.")
-        for key in host:
-            g = np.asarray(grads[key])
-            if np.allclose(g, 0):
-                raise Mismatch(f"{where}: the gradient of {key!r} is zero: no gradient flows back through your "
-                               "gather. Use the collective itself, without stopping its gradient.")
-            if not np.allclose(g, np.asarray(want_grads[key]), rtol=1e-4, atol=1e-6):
-                raise Mismatch(f"{where}: the loss is right but the gradient of {key!r} is not (largest difference "
-                               f"{np.abs(g - np.asarray(want_grads[key])).max():.2e}).")
+        diff = difference({k: grads[k] for k in host}, {k: want_grads[k] for k in host}, n=n, rtol=1e-4, atol=1e-6)
+        if diff:
+            raise Mismatch(f"{where}: the loss is right but the gradients are not: {diff}.")
         found = compiled_collectives(text or "")
         if "all-gather" not in found:
             raise Mismatch(f"{where}: loss and gradients are right, but the compiled program has no all-gather "
