@@ -93,11 +93,6 @@ def _shard_maps(fn, *args, name, mesh):
     return found
 
 
-def _shard_map_collectives(fn, *args, name, mesh):
-    """The names of the collectives inside each shard_map of ``fn(*args)``'s program (pmap shows as one too)."""
-    return [names for _, names in _shard_maps(fn, *args, name=name, mesh=mesh)]
-
-
 def _ported_as(reduce=jax.lax.psum, out_specs=(P("i"), P())):
     """The port with one mistake: another collective (or none), or other out_specs (nothing checks them)."""
     def ported(x, w, mesh):
@@ -342,7 +337,7 @@ def check_make_sharded_step(make_sharded_step):
         with jax.set_mesh(mesh):
             x, y = jax.device_put(batches[0], split)
             try:
-                inside = _shard_map_collectives(step, params, opt_state, x, y, name="step", mesh=mesh)
+                inside = [names for _, names in _shard_maps(step, params, opt_state, x, y, name="step", mesh=mesh)]
             except Mismatch as unreadable:
                 try:
                     call(step, params, opt_state, x, y, name="step", hints=_step_hints(n))

@@ -67,16 +67,6 @@ def _listed(found) -> str:
     return ", ".join(f"{c.op} {c.described}" for c in found) or "none"
 
 
-def _float_dtype_problem(value, what) -> str | None:
-    """A message naming a dtype other than float32 (a learner's cast to bfloat16/float16), or None."""
-    dtype = getattr(value, "dtype", None)
-    if dtype is not None and np.dtype(dtype) != np.float32:
-        return (f"{what} is {np.dtype(dtype).name}, but the parameters and gradients are float32: somewhere a value "
-                f"was cast to {np.dtype(dtype).name}. Keep the update in float32 (section 5 casts only for the "
-                "forward and backward pass).")
-    return None
-
-
 def _low_precision(jaxpr) -> set:
     """Names of the half-precision float dtypes any value of ``jaxpr`` (and the jaxprs inside it) has."""
     found = set()
@@ -608,10 +598,11 @@ def check_fsdp_step(make_fsdp_step):
                 raise Mismatch(f"On {n} devices with {opt_name}: {e}") from None
             losses.append(float(np.asarray(loss)))
             first = jax.tree.map(np.asarray, p) if first is None else first
-        problem = next((_float_dtype_problem(leaf, f"{what}: the new parameters") for leaf in jax.tree.leaves(p)
-                        if _float_dtype_problem(leaf, "")), None)
-        if problem:
-            raise Mismatch(problem)
+        cast = {np.dtype(leaf.dtype).name for leaf in jax.tree.leaves(p)} - {"float32"}
+        if cast:
+            raise Mismatch(f"{what}: the new parameters are {' and '.join(sorted(cast))}, but the parameters and "
+                           "gradients are float32: keep the update in float32 (section 5 casts only for the forward "
+                           "and backward pass).")
         got = jax.tree.map(np.asarray, p)
         hlo = f.lower(my_params, opt_state, batch).compile().as_text()
         every = _big_collectives(hlo, 1)
