@@ -38,3 +38,33 @@ def assert_hints_are_a_ladder(id_: str) -> None:
     for h in hints:
         assert not code_from_solution(id_, h), (id_, h, code_from_solution(id_, h))
         assert not backticked_calls(h), (id_, h)
+
+
+def _tokens(text: str) -> list[str]:
+    """Identifiers and numbers, in order: what a line of code and a sentence about it share."""
+    return re.findall(r"[A-Za-z_]\w*|\d+(?:\.\d+)?", text)
+
+
+def _spelled(needle: list[str], hay: list[str]) -> bool:
+    k = len(needle)
+    return any(hay[i:i + k] == needle for i in range(len(hay) - k + 1))
+
+
+def lines_spelled_by_the_ladder(id_: str) -> list[str]:
+    """The solution's lines (3 or more names and numbers) that the hints spell out, read together in any order:
+    the line's names and numbers in a row, in one rung or running from one rung into the next."""
+    import itertools
+
+    hints = list(exercises()[id_].hints)
+    source = inspect.getsource(exercises()[id_].solution)
+    body = source.split(":\n", 1)[1] if source.lstrip().startswith("def ") else source
+    lines = [_tokens(line.split("#", 1)[0]) for line in body.splitlines()]
+    lines = [t for t in lines if len(t) >= 3 and t[0] not in ("def", "return") or len(t) >= 4]
+    orders = itertools.permutations(hints) if len(hints) <= 4 else itertools.permutations(hints, 2)
+    joined = [_tokens(" ".join(order)) for order in orders] or [[]]
+    return [" ".join(t) for t in lines if any(_spelled(t, hay) for hay in joined)]
+
+
+def assert_no_combination_of_rungs_spells_the_solution(id_: str) -> None:
+    spelled = lines_spelled_by_the_ladder(id_)
+    assert not spelled, f"{id_}: the hints, read together, spell the solution's lines {spelled}"

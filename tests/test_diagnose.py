@@ -57,7 +57,7 @@ def test_a_device_count_written_in_is_measured_not_guessed():
         run(lambda x, a: jax.lax.psum(jnp.mean(x), a) / 8)
     text = str(e.value)
     assert text.startswith("on 4 devices: expected")
-    assert "2x too small, a factor 4/8" in text and "Right on 8 devices; not on 4 devices, on 2 devices." in text
+    assert "2x too small, a factor 4/8" in text and "It is right in the other 1 case; wrong also in: on 2 devices." in text
     assert "added, not averaged" not in text
 
 
@@ -87,7 +87,7 @@ def test_a_mistake_that_raises_is_not_named_and_an_answer_that_raises_says_where
 
     with pytest.raises(Mismatch) as e:
         run(fixed_shape)
-    assert "raised TypeError" in str(e.value) and "It gave the right result on 8 devices." in str(e.value)
+    assert "raised TypeError" in str(e.value) and "It was right in 1 earlier case: on 8 devices." in str(e.value)
 
 
 @pytest.mark.parametrize("got, expected, words", [
@@ -163,3 +163,24 @@ def test_mistake_feedback_fills_in_the_case():
     m = [Mistake("double", "twice the value on {n} devices.", lambda x, a: 2 * jax.lax.pmean(jnp.mean(x), a))]
     with pytest.raises(Mismatch, match="twice the value on 8 devices"):
         diagnose(m[0].fn, cases(), solution=solution_mean, mistakes=m, run=under_pmap)
+
+
+def _declared_mistakes():
+    """(exercise id, Mistake) for every mistake lessons 00-06 declare as data."""
+    import importlib
+    import re as _re
+    out = []
+    for lesson in range(7):
+        module = importlib.import_module(f"course_lib.exercises.lesson{lesson:02d}")
+        for name, value in vars(module).items():
+            match = _re.fullmatch(r"MISTAKES_(\d\d)_(\d)", name)
+            ids = [f"{match[1]}.{match[2]}"] if match else (["01.2", "01.3"] if name == "MISTAKES_NORMS" else [])
+            out += [(id_, m) for id_ in ids for m in value]
+    return out
+
+
+@pytest.mark.parametrize("id_, mistake", _declared_mistakes(), ids=lambda v: v if isinstance(v, str) else v.name)
+def test_every_declared_mistake_is_named_when_submitted(id_, mistake):
+    fb = ex.check(id_, mistake.fn)
+    assert not fb and fb.started, fb.message
+    assert mistake.feedback.split("{")[0] in fb.message, fb.message

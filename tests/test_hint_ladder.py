@@ -134,3 +134,28 @@ def test_the_rule_finds_code_written_out(code):
 ])
 def test_the_rule_lets_names_and_prose_through(prose):
     assert not written_code(prose)
+
+
+@pytest.mark.parametrize("id_", list(ALL))
+def test_no_combination_of_rungs_spells_the_solution(id_):
+    import sys
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from hint_rules import assert_no_combination_of_rungs_spells_the_solution
+    assert_no_combination_of_rungs_spells_the_solution(id_)
+
+
+def test_the_combination_rule_finds_a_line_spelled_across_rungs(monkeypatch):
+    import sys
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    import hint_rules
+
+    def solution(x, axis_name):
+        n = jax_lax_axis_size(axis_name)  # noqa: F821
+        return n
+
+    fake = {"99.9": ex.Exercise("99.9", "t", None, solution, hints=(
+        "Compute n jax_lax_axis_size", "axis_name is the axis."))}
+    monkeypatch.setattr(hint_rules, "exercises", lambda: fake)
+    assert hint_rules.lines_spelled_by_the_ladder("99.9") == ["n jax_lax_axis_size axis_name"]
+    fake["99.9"] = ex.Exercise("99.9", "t", None, solution, hints=("Ask the axis for its size.", "Return it."))
+    assert hint_rules.lines_spelled_by_the_ladder("99.9") == []

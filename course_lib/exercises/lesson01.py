@@ -4,8 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import (Mismatch, as_array, call, describe_tree, exercise, expect_array, expect_placed_on, pmap_specs,
-               vmap_calls)
+from . import (Case, Mismatch, Mistake, as_array, call, describe_tree, diagnose, exercise, expect_array,
+               expect_placed_on, pmap_specs, vmap_calls)
 from .lesson00 import expect_dtype
 
 
@@ -13,15 +13,14 @@ def _batch(b, d, seed):
     return np.random.default_rng(seed).normal(size=(b, d)).astype(np.float32)
 
 
-def _expect_norms(got, x, *, what: str) -> None:
-    """``got`` holds the norms of x's rows; the squared norm (no square root) is named."""
-    norms = np.sqrt((np.asarray(x, np.float64) ** 2).sum(axis=1))
-    values = np.asarray(got) if np.shape(got) == norms.shape else None
-    if values is not None and not np.allclose(values, norms, rtol=1e-4) and np.allclose(values, norms**2,
-                                                                                          rtol=1e-4):
-        raise Mismatch(f"{what} holds the squared norms (the sum of the squares of each row): the square root is "
-                       "missing.")
-    expect_array(got, norms.astype(np.float32), what=what, rtol=1e-4)
+MISTAKES_NORMS = [
+    Mistake("squared norms", "That is the squared norm of each row (the sum of its squares): the square root is "
+            "missing.", lambda x: jnp.sum(x ** 2, axis=1)),
+    Mistake("one norm per column", "That is one value per column: the norms were taken over axis 0, not over each "
+            "row.", lambda x: jnp.sqrt(jnp.sum(x ** 2, axis=0))),
+    Mistake("the whole batch", "That is one number, the norm of the whole batch: expected one norm per row.",
+            lambda x: jnp.sqrt(jnp.sum(x ** 2))),
+]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -106,23 +105,18 @@ def solution_batched_norms(x):
 def check_batched_norms(batched_norms):
     probe = jnp.asarray(_batch(7, 13, seed=713))  # first, and a shape no earlier call is likely to have cached
     vmaps = vmap_calls(batched_norms, probe)
-    for b, d in [(8, 3), (5, 7), (1, 2), (7, 13), (12, 4)]:
-        x = _batch(b, d, seed=b * 10 + d)
-        got = call(batched_norms, jnp.asarray(x), name="batched_norms")
-        expect_dtype(got, x.dtype, what=f"batched_norms(x {x.shape})")
-        as_array(got, what=f"batched_norms(x {x.shape})", expected_shape=(b,))
-        if hasattr(got, "shape") and tuple(got.shape) == ():
-            raise Mismatch(f"batched_norms(x {x.shape}) returned a single number: the norm of the whole batch? "
-                           f"Expected one norm per row, shape ({b},).")
-        if hasattr(got, "shape") and tuple(got.shape) == (d,):
-            raise Mismatch(f"batched_norms(x {x.shape}) returned shape ({d},): one value per column. Map over "
-                           "axis 0 (the rows), not axis 1.")
-        _expect_norms(got, x, what=f"batched_norms(x {x.shape})")
-        if b > 1 and isinstance(got, jax.Array) and len(got.devices()) > 1:
-            raise Mismatch(f"batched_norms(x {x.shape}) has the right values, but spread over "
-                           f"{len(got.devices())} devices: that is jax.pmap's answer, one row per device, which "
-                           "cannot take more rows than there are devices. The exercise is jax.vmap: the whole "
-                           "batch on one device (section 3).")
+    cases = [Case((jnp.asarray(_batch(b, d, seed=b * 10 + d)),), f"batched_norms(x {(b, d)})")
+             for b, d in [(8, 3), (5, 7), (1, 2), (7, 13), (12, 4)]]
+
+    def run(fn, case):
+        got = call(fn, *case.args, name="batched_norms")
+        if case.args[0].shape[0] > 1 and isinstance(got, jax.Array) and len(got.devices()) > 1:
+            raise Mismatch(f"batched_norms{case.label[13:]} is spread over {len(got.devices())} devices: that is "
+                           "jax.pmap's answer, one row per device, which cannot take more rows than there are "
+                           "devices. The exercise is jax.vmap: the whole batch on one device (section 3).")
+        return got
+
+    diagnose(batched_norms, cases, solution=solution_batched_norms, mistakes=MISTAKES_NORMS, rtol=1e-4, run=run)
     if vmaps == 0:
         raise Mismatch("batched_norms has the right values, but no jax.vmap ran while it computed them: it works "
                        "on the whole batch at once (a norm or a sum over axis 1) or loops over the rows in Python. "
@@ -151,19 +145,18 @@ def solution_norms_on_devices(x):
                  "return the result as it comes back."])
 def check_norms_on_devices(norms_on_devices):
     devices = jax.devices()
-    for n, d in [(len(devices), 3), (4, 6), (2, 5)]:
-        x = _batch(n, d, seed=n + d)
-        got = call(norms_on_devices, jnp.asarray(x), name="norms_on_devices")
-        what = f"norms_on_devices(x {x.shape})"
-        expect_dtype(got, x.dtype, what=what)
-        as_array(got, what=what, expected_shape=(n,))
-        _expect_norms(got, x, what=what)
+    cases = [Case((jnp.asarray(_batch(n, d, seed=n + d)),), f"norms_on_devices(x {(n, d)})", n=n)
+             for n, d in [(len(devices), 3), (4, 6), (2, 5)]]
+    results = diagnose(norms_on_devices, cases, solution=solution_norms_on_devices, mistakes=MISTAKES_NORMS,
+                       rtol=1e-4, name="norms_on_devices")
+    for case, got in zip(cases, results):
+        n, what = case.n, case.label
         if isinstance(got, jax.Array) and len(got.devices()) == 1:
             raise Mismatch(f"{what} has the right values but lives on one device: computed there (vmap, plain "
                            "jnp) or brought there afterwards. The exercise is jax.pmap, so that each of the "
                            f"{n} rows is computed on its own device, and the result returned as pmap gives it.")
         expect_placed_on(got, devices[:n], what=what)
-        if not pmap_specs(norms_on_devices, jnp.asarray(x), name="norms_on_devices"):
+        if not pmap_specs(norms_on_devices, case.args[0], name="norms_on_devices"):
             raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap (the rows were "
                            "placed some other way): compute the norms with jax.pmap, one row per device.")
     return "one program, one row per device, the results spread over the devices."

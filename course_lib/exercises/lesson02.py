@@ -4,7 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import Mismatch, as_array, call, describe, exercise, expect_array, expect_placed_on, pmap_specs, primitives
+from . import (Case, Mismatch, Mistake, as_array, call, describe, diagnose, exercise, expect_array,
+               expect_placed_on, primitives)
 from .lesson00 import expect_dtype
 
 
@@ -20,6 +21,19 @@ def solution_split_batch(x, n):
     return x.reshape((n, x.shape[0] // n) + x.shape[1:])
 
 
+def _blocks_first(x, n):
+    return x.reshape((x.shape[0] // n, n) + x.shape[1:])
+
+
+MISTAKES_02_1 = [
+    Mistake("device axis second", "The device axis (size {n}) should come first: pmap maps over axis 0.",
+            _blocks_first),
+    Mistake("interleaved rows", "Device 0 got rows 0, {n}, ... (every {n}-th row): the rows were interleaved (an "
+            "extra transpose or swap of axes), so no device gets consecutive rows.",
+            lambda x, n: _blocks_first(x, n).swapaxes(0, 1)),
+]
+
+
 @exercise("02.1", "Reshape a batch for pmap: (B, ...) -> (n, B // n, ...)", solution=solution_split_batch,
           returns="an array of shape (n, B // n, ...) with x's values, device i's block the rows "
                   "i * B // n to (i + 1) * B // n",
@@ -30,34 +44,18 @@ def solution_split_batch(x, n):
                  "In words: the new shape is the device axis first, then the rows of each block, then every other "
                  "axis of x unchanged; reshape x to it and return it."])
 def check_split_batch(split_batch):
+    cases = []
     for shape, n in [((16, 3), 8), ((12, 2, 2), 4), ((6,), 3), ((8, 5), 1), ((10, 3, 1), 5)]:
-        original = _data(shape, seed=sum(shape) + n)          # private: the learner gets a copy
+        x = _data(shape, seed=sum(shape) + n)
         if len(shape) == 3 and shape[-1] == 1:                 # integers too: an answer must not cast them
-            original = (np.arange(np.prod(shape), dtype=np.int32).reshape(shape) * 7) % 11
-        x = original.copy()
-        b = shape[0]
-        expected = original.reshape((n, b // n) + shape[1:]).copy()
-        got = call(split_batch, x, n, name="split_batch", hints={
-            "cannot be interpreted as an integer": "A shape needs whole numbers, and B / n is a float even when n "
-                                                   "divides B: divide with integer division.",
-            "cannot reshape": f"Here x has shape {shape}, so {len(shape) - 1} axis(es) after the batch axis: keep "
-                              "each of them as it is, after the device axis and the rows of a block."})
-        what = f"split_batch(x {shape}, n={n})"
-        expect_dtype(got, original.dtype, what=what)
-        got_shape = as_array(got, what=what, expected_shape=expected.shape).shape
-        if got_shape == (b // n, n) + shape[1:] and b // n != n:
-            raise Mismatch(f"{what} has shape {got_shape}; expected {expected.shape}. The device axis (size {n}) "
-                           "comes first: pmap maps over axis 0.")
-        if (got_shape != expected.shape and got_shape[:1] == (n,) and len(shape) > 2
-                and int(np.prod(got_shape)) == int(np.prod(expected.shape))):
-            raise Mismatch(f"{what} has shape {got_shape}; expected {expected.shape}: the {len(shape) - 1} axes "
-                           f"after the batch axis, {shape[1:]}, did not all come through unchanged.")
-        if got_shape == expected.shape and np.allclose(np.asarray(got), original.reshape((b // n, n) + shape[1:])
-                                                       .swapaxes(0, 1)) and n > 1 and b // n > 1:
-            raise Mismatch(f"{what} has the right shape but device 0 got rows 0, {n}, ... (every "
-                           f"{n}-th row): the rows were interleaved (an extra transpose or swap of axes), so no "
-                           "device gets consecutive rows.")
-        expect_array(got, expected, what=what)
+            x = (np.arange(np.prod(shape), dtype=np.int32).reshape(shape) * 7) % 11
+        cases.append(Case((x, n), f"split_batch(x {shape} {x.dtype.name}, n={n})", n=n))
+    hints = {"cannot be interpreted as an integer": "A shape needs whole numbers, and B / n is a float even when n "
+                                                    "divides B: divide with integer division.",
+             "cannot reshape": "Keep each axis after the batch axis as it is, after the device axis and the rows "
+                               "of a block."}
+    diagnose(split_batch, cases, solution=solution_split_batch, mistakes=MISTAKES_02_1,
+             run=lambda fn, case: call(fn, *case.args, name="split_batch", hints=hints))
     return "each device's block is B // n consecutive rows, and the device axis comes first."
 
 
@@ -69,6 +67,17 @@ def solution_sum_of_squares(xs):
     return jax.pmap(lambda block: jnp.sum(block**2))(xs)
 
 
+MISTAKES_02_2 = [
+    Mistake("mean", "Each block's mean of the squares: the sum divided by the number of values in a block. The "
+            "exercise asks for the sum.", lambda xs: jax.pmap(lambda b: jnp.mean(b ** 2))(xs)),
+    Mistake("square of the sum", "That is the square of each block's sum: the sum was taken first and squared "
+            "afterwards, where each value is squared before the sum.",
+            lambda xs: jax.pmap(lambda b: jnp.sum(b) ** 2)(xs)),
+    Mistake("last axis only", "Each device summed only its block's last axis, not the whole block.",
+            lambda xs: jax.pmap(lambda b: jnp.sum(b ** 2, axis=-1))(xs)),
+]
+
+
 @exercise("02.2", "Per-device sums of squares with pmap", solution=solution_sum_of_squares,
           returns="a jax.Array of shape (n,), device i's sum of squares of xs[i], spread over the n devices",
           hints=["Write what ONE device does with its block (b, d): one number. pmap does the rest.",
@@ -78,27 +87,13 @@ def solution_sum_of_squares(xs):
                  "over xs."])
 def check_sum_of_squares(sum_of_squares):
     devices = jax.devices()
-    for n, b, d in [(len(devices), 2, 3), (4, 5, 2), (2, 1, 1)]:
-        xs = _data((n, b, d), seed=n * 100 + b * 10 + d)
-        got = call(sum_of_squares, jnp.asarray(xs), name="sum_of_squares")
-        what = f"sum_of_squares(xs {xs.shape})"
-        expect_dtype(got, xs.dtype, what=what)
-        got_shape = as_array(got, what=what, expected_shape=(n,)).shape
-        if got_shape == (n, b) and b > 1:
-            raise Mismatch(f"{what} has shape {got_shape}; expected ({n},). Each device should sum over its whole "
-                           f"block ({b}, {d}), not only its last axis.")
-        if got_shape == ():
-            raise Mismatch(f"{what} is a single number; expected one sum per device, shape ({n},).")
-        expected = (xs**2).sum(axis=(1, 2))
-        values = np.asarray(got) if got_shape == (n,) else None
-        if values is not None and not np.allclose(values, expected, rtol=1e-4):
-            if b * d > 1 and np.allclose(values, expected / (b * d), rtol=1e-4):
-                raise Mismatch(f"{what} holds each block's mean of the squares: the sum divided by the {b * d} "
-                               "values of a block. The exercise asks for the sum.")
-            if np.allclose(values, xs.sum(axis=(1, 2)) ** 2, rtol=1e-4):
-                raise Mismatch(f"{what} holds the square of each block's sum: the sum was taken first and "
-                               "squared afterwards, where each value is squared before the sum.")
-        expect_array(got, expected, what=what, rtol=1e-4)
+    cases = [Case((jnp.asarray(_data((n, b, d), seed=n * 100 + b * 10 + d)),), f"sum_of_squares(xs {(n, b, d)})",
+                  n=n) for n, b, d in [(len(devices), 2, 3), (4, 5, 2), (2, 1, 1)]]
+    results = diagnose(sum_of_squares, cases, solution=solution_sum_of_squares, mistakes=MISTAKES_02_2,
+                       name="sum_of_squares", rtol=1e-4)
+    for case, got in zip(cases, results):
+        n, what = case.n, case.label
+        xs = case.args[0]
         if isinstance(got, jax.Array) and len(got.devices()) == 1 and n > 1:
             raise Mismatch(f"{what} has the right values but lives on one device (jnp or vmap on the whole "
                            "stack, or the results brought to one device afterwards): the exercise is jax.pmap, "

@@ -7,7 +7,8 @@ import numpy as np
 import contextlib
 import io
 
-from . import Mismatch, as_array, call, exercise, expect_array, expect_placed_on, pmap_specs
+from . import (Case, Mismatch, Mistake, as_array, call, diagnose, exercise, expect_array, expect_placed_on,
+               pmap_specs)
 from .lesson00 import expect_dtype
 
 
@@ -197,6 +198,23 @@ def solution_device_axis_last(xs):
     return jax.pmap(lambda row: 2.0 * row, out_axes=1)(xs)
 
 
+def _doubled(xs, **kwargs):
+    return jax.pmap(lambda row: 2.0 * row, **kwargs)(xs)
+
+
+MISTAKES_03_3 = [
+    Mistake("negative out_axes", "That is what pmap does with a negative out_axes: its documentation asks for a "
+            "non-negative axis number, and a negative one is not checked. Count the output's axes from 0 (section "
+            "4).", lambda xs: _doubled(xs, out_axes=-1)),
+    Mistake("device axis first", "The device axis is still first (row i is device i's result); expected it last: "
+            "column i should be device i's result. pmap's out_axes chooses the axis the per-device results are "
+            "stacked along (section 4).", _doubled),
+    Mistake("reshaped", "That is a reshape of the (n, b) result: a reshape keeps the values in their order and only "
+            "cuts them anew, so column i is not device i's result. Moving the device axis is what out_axes does "
+            "(section 4).", lambda xs: _doubled(xs).reshape(xs.shape[1], xs.shape[0])),
+]
+
+
 @exercise("03.3", "Put the device axis last with out_axes", solution=solution_device_axis_last,
           returns="a jax.Array of shape (b, n): column i is 2 * xs[i], computed on device i",
           hints=["pmap stacks the per-device results along some axis of the output; you choose which one, "
@@ -208,30 +226,12 @@ def solution_device_axis_last(xs):
                  "find where the device axis must go."])
 def check_device_axis_last(device_axis_last):
     devices = jax.devices()
-    for n, b in [(len(devices), 5), (4, 3), (3, 3)]:
-        xs = jnp.asarray(_data((n, b), seed=n + 10 * b))
-        got = call(device_axis_last, xs, name="device_axis_last")
-        what = f"device_axis_last(xs {xs.shape})"
-        expected = (2.0 * np.asarray(xs)).T
-        expect_dtype(got, xs.dtype, what=what)
-        as_array(got, what=what, expected_shape=(b, n))
-        if tuple(np.shape(got)) == (n * b, 1):
-            raise Mismatch(f"{what} has shape {(n * b, 1)}; expected {(b, n)}. That is what pmap does with a "
-                           "negative out_axes: its documentation asks for a non-negative axis number, and a "
-                           "negative one is not checked. Count the output's axes from 0 (section 4).")
-        if n != b and tuple(np.shape(got)) == (n, b):
-            raise Mismatch(f"{what} has shape {(n, b)}: the device axis is still first. Expected {(b, n)}: "
-                           "pmap's out_axes chooses the axis the per-device results are stacked along (section 4).")
-        if n == b and np.allclose(np.asarray(got), 2.0 * np.asarray(xs)) and not np.allclose(expected,
-                                                                                             2.0 * np.asarray(xs)):
-            raise Mismatch(f"{what} has the device axis first (row i is device i's result); expected it last: "
-                           "column i should be device i's result (out_axes, section 4).")
-        if (tuple(np.shape(got)) == (b, n) and not np.allclose(as_array(got, what=what), expected)
-                and np.allclose(as_array(got, what=what), (2.0 * np.asarray(xs)).reshape(b, n))):
-            raise Mismatch(f"{what} has the shape {(b, n)} but the values of a reshape of the {(n, b)} result: "
-                           "a reshape keeps the values in their order and only cuts them anew, so column i is "
-                           "not device i's result. Moving the device axis is what out_axes does (section 4).")
-        expect_array(got, expected, what=what)
+    cases = [Case((jnp.asarray(_data((n, b), seed=n + 10 * b)),), f"device_axis_last(xs {(n, b)})", n=n)
+             for n, b in [(len(devices), 5), (4, 3), (3, 3)]]
+    results = diagnose(device_axis_last, cases, solution=solution_device_axis_last, mistakes=MISTAKES_03_3,
+                       name="device_axis_last")
+    for case, got in zip(cases, results):
+        n, what, xs = case.n, case.label, case.args[0]
         expect_placed_on(got, devices[:n], what=what)
         specs = pmap_specs(device_axis_last, xs, name="device_axis_last")
         if not specs:

@@ -14,47 +14,77 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import collectives as C
-from . import Mismatch, as_array, call, describe_tree, exercise, expect_array, primitives
+from . import Case, Mismatch, Mistake, call, diagnose, exercise, primitives
 
 AXIS = "i"
 
 
-def _run(fn, xs, name):
-    """Run the learner's per-device ``fn(x, "i")`` under pmap over ``xs`` (n, ...); per-device results."""
-    n = xs.shape[0]
-    mapped = jax.pmap(lambda x: fn(x, AXIS), axis_name=AXIS, devices=jax.devices()[:n])
-    try:
-        got = call(mapped, jnp.asarray(xs), name=f"pmap({name})", hints={
-            "unbound axis name": "Use the axis_name argument your function receives for every collective.",
-            "not a valid JAX type": "A function run under pmap returns arrays (or tuples of them), not strings or "
-                                    "other Python objects: return the jax.numpy result itself."})
-    except Mismatch as e:
-        message = str(e)
-        n_all = len(jax.devices())
-        if n < n_all and "reshape" in message and re.search(rf"\({n_all}\b|\b{n_all}\)|, {n_all}\b", message):
-            raise Mismatch(f"{message} This ran on {n} devices, and the shape it asked for names {n_all}: it was "
-                           "written for a fixed device count, and the checker runs it on 8, 4 and 2 devices.") from None
-        if "must be unique" in message or "perm" in message:
-            pairs = [int(v) for v in re.findall(r"\((\d+), (\d+)\)", message) for v in v]
-            if pairs and max(pairs) >= n:
-                raise Mismatch(f"{message} On {n} devices the device indices are 0 to {n - 1}, but the permutation "
-                               f"names device {max(pairs)}: it was written for a fixed device count, and the checker "
-                               "runs it on 8, 4 and 2 devices.") from None
-            if "must be unique" in message:
-                raise Mismatch(f"{message} A permutation lists each device at most once as a source and once as a "
-                               "destination.") from None
-        raise
-    if getattr(got, "dtype", xs.dtype) != xs.dtype and not isinstance(got, (tuple, list, dict)):
-        _same_dtype(np.empty(0, got.dtype), xs, f"pmap({name}) on {n} devices")
-    return got
+# Raw errors of a per-device function under pmap, and what they mean: added to the feedback.
+_ERRORS = {
+    "unbound axis name": "Use the axis_name argument your function receives for every collective.",
+    "not a valid JAX type": "A function run under pmap returns arrays (or tuples of them), not strings or other "
+                            "Python objects: return the jax.numpy result itself.",
+    "Abstract tracer value": "Under pmap, jax.lax.axis_index is a traced value with no Python number yet: int() "
+                             "or an if on it fails. Keep it in JAX: index an array with it, or use .at[...].set.",
+}
 
 
-def _same_dtype(got: np.ndarray, xs: np.ndarray, what: str) -> None:
-    """A collective keeps the dtype: a result in another float type lost (or invented) precision on the way."""
-    if got.dtype != xs.dtype and got.dtype != bool:
-        raise Mismatch(f"{what} returned {got.dtype.name} values from {xs.dtype.name} inputs. Collectives and "
-                       f"ppermute keep the dtype; something in the function made {got.dtype.name} values (an astype, "
-                       "or a new array created without the input's dtype), and that can change the numbers.")
+def _runner(name):
+    """``run(fn, case)``: the per-device ``fn(x, "i")`` under pmap over the case's ``xs`` (n, ...)."""
+
+    def run(fn, case):
+        xs = case.args[0]
+        n = xs.shape[0]
+        mapped = jax.pmap(lambda x: fn(x, AXIS), axis_name=AXIS, devices=jax.devices()[:n])
+        try:
+            return call(mapped, jnp.asarray(xs), name=f"pmap({name})", hints=_ERRORS)
+        except Mismatch as e:
+            raise Mismatch(str(e) + _names_absent_devices(str(e), n)) from None
+
+    return run
+
+
+def _names_absent_devices(message: str, n: int) -> str:
+    """What an error on ``n`` devices shows about a count written in: a shape or permutation naming more."""
+    n_all = len(jax.devices())
+    if n < n_all and "reshape" in message and re.search(rf"\({n_all}\b|\b{n_all}\)|, {n_all}\b", message):
+        return (f" This ran on {n} devices, and the shape it asked for names {n_all}: it was written for a fixed "
+                "device count, and the checker runs it on 8, 4 and 2 devices.")
+    pairs = [int(v) for pair in re.findall(r"\((\d+), (\d+)\)", message) for v in pair]
+    if ("unique" in message or "perm" in message) and pairs and max(pairs) >= n:
+        return (f" On {n} devices the device indices are 0 to {n - 1}, but the permutation names device "
+                f"{max(pairs)}: it was written for a fixed device count, and the checker runs it on 8, 4 and 2 "
+                "devices.")
+    if "must be unique" in message:
+        return " A permutation lists each device at most once as a source and once as a destination."
+    return ""
+
+
+def _cases(shapes, seed=0, other_dtype=None, spread=0.0):
+    """Per-device values that differ per device and per element (not exact in bfloat16), on 8, 4 and 2 devices,
+    for each shape; then, with ``other_dtype``, one more case on 4 devices in that dtype. ``spread`` shifts
+    device j's values by ``spread * j`` (shards with different means)."""
+    rng = np.random.default_rng(seed)
+    n_all = len(jax.devices())
+    out = []
+    for n in sorted({n_all, 4, 2}, reverse=True):
+        for shape in shapes:
+            xs = (rng.normal(size=(n,) + shape) * 3 + spread * np.arange(n).reshape((n,) + (1,) * len(shape)))
+            out.append(Case((xs.astype(np.float32),), f"on {n} devices, per-device shape {shape}", n=n))
+    if other_dtype is not None:
+        xs = rng.integers(-9, 10, size=(4,) + shapes[-1]).astype(other_dtype)
+        out.append(Case((xs,), f"on 4 devices, per-device {np.dtype(other_dtype).name} values", n=4))
+    return out
+
+
+def _ring(a, shift=1):
+    n = jax.lax.axis_size(a)
+    return [(i, (i + shift) % n) for i in range(n)]
+
+
+def _every(x, a):
+    """Every device's x, stacked in device order (for writing mistakes)."""
+    return jax.lax.all_gather(x, a)
 
 
 def _ppermute_bytes(fn, xs) -> tuple[int, int]:
@@ -110,13 +140,6 @@ def _count_ppermutes(jaxpr) -> tuple[int, int]:
     return hops, sent
 
 
-def _inputs_and_device(xs, got, device: int) -> str:
-    """What each device held, and what one device returned: for feedback on a small case."""
-    held = np.array2string(np.asarray(xs), separator=", ")
-    returned = np.array2string(np.asarray(got)[device], separator=", ")
-    return f"device j held x = row j of {held}; device {device} returned {returned}"
-
-
 _PROGRAMS: dict = {}
 
 
@@ -139,18 +162,6 @@ def _uses_if_readable(fn, xs, primitive: str) -> bool:
         return False
 
 
-def _cases(shapes, seed=0, other_dtype=None):
-    """Per-device values that differ per device and per element, on 8, 4 and 2 devices, for each shape; then, with
-    ``other_dtype``, one more case on 4 devices in that dtype (a collective keeps the dtype)."""
-    rng = np.random.default_rng(seed)
-    n_all = len(jax.devices())
-    for n in sorted({n_all, 4, 2}, reverse=True):
-        for shape in shapes:
-            yield rng.integers(-9, 10, size=(n,) + shape).astype(np.float32)
-    if other_dtype is not None:
-        yield rng.integers(-9, 10, size=(4,) + shapes[-1]).astype(other_dtype)
-
-
 # ----------------------------------------------------------------------------------------------
 # 04.1 A ring all-reduce from ppermute
 
@@ -165,6 +176,46 @@ def solution_ring_allreduce(x, axis_name):
     return total
 
 
+def _snowball(x, a):        # each hop passes the running total on
+    total = x
+    for _ in range(jax.lax.axis_size(a) - 1):
+        total = total + jax.lax.ppermute(total, a, _ring(a))
+    return total
+
+
+def _hops(x, a, hops, perm):
+    total, passing = x, x
+    for _ in range(hops):
+        passing = jax.lax.ppermute(passing, a, perm)
+        total = total + passing
+    return total
+
+
+MISTAKES_04_1 = [
+    Mistake("one hop too many", "Every device ends with the sum plus its own value once more: its own value came "
+            "back to it round the ring, one hop too many.", lambda x, a: _hops(x, a, jax.lax.axis_size(a), _ring(a))),
+    Mistake("one hop only", "Each device ends with its own value plus its left neighbour's: the values travelled "
+            "one hop only, so the others never arrived.", lambda x, a: x + jax.lax.ppermute(x, a, _ring(a))),
+    Mistake("ring not closed", "Device i ends with the sum of devices 0 to i only: the ring is not closed. No pair "
+            "sends from the last device back to device 0, so nothing travels past the end of the line.",
+            lambda x, a: _hops(x, a, jax.lax.axis_size(a) - 1, _ring(a)[:-1])),
+    Mistake("passes the running total", "The values are far too large: at each hop a device passed on its running "
+            "total, not the value in transit, so each value arrived again and again.", _snowball),
+    Mistake("adds what it sent", "Each device ends with n = {n} times its own value: at each hop it added what it "
+            "sent, not what arrived.", lambda x, a: x * jax.lax.axis_size(a)),
+]
+_COLLECTIVES = ("psum", "all_gather", "reduce_scatter", "all_to_all")
+
+
+def _no_collectives(fn, xs, banned=_COLLECTIVES, readable=False) -> None:
+    for name in banned:
+        if (_uses(fn, xs, name) if not readable else _uses_if_readable(fn, xs, name)):
+            shown = "psum_scatter" if name == "reduce_scatter" else name
+            raise Mismatch(f"the program uses {shown}: the sum must be built from jax.lax.ppermute alone (and +).")
+    if not readable and not _uses(fn, xs, "ppermute"):
+        raise Mismatch("right values, but the program has no ppermute: build it from jax.lax.ppermute (and +).")
+
+
 @exercise("04.1", "Build psum from ppermute (a ring all-reduce)", solution=solution_ring_allreduce,
           returns="on each device, an array shaped like x: the sum of every device's x",
           hints=["Pass a value round the ring: each device sends to its right-hand neighbour and adds what "
@@ -176,47 +227,11 @@ def solution_ring_allreduce(x, axis_name):
                  "your own x at first. Repeat n - 1 times: pass the value in transit one hop to the right, then add "
                  "what arrived to the total."])
 def check_ring_allreduce(ring_allreduce):
-    first = next(_cases([(3,)], seed=1))
-    for banned in ("psum", "all_gather", "reduce_scatter", "all_to_all"):   # the mechanism, read first
-        if _uses_if_readable(ring_allreduce, first, banned):
-            shown = "psum_scatter" if banned == "reduce_scatter" else banned
-            raise Mismatch(f"the program uses {shown}: the sum must be built from jax.lax.ppermute alone "
-                           "(and +).")
-    for xs in _cases([(), (3,), (2, 2)], seed=1, other_dtype=np.int32):
-        n = xs.shape[0]
-        what = f"ring_allreduce on {n} devices, per-device shape {xs.shape[1:]}"
-        got = as_array(_run(ring_allreduce, xs, "ring_allreduce"), what=what, expected_shape=xs.shape)
-        right = np.shape(got) == xs.shape and np.allclose(got, C.psum(xs))
-        if not right and np.shape(got) == xs.shape and np.allclose(got, C.psum(xs) + xs):
-            raise Mismatch(f"{what}: every device ends with the sum plus its own value once more: its own value "
-                           "came back to it round the ring, one hop too many.")
-        if not right and np.shape(got) == xs.shape and np.allclose(got, xs + C.ppermute(xs, C.ring_permutation(n))):
-            raise Mismatch(f"{what}: each device ends with its own value plus its left neighbour's: the values "
-                           "travelled one hop only, so the others never arrived.")
-        if not right and np.shape(got) == xs.shape and n > 2 and np.allclose(got, np.cumsum(xs, axis=0)):
-            raise Mismatch(f"{what}: device i ends with the sum of devices 0 to i only: the ring is not closed. No "
-                           f"pair sends from the last device ({n - 1}) back to device 0, so nothing travels past "
-                           "the end of the line, and device 0 only ever receives zeros.")
-        snowball = xs.copy()
-        for _ in range(n - 1):
-            snowball = snowball + np.roll(snowball, 1, axis=0)
-        if not right and np.shape(got) == xs.shape and np.allclose(got, snowball):
-            raise Mismatch(f"{what}: the values are far too large: at each hop a device passed on its running "
-                           "total, not the value in transit, so each value arrived again and again, inside the "
-                           "totals it was already part of.")
-        if not right and np.shape(got) == xs.shape and np.allclose(got, xs * n):
-            raise Mismatch(f"{what}: each device ends with n = {n} times its own value: at each hop it added what "
-                           "it sent, not what arrived.")
-        expect_array(got, C.psum(xs), what=what)
-        _same_dtype(got, xs, what)
-    for banned in ("psum", "all_gather", "reduce_scatter", "all_to_all"):
-        if _uses(ring_allreduce, xs, banned):
-            shown = "psum_scatter" if banned == "reduce_scatter" else banned
-            raise Mismatch(f"right values, but the program uses {shown}: the sum must be built from "
-                           "jax.lax.ppermute alone (and +).")
-    if not _uses(ring_allreduce, xs, "ppermute"):
-        raise Mismatch("right values, but the program has no ppermute: the sum must be built from "
-                       "jax.lax.ppermute (and +).")
+    cases = _cases([(), (3,), (2, 2)], seed=1, other_dtype=np.int32)
+    _no_collectives(ring_allreduce, cases[1].args[0], readable=True)      # the mechanism, read first
+    diagnose(ring_allreduce, cases, solution=solution_ring_allreduce, mistakes=MISTAKES_04_1,
+             run=_runner("ring_allreduce"), rtol=1e-5, atol=1e-5)
+    _no_collectives(ring_allreduce, cases[-1].args[0])
     xs = np.ones((len(jax.devices()), 4), np.float32)     # report the traffic for every device, 16-byte x
     n = xs.shape[0]
     try:
@@ -231,6 +246,7 @@ def check_ring_allreduce(ring_allreduce):
             f"{optimal} bytes, because it passes pieces of x, not all of it: optional exercise 04.5.")
 
 
+
 # ----------------------------------------------------------------------------------------------
 # 04.2 The global mean and variance from per-device shards
 
@@ -239,6 +255,40 @@ def solution_global_mean_var(x, axis_name):
     mean = jax.lax.pmean(jnp.mean(x), axis_name)                   # every shard has the same size
     var = jax.lax.pmean(jnp.mean((x - mean) ** 2), axis_name)      # deviations from the *global* mean
     return mean, var
+
+
+def _moments(x, a):
+    mean = jax.lax.pmean(jnp.mean(x), a)
+    return mean, jax.lax.pmean(jnp.mean((x - mean) ** 2), a)
+
+
+def _count(x, a):
+    return x.size * jax.lax.axis_size(a)
+
+
+MISTAKES_04_2 = [
+    Mistake("local statistics", "The devices disagree: each computed its own shard's statistics, not those of the "
+            "whole batch.", lambda x, a: (jnp.mean(x), jnp.var(x))),
+    Mistake("mean of the variances", "The variance is the mean of the per-device variances: each value's "
+            "deviation was measured from its own shard's mean, not the global one.",
+            lambda x, a: (jax.lax.pmean(jnp.mean(x), a), jax.lax.pmean(jnp.var(x), a))),
+    Mistake("summed means", "The mean is {n} times the mean of all the data: it adds the {n} shard means instead "
+            "of averaging them.", lambda x, a: (jax.lax.psum(jnp.mean(x), a),
+                                                jax.lax.psum(jnp.mean((x - jax.lax.psum(jnp.mean(x), a)) ** 2), a))),
+    Mistake("standard deviation", "The second value is the standard deviation of all the data, not its variance.",
+            lambda x, a: (_moments(x, a)[0], jnp.sqrt(_moments(x, a)[1]))),
+    Mistake("sample variance", "The variance is the sample variance (divided by the count minus one), not the "
+            "variance of all the data (divided by the count).",
+            lambda x, a: (_moments(x, a)[0], _moments(x, a)[1] * _count(x, a) / (_count(x, a) - 1))),
+    Mistake("squared deviations summed", "The variance is {n} times too large: the {n} shards' squared deviations "
+            "were added, not averaged.", lambda x, a: (_moments(x, a)[0], _moments(x, a)[1] * jax.lax.axis_size(a))),
+    Mistake("variance not averaged", "The devices agree on the mean but not on the variance: each device's "
+            "variance is computed from its own shard's values only; the variance of all the data needs an average "
+            "over the devices too.", lambda x, a: (_moments(x, a)[0], jnp.mean((x - _moments(x, a)[0]) ** 2))),
+    Mistake("variance of the device means", "The variance is the variance of the {n} shard means (how far the devices' "
+            "means spread), not of all the values.",
+            lambda x, a: (_moments(x, a)[0], jnp.var(_every(jnp.mean(x), a)))),
+]
 
 
 @exercise("04.2", "A global mean and variance from per-device shards", solution=solution_global_mean_var,
@@ -251,57 +301,10 @@ def solution_global_mean_var(x, axis_name):
                  "squared deviation from THAT mean, computed on each shard and averaged over the devices the "
                  "same way."])
 def check_global_mean_var(global_mean_var):
-    for xs in _cases([(6,), (3,)], seed=2):
-        xs = xs + np.arange(xs.shape[0], dtype=np.float32)[:, None] * 3  # shards with different means
-        got = _run(global_mean_var, xs, "global_mean_var")
-        n = xs.shape[0]
-        what = f"global_mean_var on {n} devices with {xs.shape[1]} values each"
-        if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise Mismatch(f"{what} should return a pair (mean, var); got {describe_tree(got)}.")
-        mean, var = (as_array(v, what=f"{what}: {k}", expected_shape=(n,)) for k, v in zip(("mean", "var"), got))
-        if mean.shape != (n,) or var.shape != (n,):
-            raise Mismatch(f"{what}: mean and var should be one number per device (pmap gives shape ({n},)); got "
-                           f"{mean.shape} and {var.shape}.")
-        if not np.allclose(mean, mean[0]):
-            raise Mismatch(f"{what}: the devices disagree on the mean (means {[round(float(m), 2) for m in mean]}): "
-                           "each computed its own shard's statistics, not those of the whole batch.")
-        if not np.allclose(var, var[0]):
-            raise Mismatch(f"{what}: the devices agree on the mean but not on the variance (variances "
-                           f"{[round(float(v), 2) for v in var]}): each device's variance is computed from its own "
-                           "shard's values only; the variance of all the data needs an average over the devices "
-                           "too.")
-        if np.allclose(var, xs.var(axis=1).mean(), rtol=1e-4) and not np.isclose(xs.var(axis=1).mean(), xs.var()):
-            raise Mismatch(f"{what}: the variance is the mean of the per-device variances, "
-                           f"{xs.var(axis=1).mean():.4f}; the variance of all the data is {xs.var():.4f}: each "
-                           "value's deviation was measured from its own shard's mean.")
-        if not np.isclose(xs.mean(), 0) and np.allclose(mean, n * xs.mean(), rtol=1e-4):
-            raise Mismatch(f"{what}: the mean is {float(mean[0]):.4f}, {n} times the mean of all the data "
-                           f"({xs.mean():.4f}): it adds the {n} shard means instead of averaging them.")
-        expect_array(mean, np.full(n, xs.mean()), what=f"{what}: the mean", rtol=1e-4, atol=1e-4)
-        if np.allclose(var, np.sqrt(xs.var()), rtol=1e-4):
-            raise Mismatch(f"{what}: the variance is {float(var[0]):.4f}, the standard deviation of all the data, "
-                           f"not its variance ({xs.var():.4f}).")
-        if np.allclose(var, xs.var(ddof=1), rtol=1e-4):
-            raise Mismatch(f"{what}: the variance is {float(var[0]):.4f}, the sample variance (divided by the count "
-                           f"minus one); the variance of all the data, divided by the count, is {xs.var():.4f}.")
-        if np.allclose(var, xs.mean(axis=1).var(), rtol=1e-4):
-            raise Mismatch(f"{what}: the variance is {float(var[0]):.4f}, the variance of the {n} shard means (how "
-                           "far the devices' means spread), not of all the values: each value's own deviation from "
-                           f"the global mean counts ({xs.var():.4f}).")
-        if np.allclose(var, xs.var() * n, rtol=1e-4) or np.allclose(var, n * xs.var(axis=1).mean(), rtol=1e-4):
-            raise Mismatch(f"{what}: the variance is {float(var[0]):.4f}, {n} times too large: the {n} shards' "
-                           "squared deviations were added, not averaged.")
-        total, count = float(((xs - xs.mean()) ** 2).sum()), xs.size
-        if float(var[0]) > 0 and not np.allclose(var, xs.var(), rtol=1e-4):
-            divisor = total / float(var[0])
-            raise Mismatch(f"{what}: the variance is {float(var[0]):.4f}: the squared deviations of all {count} "
-                           f"values from the global mean add up to {total:.2f}, and your variance is that sum "
-                           f"divided by {divisor:.2f}, not by the number of values, {count}. Count what each "
-                           "division divides by: a pmean divides by the number of devices, jnp.mean by the values "
-                           "on one device, and N - 1 instead of N gives the sample variance.")
-        expect_array(var, np.full(n, xs.var()), what=f"{what}: the variance", rtol=1e-4, atol=1e-4)
-        _same_dtype(mean, xs, f"{what}: the mean")
+    diagnose(global_mean_var, _cases([(6,), (3,)], seed=2, spread=3.0), solution=solution_global_mean_var,
+             mistakes=MISTAKES_04_2, run=_runner("global_mean_var"), rtol=1e-4, atol=1e-4)
     return "every device knows the statistics of the whole batch."
+
 
 
 # ----------------------------------------------------------------------------------------------
@@ -311,6 +314,15 @@ def check_global_mean_var(global_mean_var):
 def solution_rotate_right(x, axis_name):
     n = jax.lax.psum(1, axis_name)
     return jax.lax.ppermute(x, axis_name, [(i, (i + 1) % n) for i in range(n)])
+
+
+MISTAKES_04_3 = [
+    Mistake("rotates left", "Device i got device i + 1's value: that rotates left, not right.",
+            lambda x, a: jax.lax.ppermute(x, a, _ring(a, -1))),
+    Mistake("ring not closed", "Device 0 received nothing (zeros), so no pair sends to it: the ring is not "
+            "closed, and the last device's value went nowhere.",
+            lambda x, a: jax.lax.ppermute(x, a, _ring(a)[:-1])),
+]
 
 
 @exercise("04.3", "Rotate the shards one device to the right", solution=solution_rotate_right,
@@ -323,28 +335,14 @@ def solution_rotate_right(x, axis_name):
                  "each source get, and what is special about the last device? Then write that rule as a list "
                  "comprehension over range(n)."])
 def check_rotate_right(rotate_right):
-    for xs in _cases([(2,), (2, 3)], seed=3, other_dtype=np.float16):
-        n = xs.shape[0]
-        what = f"rotate_right on {n} devices"
-        got = as_array(_run(rotate_right, xs, "rotate_right"), what=what, expected_shape=xs.shape)
-        shifted = np.roll(xs, 1, axis=0)
-        right = np.shape(got) == xs.shape and np.allclose(got, shifted)
-        if not right and np.shape(got) == xs.shape and np.allclose(got, np.roll(xs, -1, axis=0)):
-            raise Mismatch(f"{what}: device i got device i + 1's value: that rotates left, not right.")
-        if not right and np.shape(got) == xs.shape and np.allclose(got[1:], shifted[1:]) and np.allclose(got[0], 0):
-            raise Mismatch(f"{what}: device 0 received nothing (zeros), so no pair sends to it: the ring is not "
-                           f"closed, and the last device's value ({n - 1}) went nowhere.")
-        if not right and np.shape(got) == xs.shape:
-            for k in range(2, n - 1):
-                if np.allclose(got, np.roll(xs, k, axis=0)):
-                    raise Mismatch(f"{what}: device i got device i - {k}'s value: the values moved {k} devices "
-                                   "to the right, not one.")
-        expect_array(got, shifted, what=f"{what} (row i is what device i holds)")
-        _same_dtype(got, xs, what)
-    if not _uses(rotate_right, xs, "ppermute"):
+    cases = _cases([(2,), (2, 3)], seed=3, other_dtype=np.float16)
+    diagnose(rotate_right, cases, solution=solution_rotate_right, mistakes=MISTAKES_04_3,
+             run=_runner("rotate_right"))
+    if not _uses(rotate_right, cases[-1].args[0], "ppermute"):
         raise Mismatch("right values, but the program has no ppermute: the values did not travel between devices "
                        "as the exercise asks.")
     return "each shard moved one device to the right, and the last one wrapped round to device 0."
+
 
 
 # ----------------------------------------------------------------------------------------------
@@ -364,6 +362,19 @@ def solution_gather_all(x, axis_name):
     return gathered
 
 
+MISTAKES_04_4 = [
+    Mistake("own value first", "Each device has every value, but starting with its own: row j of every device's "
+            "result must be device j's value; here row k holds what arrived after k hops.",
+            lambda x, a: jnp.roll(_every(x, a), -jax.lax.axis_index(a), axis=0)),
+    Mistake("rows filed the other way", "Every device has every value, but in the wrong rows: the values travel "
+            "round the ring in one direction, and the bookkeeping of where each came from assumes the other.",
+            lambda x, a: _every(x, a)[(2 * jax.lax.axis_index(a) - jnp.arange(jax.lax.axis_size(a)))
+                                      % jax.lax.axis_size(a)]),
+    Mistake("only its own value", "Every row of each device's result is its own value: nothing arrived from the "
+            "other devices.", lambda x, a: jnp.stack([x] * jax.lax.axis_size(a))),
+]
+
+
 @exercise("04.4", "Build all_gather from ppermute", solution=solution_gather_all,
           returns="on each device, an array of shape (n,) + x.shape: row j is device j's x",
           hints=["The ring of 04.1 again, but instead of adding what arrives, store it; and keep track of "
@@ -374,33 +385,13 @@ def solution_gather_all(x, axis_name):
                  "n - 1 hops to the right, the value that arrives comes from one device further to the left than "
                  "the one before: store it in that device's row, and pass it on."])
 def check_gather_all(gather_all):
-    for xs in _cases([(), (2,)], seed=4, other_dtype=np.float16):
-        n = xs.shape[0]
-        what = f"gather_all on {n} devices, per-device shape {xs.shape[1:]}"
-        expected = C.all_gather(xs)
-        got = got_arr = as_array(_run(gather_all, xs, "gather_all"), what=what, expected_shape=expected.shape)
-        if got_arr.shape == expected.shape and not np.allclose(got_arr, expected):
-            shown = f" ({_inputs_and_device(xs, got_arr, 1)})" if xs.ndim == 1 else ""
-            rolled = np.stack([np.roll(xs, -i, axis=0) for i in range(n)])
-            if np.allclose(got_arr, rolled):
-                raise Mismatch(f"{what}: each device has every value, but starting with its own: row j of every "
-                               f"device's result must be device j's value{shown}; here row k holds what arrived "
-                               "after k hops.")
-            # Values that travelled one way round the ring, filed as if they had come the other way: device i
-            # stores device i + s's value in row i - s.
-            mirrored = np.stack([xs[(2 * i - np.arange(n)) % n] for i in range(n)])
-            if np.allclose(got_arr, mirrored):
-                raise Mismatch(f"{what}: every device has every value, but in the wrong rows{shown}: the values "
-                               "travel round the ring in one direction, and your bookkeeping of where each came "
-                               "from assumes the other.")
-            if xs.ndim == 1:
-                raise Mismatch(f"{what}: every device's result should be all {n} values in device order, "
-                               f"{np.array2string(expected[0], separator=', ')}; {shown[2:-1]}.")
-        expect_array(got, expected, what=f"{what} (every device should hold all {n} values, in device order)")
-        _same_dtype(got_arr, xs, what)
+    cases = _cases([(), (2,)], seed=4, other_dtype=np.float16)
+    diagnose(gather_all, cases, solution=solution_gather_all, mistakes=MISTAKES_04_4, run=_runner("gather_all"))
+    xs = cases[-1].args[0]
     if _uses(gather_all, xs, "all_gather") or not _uses(gather_all, xs, "ppermute"):
         raise Mismatch("right values, but it must be built from jax.lax.ppermute, not all_gather.")
     return "every device holds every device's value, in device order: an all-gather."
+
 
 
 # ----------------------------------------------------------------------------------------------
@@ -425,6 +416,20 @@ def solution_ring_allreduce_chunked(x, axis_name):
     return total.reshape(x.shape)
 
 
+def _reduce_scatter_only(x, a):  # the finished piece in its place, the all-gather phase missing
+    n, me = jax.lax.axis_size(a), jax.lax.axis_index(a)
+    total = jax.lax.psum(x.reshape(n, -1), a)
+    mine = (me + 1) % n
+    return jnp.zeros_like(total).at[mine].set(total[mine]).reshape(x.shape)
+
+
+MISTAKES_04_5 = [
+    Mistake("no all-gather phase", "Each device holds one fully summed piece and zeros elsewhere: the "
+            "reduce-scatter is done, but the finished pieces were never passed round (the all-gather phase).",
+            _reduce_scatter_only),
+]
+
+
 @exercise("04.5", "Optional: the bandwidth-optimal ring all-reduce", solution=solution_ring_allreduce_chunked,
           returns="on each device, an array shaped like x (a vector whose length divides by n): the sum of every "
                   "device's x",
@@ -439,32 +444,16 @@ def solution_ring_allreduce_chunked(x, axis_name):
                  "on. After n - 1 hops you hold the full sum of piece me + 1 (mod n). All-gather: pass that piece "
                  "round n - 1 times, storing each arrival in its row."])
 def check_ring_allreduce_chunked(ring_allreduce):
-    for n in sorted({len(jax.devices()), 4, 2}, reverse=True):
-        rng = np.random.default_rng(n)
-        xs = rng.integers(-9, 10, size=(n, 3 * n)).astype(np.float32)
-        what = f"the ring all-reduce on {n} devices, each x a vector of {3 * n}"
-        got = as_array(_run(ring_allreduce, xs, "ring_allreduce_chunked"), what=what, expected_shape=xs.shape)
-        if got.shape == xs.shape and not np.allclose(got, C.psum(xs)):
-            pieces = xs.sum(axis=0).reshape(n, -1)                 # the n fully summed pieces
-            mine = got.reshape(n, n, -1)                           # device, piece, values
-            shuffled = all(any(np.allclose(row, p) for p in pieces) for dev in mine for row in dev)
-            if shuffled and all(len({min(range(n), key=lambda k: np.abs(row - pieces[k]).sum()) for row in dev}) == n
-                                for dev in mine):
-                raise Mismatch(f"{what}: every device holds all {n} fully summed pieces, but not in their places "
-                               "(piece k is the k-th of the n equal slices of the result). The sums are right; the "
-                               "bookkeeping of "
-                               "which piece a device finishes the reduce-scatter with, or which one arrives at "
-                               "each hop of the all-gather, is off: work it out by hand for 2 devices.")
-        expect_array(got, C.psum(xs), what=what)
-        _same_dtype(got, xs, what)
-        for banned in ("psum", "psum_scatter", "reduce_scatter", "all_gather", "all_to_all"):
-            if _uses(ring_allreduce, xs, banned):
-                raise Mismatch(f"right values, but the program uses {banned}: build both phases from "
-                               "jax.lax.ppermute alone.")
+    rng = np.random.default_rng(5)
+    cases = [Case(((rng.normal(size=(n, 3 * n)) * 3).astype(np.float32),), f"on {n} devices, each x a vector of "
+                  f"{3 * n}", n=n) for n in sorted({len(jax.devices()), 4, 2}, reverse=True)]
+    diagnose(ring_allreduce, cases, solution=solution_ring_allreduce_chunked, mistakes=MISTAKES_04_5,
+             run=_runner("ring_allreduce_chunked"), rtol=1e-5, atol=1e-5)
+    for case in cases:
+        xs, n = case.args[0], case.n
+        _no_collectives(ring_allreduce, xs, ("psum", "reduce_scatter", "all_gather", "all_to_all"))
         hops, sent = _ppermute_bytes(ring_allreduce, xs)
         v, optimal = xs[0].nbytes, 2 * (n - 1) * xs[0].nbytes // n
-        if hops == 0:
-            raise Mismatch("right values, but the program has no ppermute: build it from jax.lax.ppermute.")
         if sent > optimal:
             whole = " That is (N - 1) x V: the ring of 04.1, passing all of x at every hop." if sent == (n - 1) * v \
                 else ""

@@ -8,7 +8,8 @@ import numpy as np
 import optax
 
 from .. import data, sharding
-from . import Mismatch, as_array, call, describe_tree, exercise, expect_array, expect_scalar, expect_structure
+from . import (Case, Mismatch, Mistake, as_array, call, describe_tree, diagnose, exercise, expect_array,
+               expect_structure)
 
 AXIS = "devices"
 
@@ -80,7 +81,13 @@ def check_dp_step(dp_step):
         opt_state = optimizer.init(params)
         batch = sharding.shard({"x": x, "y": y}, n)
         on = f"on {n} devices with {name}"
-        step = jax.pmap(functools.partial(dp_step, regression_loss, optimizer), axis_name=AXIS, devices=devs)
+        seen = []                       # the batch sizes the loss is called with: one shard's rows, or more
+
+        def loss_fn(p, b):
+            seen.append(np.shape(jax.tree.leaves(b)[0])[0] if jax.tree.leaves(b) else 0)
+            return regression_loss(p, b)
+
+        step = jax.pmap(functools.partial(dp_step, loss_fn, optimizer), axis_name=AXIS, devices=devs)
         out = call(step, sharding.replicate(params, devs), sharding.replicate(opt_state, devs), batch,
                    name="pmap(dp_step)", hints={
                        "has no attribute 'tree_map'": "jax.tree_map was removed from JAX: use jax.tree.map.",
@@ -92,6 +99,11 @@ def check_dp_step(dp_step):
             raise Mismatch(f"dp_step should return a triple (new_params, new_opt_state, loss), as single_step "
                            f"does; got {describe_tree(out)}.")
         new_params, new_state, loss = out
+        if seen and max(seen) > rows:
+            raise Mismatch(f"{on} the loss function was called on a batch of {max(seen)} rows; each device's shard "
+                           f"has {rows}: every device computed on the gathered global batch, {max(seen) // rows} "
+                           "times the work of its own shard. In data parallelism each device computes the gradient "
+                           "of its own shard where it lives; the collective averages the gradients.")
         if isinstance(loss, dict) and not isinstance(new_params, dict):
             raise Mismatch(f"dp_step returned ({describe_tree(new_params)}, ..., {describe_tree(loss)}): the loss "
                            "first and the parameters last. Return them in the order (new_params, new_opt_state, "
@@ -252,48 +264,44 @@ def _drift_cases():
         yield n, f"{len(shapes)} leaves on {n} devices", copies
 
 
-def _divergence_variants(copies) -> dict[str, float]:
-    """What the usual wrong readings of "how far apart are the copies" give, by mistake."""
-    leaves = [np.asarray(copies[k], np.float64) for k in sorted(copies)]
-    flat = [c.reshape(c.shape[0], -1) for c in leaves]
-    v = {
-        "right": max(float(np.max(np.abs(c - c[0]))) for c in flat),
-        "ptp": max(float(np.max(np.ptp(c, axis=0))) for c in flat),
-        "diff": max(float(np.max(np.abs(np.diff(c, axis=0)))) for c in flat),
-        "mean": max(float(np.mean(np.abs(c - c[0]))) for c in flat),
-        "mean_others": max(float(np.mean(np.abs(c[1:] - c[0]))) for c in flat),
-        "signed": max(float(np.max(c - c[0])) for c in flat),
-        "last": max(float(np.max(np.abs(c - c[-1]))) for c in flat),
-        "two": max(float(np.max(np.abs(c[1] - c[0]))) for c in flat),
-        "element0": max(float(np.max(np.abs(c[:, 0] - c[0, 0]))) for c in flat),
-        "first_leaf": float(np.max(np.abs(flat[0] - flat[0][0]))),
-        "last_leaf": float(np.max(np.abs(flat[-1] - flat[-1][0]))),
-        "sum": sum(float(np.sum(np.abs(c - c[0]))) for c in flat),
-        "relative": max(float(np.max(np.abs(c - c[0]) / np.maximum(np.abs(c[0]), 1e-30))) for c in flat),
-        "norm": max(float(np.max(np.linalg.norm(c - c[0], axis=1))) for c in flat),
-    }
-    return v
+def _per_leaf(measure, leaves=slice(None)):
+    """A mistake of 05.2 as a function of the tree: ``measure`` of each leaf's (n, size) copies, the largest."""
+    def fn(tree):
+        flat = [np.stack(cs).astype(np.float64).reshape(len(cs), -1) for cs in _copies(tree)][leaves]
+        return max(float(measure(c)) for c in flat)
+    return fn
 
 
-_DIVERGENCE_MISTAKES = {
-    "ptp": "the spread of the copies (largest minus smallest, over the devices), not the distance of each copy "
-           "from the first device's",
-    "diff": "differences between neighbouring devices' copies (device i against device i - 1), not each copy "
-            "against the first device's",
-    "mean": "an average of the differences, not the largest one",
-    "mean_others": "an average of the differences, not the largest one",
-    "signed": "the largest signed difference: a copy below the first one counts as less than zero, when it is "
-              "as far apart as one above it",
-    "last": "each copy compared with the LAST device's copy, not the first device's",
-    "two": "only the second device's copy compared with the first: the other devices were left out",
-    "element0": "only the first element of each leaf compared: the other elements were left out",
-    "first_leaf": "only the first leaf (in jax.tree.leaves order) compared: the other leaves were left out",
-    "last_leaf": "only the last leaf compared: the other leaves were left out",
-    "sum": "a sum of the differences, not the largest one",
-    "relative": "a relative difference (each difference divided by the first copy's value), not the absolute "
-                "difference: the replicas should hold the same numbers, whatever their size",
-    "norm": "the length (norm) of each copy's difference vector, not the largest difference of one element",
-}
+MISTAKES_05_2 = [Mistake(name, f"That is {text}.", fn) for name, text, fn in [
+    ("spread", "the spread of the copies (largest minus smallest, over the devices), not the distance of each "
+     "copy from the first device's", _per_leaf(lambda c: np.max(np.ptp(c, axis=0)))),
+    ("neighbours", "differences between neighbouring devices' copies (device i against device i - 1), not each "
+     "copy against the first device's", _per_leaf(lambda c: np.max(np.abs(np.diff(c, axis=0))))),
+    ("mean", "an average of the differences, not the largest one", _per_leaf(lambda c: np.mean(np.abs(c - c[0])))),
+    ("mean of the others", "an average of the differences, not the largest one",
+     _per_leaf(lambda c: np.mean(np.abs(c[1:] - c[0])))),
+    ("signed", "the largest signed difference: a copy below the first one counts as less than zero, when it is as "
+     "far apart as one above it", _per_leaf(lambda c: np.max(c - c[0]))),
+    ("last copy", "each copy compared with the LAST device's copy, not the first device's",
+     _per_leaf(lambda c: np.max(np.abs(c - c[-1])))),
+    ("two devices", "only the second device's copy compared with the first: the other devices were left out",
+     _per_leaf(lambda c: np.max(np.abs(c[1] - c[0])))),
+    ("first element", "only the first element of each leaf compared: the other elements were left out",
+     _per_leaf(lambda c: np.max(np.abs(c[:, 0] - c[0, 0])))),
+    ("first leaf", "only the first leaf (in jax.tree.leaves order) compared: the other leaves were left out",
+     _per_leaf(lambda c: np.max(np.abs(c - c[0])), slice(0, 1))),
+    ("last leaf", "only the last leaf compared: the other leaves were left out",
+     _per_leaf(lambda c: np.max(np.abs(c - c[0])), slice(-1, None))),
+    ("sum", "a sum of the differences, not the largest one", lambda t: sum(
+        _per_leaf(lambda c: np.sum(np.abs(c - c[0])), slice(i, i + 1))(t) for i in range(len(jax.tree.leaves(t))))),
+    ("relative", "a relative difference (each difference divided by the first copy's value), not the absolute "
+     "difference: the replicas should hold the same numbers, whatever their size",
+     _per_leaf(lambda c: np.max(np.abs(c - c[0]) / np.maximum(np.abs(c[0]), 1e-30)))),
+    ("norm", "the length (norm) of each copy's difference vector, not the largest difference of one element",
+     _per_leaf(lambda c: np.max(np.linalg.norm(c - c[0], axis=1)))),
+    ("one copy", "0.0 where the copies differ: the copies compared were all the same device's",
+     lambda t: 0.0),
+]]
 
 
 @exercise("05.2", "Measure how far the replicas have drifted apart", solution=solution_max_divergence,
@@ -310,12 +318,12 @@ def check_max_divergence(max_divergence):
     devs = jax.devices()
     one_number = "return one number for the whole tree, the worst difference over every leaf and device"
 
-    def run(tree):
+    def run(fn, tree):
         # Reading each copy where it lives moves data from each device to the host, never between devices: a
         # device-to-device transfer means the copies were compared through the global array.
         try:
             with jax.transfer_guard_device_to_device("disallow"):
-                return call(max_divergence, tree, name="max_divergence", hints={
+                return call(fn, tree, name="max_divergence", hints={
                     "incompatible devices": "Each copy lives on its own device, and JAX computes only with arrays "
                                             "on the same devices: this answer combined copies that live on "
                                             "different devices."})
@@ -327,43 +335,14 @@ def check_max_divergence(max_divergence):
                                "about what each device holds, where it lives.") from None
             raise
 
-    def number(tree):
-        result = run(tree)
-        dtype = getattr(result, "dtype", None)
-        if dtype is not None and np.ndim(result) == 0 and np.dtype(dtype) in (np.float16, jnp.bfloat16):
-            raise Mismatch(f"max_divergence returned a {np.dtype(dtype).name} number: copies that differ by less "
-                           f"than {np.dtype(dtype).name}'s precision would look identical. The copies are "
-                           "float32; the answer lost precision on the way.")
-        return expect_scalar(result, what="max_divergence(replicated)", per=one_number)
-
-    same = sharding.replicate({"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.float32(1.0)})
-    got = number(same)
-    if got != 0.0:
-        raise Mismatch(f"for identical copies max_divergence returned {float(got)}; expected 0.0.")
-    for n, what, copies in _drift_cases():
-        tree = {k: _stack_on_devices(list(v), devs[:n]) for k, v in copies.items()}
-        variants = _divergence_variants(copies)
-        right = variants["right"]
-        got = number(tree)
-        if np.isclose(got, right, rtol=1e-6, atol=1e-7):
-            continue
-        if np.isclose(got, 0.0):
-            raise Mismatch(f"{what}, copies that differ per device and per element: max_divergence returned 0.0; "
-                           f"the largest difference from the first device's copy is {right:.4f}. The copies it "
-                           "compared were equal: were they all the same device's copy?")
-        for key, mistake in _DIVERGENCE_MISTAKES.items():
-            if np.isclose(got, variants[key], rtol=1e-5, atol=1e-7):
-                raise Mismatch(f"{what}, copies that differ per device and per element: max_divergence returned "
-                               f"{got:.4f}, which is {mistake}. The largest absolute difference between any "
-                               f"device's copy and the first device's copy is {right:.4f}.")
-        if np.isclose(got, right, rtol=5e-2):
-            raise Mismatch(f"{what}: max_divergence returned {got}, close to {right:.6f} but not exact: the "
-                           "copies were compared in a lower precision than their own (float32), or rounded.")
-        raise Mismatch(f"{what}, copies that differ per device and per element: max_divergence returned {got:.4f}; "
-                       f"the largest absolute difference between any device's copy and the first device's copy "
-                       f"is {right:.4f}.")
-    return ("it finds the largest difference between any device's copy and the first one, read where each lives, "
-            "on 8, 4 and 2 devices.")
+    cases = [Case((sharding.replicate({"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.float32(1.0)}),),
+                  "for identical copies")]
+    cases += [Case(({k: _stack_on_devices(list(v), devs[:n]) for k, v in copies.items()},),
+                   f"{what}, copies that differ per device and per element", n=n)
+              for n, what, copies in _drift_cases()]
+    diagnose(max_divergence, cases, solution=solution_max_divergence, mistakes=MISTAKES_05_2,
+             run=lambda fn, case: run(fn, *case.args), rtol=1e-6, atol=1e-7)
+    return "it finds the largest difference between any device's copy and the first one, on 8, 4 and 2 devices."
 
 
 # ----------------------------------------------------------------------------------------------
@@ -373,6 +352,27 @@ def check_max_divergence(max_divergence):
 def solution_masked_mse(pred, y, mask):
     mask = mask.astype(pred.dtype)
     return jnp.sum(mask * (pred - y) ** 2) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def _squared(pred, y, mask):
+    return mask.astype(pred.dtype) * (pred - y) ** 2
+
+
+MISTAKES_05_3 = [
+    Mistake("padding counted", "That is the mean over all rows: the padding rows counted as if they were real.",
+            lambda p, y, m: jnp.mean((p - y) ** 2)),
+    Mistake("divided by all rows", "The padding rows are left out of the sum, but the sum is divided by all the "
+            "rows, not by the real ones.", lambda p, y, m: jnp.sum(_squared(p, y, m)) / p.shape[0]),
+    Mistake("absolute error", "That is the mean ABSOLUTE error over the real rows, |pred - y|; the mean squared "
+            "error squares each row's error.",
+            lambda p, y, m: jnp.sum(m * jnp.abs(p - y)) / jnp.maximum(jnp.sum(m), 1)),
+    Mistake("first rows", "That is the mean over the FIRST rows, as many as are real: the mask says which rows "
+            "are real, and they need not be the first ones.",
+            lambda p, y, m: jnp.mean(((p - y) ** 2)[:int(np.sum(m))]) if np.sum(m) else jnp.float32(0)),
+    Mistake("0 / 0", "With no real rows the count is 0, and 0 / 0 is NaN: it must stay finite (0.0), or the NaN "
+            "spreads to every device through the gradient average.",
+            lambda p, y, m: jnp.sum(_squared(p, y, m)) / jnp.sum(m)),
+]
 
 
 @exercise("05.3", "A mean squared error that ignores padding", solution=solution_masked_mse,
@@ -387,6 +387,7 @@ def solution_masked_mse(pred, y, mask):
                  "0 / 0 = NaN, and which function of hint 2 changes it only when it is 0?"])
 def check_masked_mse(masked_mse):
     rng = np.random.default_rng(5)
+    cases = []
     # The real rows come first in data.batches, but a mask may mark any rows: the last case scatters them, so an
     # answer that assumes the first k rows are the real ones gives another number.
     for b, real, scattered in [(8, 5, False), (16, 16, False), (4, 1, False), (10, 4, True)]:
@@ -397,34 +398,13 @@ def check_masked_mse(masked_mse):
             mask_np[0] = False                      # not a prefix
             mask_np[np.flatnonzero(~mask_np)[-1]] = True
         y = jnp.asarray(np.where(mask_np, rng.normal(size=b), 0.0), jnp.float32)
-        mask = jnp.asarray(mask_np)
-        real = int(mask_np.sum())
-        what = f"masked_mse with {real} real rows of {b}" + (" (not the first ones)" if scattered else "")
-        result = call(masked_mse, pred, y, mask, name="masked_mse")
-        dtype = getattr(result, "dtype", None)
-        if dtype is not None and np.dtype(dtype) != np.float32 and np.ndim(result) == 0:
-            raise Mismatch(f"{what} returned a {np.dtype(dtype).name} number from float32 inputs: the loss should "
-                           "stay float32; a cast of the mask or the result to a lower precision, or to an integer "
-                           "type, changed it.")
-        got = expect_scalar(result, what=what,
-                            per="one squared error per row is not yet a loss: reduce it to their mean over the "
-                                "real rows")
-        sq = (np.asarray(pred, np.float64) - np.asarray(y, np.float64)) ** 2
-        expected = float(np.mean(sq[mask_np]))
-        if real < b and np.isclose(float(got), float(np.mean(sq)), rtol=1e-5):
-            raise Mismatch(f"{what} returned {float(got):.4f}, the mean over all {b} rows: the padding rows "
-                           f"counted as if they were real (over the real rows it is {expected:.4f}).")
-        if real < b and np.isclose(float(got), expected * real / b, rtol=1e-5):
-            raise Mismatch(f"{what} returned {float(got):.4f}: the padding rows are left out of the sum, but the "
-                           f"sum is divided by all {b} rows, not by the {real} real ones.")
-        absolute = float(np.mean(np.sqrt(sq)[mask_np]))
-        if np.isclose(float(got), absolute, rtol=1e-5) and not np.isclose(absolute, expected, rtol=1e-5):
-            raise Mismatch(f"{what} returned {float(got):.4f}, the mean ABSOLUTE error over the real rows, |pred - "
-                           f"y|; the mean squared error asked for squares each row's error ({expected:.4f}).")
-        if scattered and np.isclose(float(got), float(np.mean(sq[:real])), rtol=1e-5):
-            raise Mismatch(f"{what} returned {float(got):.4f}, the mean over the FIRST {real} rows: the mask says "
-                           f"which rows are real, and here they are not the first ones (mask {mask_np.astype(int)}).")
-        expect_array(got, expected, what=what, rtol=1e-5)
+        label = f"masked_mse with {int(mask_np.sum())} real rows of {b}" + (
+            f" (mask {mask_np.astype(int)})" if scattered else "")
+        cases.append(Case((pred, y, jnp.asarray(mask_np)), label))
+    cases.append(Case((jnp.ones(4), jnp.zeros(4), jnp.zeros(4, bool)), "masked_mse with no real rows at all (a "
+                      "device that got only padding)"))
+    diagnose(masked_mse, cases[:-1], solution=solution_masked_mse, mistakes=MISTAKES_05_3, rtol=1e-5, atol=1e-6,
+             name="masked_mse")
     # A loss runs inside jax.grad and a compiled step: its values are tracers there, not numbers.
     traced = "A loss runs inside jax.grad and a compiled (pmap/jit) step, where its inputs are tracers: "
     python_value = traced + ("float(), int(), bool() or a Python if on a value need a concrete number, and a traced "
@@ -435,18 +415,11 @@ def check_masked_mse(masked_mse):
                                    "values, which a compiled program cannot have. Keep every row and let the mask "
                                    "weight them instead.",
                 "Concretization": python_value, "boolean conversion": python_value})
-    got = expect_scalar(call(masked_mse, jnp.ones(4), jnp.zeros(4), jnp.zeros(4, bool), name="masked_mse"),
-                        what="masked_mse with no real rows")
-    if not np.isfinite(got):
-        raise Mismatch(f"with no real rows at all (a device that got only padding) masked_mse returned {float(got)}: "
-                       "0 / 0. It must stay finite (0.0), or the NaN spreads to every device through the gradient "
-                       "average.")
-    if not np.isclose(got, 0.0):
-        raise Mismatch(f"with no real rows at all (a device that got only padding) masked_mse returned {float(got)}; "
-                       "expected 0.0: nothing real, nothing to count.")
+    diagnose(masked_mse, cases, solution=solution_masked_mse, mistakes=MISTAKES_05_3, rtol=1e-5, atol=1e-6,
+             name="masked_mse")
     grad = np.asarray(jax.grad(masked_mse)(jnp.ones(4), jnp.zeros(4), jnp.zeros(4, bool)))
     if not np.all(np.isfinite(grad)):
-        raise Mismatch(f"with no real rows masked_mse returns {float(got)}, but its gradient there is {grad}: the "
+        raise Mismatch(f"with no real rows masked_mse returns 0.0, but its gradient there is {grad}: the "
                        "0 / 0 is still computed, and choosing 0.0 afterwards (jnp.where, jnp.nan_to_num) hides it "
                        "in the value, not in the gradient. The NaN gradient reaches every device through the "
                        "gradient average.")

@@ -18,7 +18,7 @@ WRONG = [
     ("norm over axis 1, no vmap", lambda x: jnp.linalg.norm(x, axis=1), "no jax.vmap ran"),
     ("a Python loop over rows", lambda x: jnp.stack([norm(r) for r in x]), "no jax.vmap ran"),
     ("mapped over the columns", lambda x: jax.vmap(norm, in_axes=1)(x), "one value per column"),
-    ("the whole batch's norm", lambda x: norm(x), "single number"),
+    ("the whole batch's norm", lambda x: norm(x), "one number, the norm of the whole batch"),
     ("pmap instead of vmap", lambda x: jax.pmap(norm)(x), "that is jax.pmap's answer"),
     ("no square root", lambda x: jax.vmap(lambda v: jnp.sum(v ** 2))(x), "the square root is missing"),
     ("half precision", lambda x: jax.vmap(norm)(x.astype(jnp.float16)), "dtype float16"),

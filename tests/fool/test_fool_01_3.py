@@ -26,7 +26,7 @@ WRONG = [
     ("placed another way", lambda x: spread(jnp.linalg.norm(x, axis=1)), "its program has no jax.pmap"),
     ("copied to the host", lambda x: np.asarray(jax.pmap(norm)(x)), "should be a jax.Array"),
     ("half precision", lambda x: jax.pmap(norm)(x.astype(jnp.float16)), "dtype float16"),
-    ("mapped over the columns", lambda x: jax.pmap(norm, in_axes=1)(x), "has shape"),
+    ("mapped over the columns", lambda x: jax.pmap(norm, in_axes=1)(x), "one value per column"),
 ]
 RIGHT = [
     ("pmap of jnp.linalg.norm", lambda x: jax.pmap(jnp.linalg.norm)(x)),

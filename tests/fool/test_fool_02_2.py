@@ -18,7 +18,7 @@ def spread(values):
 WRONG = [
     ("last axis only", jax.pmap(lambda b: jnp.sum(b ** 2, axis=-1)), "whole block"),
     ("vmap", jax.vmap(lambda b: jnp.sum(b ** 2)), "lives on one device"),
-    ("one total", lambda xs: jnp.sum(xs ** 2), "single number"),
+    ("one total", lambda xs: jnp.sum(xs ** 2), "one number where shape (8,) was expected"),
     ("no square", jax.pmap(jnp.sum), "values differ"),
     ("mean of squares", jax.pmap(lambda b: jnp.mean(b ** 2)), "mean of the squares"),
     ("square of the sum", jax.pmap(lambda b: jnp.sum(b) ** 2), "the square of each block's sum"),

@@ -74,7 +74,7 @@ WRONG = [
     (lambda x, a: jax.lax.psum(x, a), ["the program uses psum"]),
     (lambda x, a: jax.lax.all_gather(x, a).sum(0), ["the program uses all_gather"]),
     (fixed_eight, ["written for a fixed device count"]),
-    (cast_to_float, ["returned float32 values from int32 inputs"]),
+    (cast_to_float, ["dtype float32 where int32 was expected"]),
     (lambda x, a: jax.lax.ppermute(x, "devices", ring(a)) + x, ["unbound axis name", "axis_name argument"]),
     (lambda x, a: x + jax.lax.ppermute(x, a, [(i, 0) for i in range(jax.lax.axis_size(a))]), ["must be unique"]),
 ]

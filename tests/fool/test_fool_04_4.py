@@ -57,9 +57,9 @@ WRONG = [
     (in_arrival_order, ["but starting with its own", "row k holds what arrived after k hops"]),
     (wrong_direction, ["in the wrong rows", "assumes the other"]),
     (lambda x, a: jax.lax.all_gather(x, a), ["not all_gather"]),
-    (zeros_in_float32, ["returned float32 values from float16 inputs"]),
+    (zeros_in_float32, ["dtype float32 where float16 was expected"]),
     (fixed_eight, ["written for a fixed device count"]),
-    (lambda x, a: jax.lax.ppermute(x, a, ring(a)), ["has shape (8,); expected (8, 8)"]),
+    (lambda x, a: jax.lax.ppermute(x, a, ring(a)), ["shape (8,) where (8, 8) was expected"]),
 ]
 
 

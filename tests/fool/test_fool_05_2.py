@@ -33,9 +33,9 @@ WRONG = [
     (lambda tree: max(float(jnp.max(jnp.abs(leaf - leaf[0]))) for leaf in jax.tree.leaves(tree)),
      ["through the global array"]),
     (over_leaves(lambda c: np.max(np.abs(c.astype(np.float16) - c[0].astype(np.float16)))),
-     ["lower precision"]),
+     ["rounded to float16 precision"]),
     (lambda tree: np.float16(max(float(np.max(np.abs(c - c[0]))) for c in map(copies_of, jax.tree.leaves(tree)))),
-     ["returned a float16 number"]),
+     ["dtype float16 where float32 was expected"]),
 ]
 
 

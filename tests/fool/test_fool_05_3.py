@@ -14,16 +14,16 @@ def python_if(p, y, m):
 
 WRONG = [
     (lambda p, y, m: jnp.mean((p - y) ** 2), ["the padding rows counted as if they were real"]),
-    (lambda p, y, m: jnp.sum(m * (p - y) ** 2) / p.shape[0], ["divided by all 8 rows"]),
-    (lambda p, y, m: jnp.sum(m * (p - y) ** 2) / jnp.sum(m), ["returned nan", "0 / 0"]),
+    (lambda p, y, m: jnp.sum(m * (p - y) ** 2) / p.shape[0], ["divided by all the rows"]),
+    (lambda p, y, m: jnp.sum(m * (p - y) ** 2) / jnp.sum(m), ["got nan", "0 / 0"]),
     (lambda p, y, m: jnp.nan_to_num(jnp.sum(m * (p - y) ** 2) / jnp.sum(m)), ["its gradient there is"]),
     (lambda p, y, m: jnp.mean(((p - y) ** 2)[m]), ["indexing with a boolean mask"]),
     (python_if, ["float(), int(), bool() or a Python if"]),
     (lambda p, y, m: jnp.sum((jnp.arange(p.shape[0]) < m.sum()) * (p - y) ** 2) / jnp.maximum(m.sum(), 1),
      ["the mean over the FIRST"]),
     (lambda p, y, m: (jnp.sum(m * (p - y) ** 2) / jnp.maximum(jnp.sum(m), 1)).astype(jnp.float16),
-     ["returned a float16 number"]),
-    (lambda p, y, m: m * (p - y) ** 2, ["one squared error per row is not yet a loss"]),
+     ["dtype float16 where float32 was expected"]),
+    (lambda p, y, m: m * (p - y) ** 2, ["shape (8,) where () was expected"]),
     (lambda p, y, m: jnp.sum(jnp.where(m, jnp.abs(p - y), 0)) / jnp.maximum(m.sum(), 1), ["the mean ABSOLUTE error"]),
 ]
 
