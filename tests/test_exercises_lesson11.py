@@ -61,7 +61,7 @@ def test_11_2_collective_fraction():
         len(t.devices) * (max(o.end_us for o in t.ops) - min(o.start_us for o in t.ops))))
     assert "idle gaps" in whole_trace.message
     a_dict = check("11.2", lambda t: profile.summarise(t))
-    assert "expected 0.322327, got dict" in a_dict.message
+    assert "expected float, got dict" in a_dict.message
     raising = check("11.2", lambda t: t.nope)
     assert "raised AttributeError" in raising.message
 
