@@ -61,7 +61,7 @@ def test_11_2_collective_fraction():
         len(t.devices) * (max(o.end_us for o in t.ops) - min(o.start_us for o in t.ops))))
     assert "idle gaps" in whole_trace.message
     a_dict = check("11.2", lambda t: profile.summarise(t))
-    assert "one number between 0 and 1" in a_dict.message
+    assert "expected float, got dict" in a_dict.message
     raising = check("11.2", lambda t: t.nope)
     assert "raised AttributeError" in raising.message
 
@@ -71,11 +71,11 @@ def test_11_3_stalled_step():
     position = check("11.3", lambda t: max(range(len(t.markers)), key=lambda i: t.markers[i].dur_us))
     assert "position in the list" in position.message
     marker = check("11.3", lambda t: max(t.markers, key=lambda m: m.dur_us))
-    assert "should return a step number" in marker.message
+    assert "expected one number, got Marker" in marker.message
     raising = check("11.3", lambda t: t.markers[99])
     assert "raised IndexError" in raising.message
     first = check("11.3", lambda t: t.markers[0].step)
-    assert "the longest step is step" in first.message
+    assert "expected 103, got 100. That is the first step" in first.message
 
 
 def test_every_exercise_has_a_ladder_of_hints_without_the_solution_code():
@@ -120,11 +120,11 @@ def test_11_2_feedback_does_not_give_the_formula_and_names_types():
     unweighted = wrong("11.2", lambda t: sum(v["collective_us"] / v["busy_us"] for v in profile.summarise(t).values())
                        / len(profile.summarise(t)))
     assert "averages the devices' own fractions" in unweighted and "busy_us" not in unweighted
-    assert "string" in wrong("11.2", lambda t: f"{solution_collective_fraction(t):.4f}")
+    assert "got str" in wrong("11.2", lambda t: f"{solution_collective_fraction(t):.4f}")
     assert "float16" in wrong("11.2", lambda t: np.float16(solution_collective_fraction(t)))
     assert "bfloat16" in wrong("11.2", lambda t: jnp.bfloat16(solution_collective_fraction(t)))
     off = wrong("11.2", lambda t: solution_collective_fraction(t) * 0.9)
-    assert "not the collectives' share" in off and "sum over devices" not in off
+    assert "1.11x too small" in off and "sum over devices" not in off
 
 
 def _restore(directory, target):
@@ -212,12 +212,12 @@ def test_11_2_one_device_compute_and_in_place_changes_are_named():
                                            / sum(o.dur_us for o in t.ops))
 
 
-def test_11_3_integer_arrays_pass_floats_and_sorting_in_place_are_named():
+def test_11_3_numbers_in_other_forms_pass_and_sorting_in_place_is_named():
     assert check("11.3", lambda t: t.markers[0].step + jnp.argmax(jnp.array([m.dur_us for m in t.markers])))
     assert check("11.3", lambda t: t.markers[0].step + np.argmax([m.dur_us for m in t.markers]))
-    assert "floating-point number 103.0" in wrong("11.3", lambda t: float(solution_stalled_step(t)))
-    assert "an int" in wrong("11.3", lambda t: jnp.float32(solution_stalled_step(t)))
-    assert "an int" in wrong("11.3", lambda t: t.markers[0].step > 0)          # a bool is not a step
+    assert check("11.3", lambda t: float(solution_stalled_step(t)))             # a step number in other forms
+    assert check("11.3", lambda t: jnp.float32(solution_stalled_step(t)))
+    assert "got True" in wrong("11.3", lambda t: t.markers[0].step > 0)          # a bool is not a step
 
     def sorts(t):
         t.markers.sort(key=lambda m: m.dur_us)

@@ -65,7 +65,7 @@ def _psum_gather(layer):
     (lambda layer: {**layer, "w_in": jax.lax.all_gather(layer["w_in"], "data", axis=1, tiled=True),
                     "w_out": jax.lax.all_gather(layer["w_out"], "data", axis=1, tiled=True)}, "layer['b']"),
     (lambda layer: jax.tree.map(lambda w: jax.lax.stop_gradient(
-        jax.lax.all_gather(w, "data", axis=w.ndim - 1, tiled=True)), layer), "no gradient flows back"),
+        jax.lax.all_gather(w, "data", axis=w.ndim - 1, tiled=True)), layer), "all zeros"),
     (_psum_gather, "no all-gather"),
     (lambda layer: list(layer.values()), "should return a dict"),
     (lambda layer: jax.tree.map(lambda w: jax.lax.all_gather(w, "devices", axis=w.ndim - 1, tiled=True), layer),

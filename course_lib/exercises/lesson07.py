@@ -9,8 +9,8 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import (Mismatch, as_array, call, describe_tree, exercise, expect_array, expect_scalar, expect_structure,
-               primitives)
+from . import (Case, Mismatch, Mistake, call, describe_tree, diagnose, difference, exercise, expect_scalar,
+               expect_structure, primitives)
 from .lesson06 import AXIS, _mesh, _spec
 
 
@@ -38,28 +38,47 @@ def solution_ported(x, w, mesh):
 _SUMS = ("psum", "psum_invariant", "psum2", "reduce_scatter", "psum_scatter")
 
 
+@contextlib.contextmanager
+def _set_mesh_allowed(mesh):
+    """``mesh`` entered here, and ``jax.set_mesh`` a no-op inside: an answer that enters the mesh itself can then be
+    traced (JAX refuses set_mesh while a program is traced)."""
+    real = jax.set_mesh
+    swapped = [m for m in (jax, jax.sharding) if getattr(m, "set_mesh", None) is real]
+    with real(mesh):
+        for m in swapped:
+            m.set_mesh = lambda *a, **k: contextlib.nullcontext()
+        try:
+            yield
+        finally:
+            for m in swapped:
+                m.set_mesh = real
+
+
 def _program(fn, *args, name, mesh):
-    """The equations of ``fn(*args)``'s program. An answer that enters ``jax.set_mesh(mesh)`` itself cannot be
-    traced (set_mesh refuses to run under a trace): it is read again with the mesh entered here instead."""
+    """The equations of ``fn(*args)``'s program (read again with ``_set_mesh_allowed`` if fn enters a mesh)."""
     try:
         return primitives(fn, *args, name=name)
     except Mismatch as e:
         if "set_mesh` can only be used outside" not in str(e):
             raise
         first = e
-    real = jax.set_mesh
-    swapped = [m for m in (jax, jax.sharding) if getattr(m, "set_mesh", None) is real]
     try:
-        with real(mesh):
-            for m in swapped:
-                m.set_mesh = lambda *a, **k: contextlib.nullcontext()
+        with _set_mesh_allowed(mesh):
             return primitives(fn, *args, name=name)
     except Mismatch:
         raise Mismatch(f"{first} What stopped it is the jax.set_mesh inside your function: JAX refuses it while "
                        "a program is traced.") from None
-    finally:
-        for m in swapped:
-            m.set_mesh = real
+
+
+def _compiled_text(step, mesh, *args):
+    """The compiled program of ``step(*args)`` (a jitted function's own, else jit's), or None if it cannot be built."""
+    for allowed in (contextlib.nullcontext(), _set_mesh_allowed(mesh)):
+        try:
+            with allowed:
+                return (step if hasattr(step, "lower") else jax.jit(step)).lower(*args).compile()
+        except Exception:  # noqa: BLE001: the learner's step; its own call reports its error
+            continue
+    return None
 
 
 def _shard_maps(fn, *args, name, mesh):
@@ -74,9 +93,61 @@ def _shard_maps(fn, *args, name, mesh):
     return found
 
 
-def _shard_map_collectives(fn, *args, name, mesh):
-    """The names of the collectives inside each shard_map of ``fn(*args)``'s program (pmap shows as one too)."""
-    return [names for _, names in _shard_maps(fn, *args, name=name, mesh=mesh)]
+def _ported_as(reduce=jax.lax.psum, out_specs=(P("i"), P())):
+    """The port with one mistake: another collective (or none), or other out_specs (nothing checks them)."""
+    def ported(x, w, mesh):
+        def per_device(xb, wb):
+            h = jnp.tanh(xb @ wb)
+            return h, reduce(h.sum(axis=0), "i") if reduce else h.sum(axis=0)
+        return jax.shard_map(per_device, mesh=mesh, in_specs=(P("i"), P()), out_specs=out_specs,
+                             check_vma=False)(x, w)
+    return ported
+
+
+_PMAP_SUMS = " The pmap version adds up every device's sums."
+MISTAKES_07_1 = [
+    Mistake("pmean", "The column sums are the total divided by {n}: the mean over the devices, not their sum."
+            + _PMAP_SUMS, _ported_as(jax.lax.pmean)),
+    Mistake("no collective", "The column sums are those of device 0's rows only: each device's own sums never met "
+            "the others' (no collective adds them), and the output returned one device's value." + _PMAP_SUMS,
+            _ported_as(None)),
+    Mistake("total stacked", "The column sums came back once per device, stacked: out_specs naming 'i' stacks the "
+            "devices' values; this one is the same on every device, and pmap's out_axes=None returned it once.",
+            _ported_as(out_specs=(P("i"), P("i")))),
+    Mistake("rows claimed replicated", "tanh(x @ w) came back as one device's block: an out_specs entry naming no "
+            "axis returns a single block, as if all were the same (with check_vma=False nothing checks that "
+            "claim): name the axis the rows are split over.", _ported_as(out_specs=(P(), P()))),
+]
+_PORT_HINTS = {
+    "can't be statically inferred": "An out_specs entry naming no axis claims that the output is the same on every "
+                                    "device. tanh(x @ w) differs from device to device (each has its own rows); "
+                                    "only the total that came out of the collective is the same everywhere.",
+    "does not match the specs of the input": "in_specs must match how the inputs are placed: x split over 'i', w "
+                                             "whole on every device.",
+    **dict.fromkeys(("marked as manual", "not found in mesh"), "A spec names a mesh axis that this mesh does "
+                    "not have: its only axis is 'i'."),
+    "unbound axis name": "A collective names an axis that only exists inside shard_map: compute the total in the "
+                         "per-device function.",
+    "should match the mesh passed to shard_map": "Build the shard_map on the mesh you were given, not on one of "
+                                                 "your own.",
+}
+
+
+def _port_runner(fn, case):
+    x, w, mesh = case.args
+    try:
+        return call(fn, x, w, mesh, name="ported", hints=_PORT_HINTS)
+    except Mismatch as e:
+        if "raised KeyError: 'i'" in str(e):
+            raise Mismatch(f"{case.label} raised KeyError: 'i'. That is what jax.pmap does with arrays already "
+                           "placed on a mesh with an Explicit axis, as x and w are here. The port replaces "
+                           "pmap: the per-device function runs under jax.shard_map on the given mesh, on the "
+                           "global x with no reshape (lesson 07, migration table).") from None
+        if "evenly divi" in str(e) or ("dot_general" in str(e) and "contracting" in str(e)):
+            raise Mismatch(f"{case.label} raised an error: w is split over 'i' too. w is broadcast in the pmap "
+                           "version (in_axes=None), so every device needs all of it, and its in_specs entry "
+                           "should split nothing.") from None
+        raise
 
 
 @exercise("07.1", "Port a pmap function with a broadcast argument and a replicated output",
@@ -93,72 +164,20 @@ def _shard_map_collectives(fn, *args, name, mesh):
                  "axis, because after the collective it is the same on every device."])
 def check_ported(ported):
     rng = np.random.default_rng(6)
+    cases = []
     for n, b, d, k in [(len(jax.devices()), 2, 3, 4), (4, 3, 5, 2), (2, 5, 2, 3)]:
         mesh = _mesh(n)
-        x_np = rng.normal(size=(n * b, d)).astype(np.float32)
-        w_np = rng.normal(size=(d, k)).astype(np.float32)
-        x = jax.device_put(x_np, NamedSharding(mesh, P(AXIS)))
-        w = jax.device_put(w_np, NamedSharding(mesh, P()))
-        h_ref = np.tanh(x_np.astype(np.float64) @ w_np)
-        total_ref = h_ref.sum(axis=0)
-        what = f"ported(x {x.shape}, w {w.shape}) on {n} devices"
-        try:
-            got = call(ported, x, w, mesh, name="ported", hints={
-                "can't be statically inferred": "An out_specs entry naming no axis claims that the output is the "
-                                                "same on every device. tanh(x @ w) differs from device to device "
-                                                "(each has its own rows); only the total that came out of the "
-                                                "collective is the same everywhere.",
-                "does not match the specs of the input": "in_specs must match how the inputs are placed: x split "
-                                                         "over 'i', w whole on every device.",
-                "marked as manual": "A spec names a mesh axis that this mesh does not have: its only axis is 'i'.",
-                "not found in mesh": "A spec names a mesh axis that this mesh does not have: its only axis is 'i'.",
-                "unbound axis name": "A collective names an axis that only exists inside shard_map: compute the "
-                                     "total in the per-device function.",
-                "should match the mesh passed to shard_map": f"Build the shard_map on the mesh you were given "
-                                                             f"(here {n} devices), not on one of your own.",
-            })
-        except Mismatch as e:
-            if "raised KeyError: 'i'" in str(e):
-                raise Mismatch(f"{what} raised KeyError: 'i'. That is what jax.pmap does with arrays already "
-                               "placed on a mesh with an Explicit axis, as x and w are here. The port replaces "
-                               "pmap: the per-device function runs under jax.shard_map on the given mesh, on the "
-                               "global x with no reshape (lesson 07, migration table).") from None
-            if "evenly divi" in str(e) or ("dot_general" in str(e) and "contracting" in str(e)):
-                raise Mismatch(f"{what} raised an error: w is split over 'i' too. w is broadcast in the pmap "
-                               "version (in_axes=None), so every device needs all of it, and its in_specs entry "
-                               "should split nothing.") from None
-            raise
-        if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise Mismatch(f"{what} should return a pair (tanh(x @ w), its column sums), as the pmap version "
-                           f"does; got {describe_tree(got)}.")
-        h, total = got
-        if hasattr(h, "dtype") and np.dtype(h.dtype) != np.float32:
-            raise Mismatch(f"{what}: tanh(x @ w) came back as {np.dtype(h.dtype).name}; x and w are float32, and "
-                           "so is the pmap version's result. Keep the dtype: no cast.")
-        if hasattr(h, "shape") and tuple(h.shape) == (b, k):
-            raise Mismatch(f"{what}: tanh(x @ w) has shape {tuple(h.shape)}, one device's block; expected "
-                           f"({n * b}, {k}). An out_specs entry naming no axis returns a single block, as if all "
-                           "were the same (with check_vma=False nothing checks that claim): name the axis the "
-                           "rows are split over.")
-        expect_array(h, h_ref, what=f"{what}, tanh(x @ w)", rtol=1e-4, atol=1e-5)
+        x = jax.device_put(rng.normal(size=(n * b, d)).astype(np.float32), NamedSharding(mesh, P(AXIS)))
+        w = jax.device_put(rng.normal(size=(d, k)).astype(np.float32), NamedSharding(mesh, P()))
+        cases.append(Case((x, w, mesh), f"ported(x {x.shape}, w {w.shape}) on {n} devices", n=n))
+    results = diagnose(ported, cases, solution=solution_ported, mistakes=MISTAKES_07_1, run=_port_runner,
+                       name="ported", rtol=1e-4, atol=1e-5)
+    for case, (h, total) in zip(cases, results):
+        x, w, mesh = case.args
+        (n, b), d, what = (mesh.size, x.shape[0] // mesh.size), x.shape[1], case.label
         if not isinstance(h, jax.Array) or _spec(h) is None or tuple(_spec(h))[:1] != (AXIS,):
             raise Mismatch(f"{what}: tanh(x @ w) has sharding {_spec(h)}; expected the rows split over 'i', as "
                            "the input was.")
-        if hasattr(total, "shape") and tuple(total.shape) == (n * k,):
-            raise Mismatch(f"{what}: the column sums have shape ({n * k},): the same total, once per device, "
-                           "stacked. out_specs naming 'i' stacks the devices' values; this one is the same on "
-                           f"every device, and pmap's out_axes=None returned it once, shape ({k},).")
-        totals = as_array(total, what=f"{what}, the column sums", expected_shape=(k,))
-        if totals.shape == (k,):
-            first = h_ref[:b].sum(axis=0)
-            if np.allclose(totals, total_ref / n, rtol=1e-4, atol=1e-5):
-                raise Mismatch(f"{what}: the column sums are the total divided by {n}: the mean over the "
-                               "devices, not their sum. The pmap version adds up every device's sums.")
-            if np.allclose(totals, first, rtol=1e-4, atol=1e-5):
-                raise Mismatch(f"{what}: the column sums are those of device 0's rows only: each device's own "
-                               "sums never met the others' (no collective adds them), and the output returned "
-                               "one device's value. The pmap version adds up every device's sums.")
-        expect_array(totals, total_ref, what=f"{what}, the column sums", rtol=1e-4, atol=1e-4)
         if isinstance(total, jax.Array) and len(total.devices()) != n:
             raise Mismatch(f"{what}: the column sums live on {len(total.devices())} device(s); as the pmap "
                            f"version's out_axes=None output, they should be on all {n}, the same everywhere.")
@@ -318,7 +337,7 @@ def check_make_sharded_step(make_sharded_step):
         with jax.set_mesh(mesh):
             x, y = jax.device_put(batches[0], split)
             try:
-                inside = _shard_map_collectives(step, params, opt_state, x, y, name="step", mesh=mesh)
+                inside = [names for _, names in _shard_maps(step, params, opt_state, x, y, name="step", mesh=mesh)]
             except Mismatch as unreadable:
                 try:
                     call(step, params, opt_state, x, y, name="step", hints=_step_hints(n))
@@ -333,14 +352,10 @@ def check_make_sharded_step(make_sharded_step):
                 raise Mismatch(f"the step {where} has no jax.shard_map in its program. This exercise asks for "
                                "the per-device form, where you write the collective yourself (the sharded-jit "
                                "form of lesson 07's last step is not it).")
-            run = step
-            try:
-                compiled = (step if hasattr(step, "lower") else jax.jit(step)).lower(params, opt_state, x, y).compile()
-                hlo = compiled.as_text()
-                if hasattr(step, "lower"):
-                    run = compiled       # the same program, compiled once: run it, donation included
-            except Exception:
-                hlo = None  # the call below reports the learner's error
+            compiled = _compiled_text(step, mesh, params, opt_state, x, y)
+            hlo = compiled and compiled.as_text()
+            # a jitted step: the same program, compiled once, run with donation included
+            run = compiled if compiled is not None and hasattr(step, "lower") else step
             for i, (x_np, y_np) in enumerate(batches):
                 x, y = jax.device_put((x_np, y_np), split)
                 given = jax.tree.leaves((params, opt_state))
@@ -389,36 +404,19 @@ def check_make_sharded_step(make_sharded_step):
                 ref_params, ref_state, ref_loss, ref_grads = ref[i]
                 if i == 0 and label.startswith("plain SGD"):
                     _check_fed_gradient(new_params, params0, ref_grads, batches[0], loss_fn, n, where)
-                if not np.isclose(loss, ref_loss, rtol=1e-4, atol=1e-6):
+                if i == 0 and not np.isclose(loss, ref_loss, rtol=1e-4, atol=1e-6):
                     b = len(batches[0][0]) // n
                     own = float(loss_fn(params0, batches[0][0][:b], batches[0][1][:b]))
-                    if i == 0 and np.isclose(loss, own, rtol=1e-4, atol=1e-6):
+                    if np.isclose(loss, own, rtol=1e-4, atol=1e-6):
                         raise Mismatch(f"step 1 {where} returned the loss of device 0's rows only ({loss:.4f}; "
                                        f"the whole batch's is {ref_loss:.4f}): average the loss over the devices "
                                        "too, not only the gradients.")
-                    raise Mismatch(f"step {i + 1} {where} returned the loss {loss:.6f}; one device on the whole "
-                                   f"global batch gives {ref_loss:.6f}. The loss should be the mean over the whole "
-                                   "global batch, before the update.")
-                for j, (mine, theirs) in enumerate(zip(jax.tree.leaves(new_params), jax.tree.leaves(ref_params))):
-                    try:
-                        expect_array(mine, theirs, what=f"a parameter after step {i + 1} {where}", rtol=1e-4,
-                                     atol=1e-5)
-                    except Mismatch as e:
-                        if i == 0 and jax.tree.leaves(new_state) and all(
-                                np.array_equal(np.asarray(a), np.asarray(b)) for a, b in
-                                zip(jax.tree.leaves(new_state), jax.tree.leaves(tx.init(params0)))):
-                            raise Mismatch(f"after step 1 {where} the optimizer state is the one that came in: "
-                                           "return the state that the optimizer's update gives back.") from None
-                        raise Mismatch(f"{e} The parameters should move as one device's step on the whole batch "
-                                       "moves them, with the same optimizer.") from None
-                for mine, theirs in zip(jax.tree.leaves(new_state), jax.tree.leaves(ref_state)):
-                    if np.issubdtype(np.asarray(theirs).dtype, np.integer) and \
-                            not np.array_equal(np.asarray(mine), theirs):
-                        raise Mismatch(f"the optimizer's step count after step {i + 1} {where} is "
-                                       f"{np.asarray(mine).tolist()}, expected {np.asarray(theirs).tolist()}: call "
-                                       "the optimizer's update once per step, and return its new state.")
-                    expect_array(mine, theirs, what=f"the optimizer state after step {i + 1} {where}",
-                                 rtol=1e-4, atol=1e-6)
+                diff = difference((new_params, new_state, loss), (ref_params, ref_state, ref_loss), n=n, rtol=1e-4,
+                                  atol=1e-5, dtype=False)
+                if diff:
+                    raise Mismatch(f"after step {i + 1} {where}, (params, opt_state, loss) differ from one device's "
+                                   f"step on the whole global batch with the same optimizer (the loss before the "
+                                   f"update): {diff}.")
                 params, opt_state = new_params, new_state
         if hlo is None:
             raise Mismatch(f"the step {where} computes the right values, but its program could not be compiled "
@@ -455,10 +453,8 @@ def _step_hints(n):
         "too long to be compatible": "An out_specs entry splits an axis that its output does not have: "
                                      "the loss is a scalar. Make it the same on every device and "
                                      "return it once, like the state.",
-        "marked as manual": "A spec or a collective names a mesh axis that this mesh does not have: its only "
-                            "axis is 'i'.",
-        "not found in mesh": "A spec or a collective names a mesh axis that this mesh does not have: its only axis "
-                             "is 'i'.",
+        **dict.fromkeys(("marked as manual", "not found in mesh"), "A spec or a collective names a mesh axis "
+                        "that this mesh does not have: its only axis is 'i'."),
         "unbound axis name: data": "A collective names the lesson's axis 'data'; this mesh's only axis is 'i'.",
         "does not match the specs of the input": "in_specs must match how the checker places the "
                                                  "arguments: params and opt_state replicated, x and y "
@@ -467,29 +463,23 @@ def _step_hints(n):
 
 
 def _check_fed_gradient(new_params, params0, ref_grads, batch, loss_fn, n, where):
-    """With plain SGD (lr 0.1) the gradient the step fed the optimizer is (old - new) / lr: name its error."""
+    """With plain SGD (lr 0.1) the gradient the step fed the optimizer is (old - new) / lr: say how it differs."""
     fed = jax.tree.map(lambda a, b: (np.asarray(a, np.float64) - np.asarray(b, np.float64)) / 0.1, params0,
                        new_params)
-    ratio = _tree_norm(fed) / max(_tree_norm(ref_grads), 1e-30)
-    if abs(ratio - 1) < 1e-3:
+    diff = difference(fed, ref_grads, n=n, rtol=1e-3, atol=1e-6, dtype=False)
+    if diff is None:
         return
-    for k, text in [(n, f"{n} times"), (n * n, f"{n * n} ({n} x {n}) times")]:
-        if abs(ratio / k - 1) < 1e-2:
-            raise Mismatch(f"the gradient your step feeds the optimizer {where} is {text} too large (the "
-                           "parameters moved that much more than one device's step on the whole batch moves them). "
-                           "With plain Adam the losses would barely show it; with clipping or SGD they do. Under "
-                           "shard_map the gradient of a replicated (P()) parameter comes back already summed over "
-                           "the devices (lesson 06, section 3): look at what your step does with that sum.")
-    if ratio < 1e-6:
+    if _tree_norm(fed) < 1e-6 * _tree_norm(ref_grads):
         raise Mismatch(f"the parameters {where} did not move in step 1: the step returns the parameters that came "
                        "in, not the updated ones.")
     x, y = batch
-    b = len(x) // n
-    own = jax.grad(loss_fn)(params0, x[:b], y[:b])
-    if _tree_norm(jax.tree.map(lambda a, c: np.asarray(a, np.float64) - np.asarray(c), fed, own)) < \
-            1e-3 * max(_tree_norm(own), 1e-30):
+    own = jax.grad(loss_fn)(params0, x[:len(x) // n], y[:len(x) // n])
+    if difference(fed, own, rtol=1e-3, atol=1e-6, dtype=False) is None:
         raise Mismatch(f"the gradient your step feeds the optimizer {where} is device 0's own gradient, from its "
                        "rows only: the devices' gradients were never averaged, and the output returned one "
                        "device's parameters (nothing checks a P() output when check_vma is off).")
-    raise Mismatch(f"the gradient your step feeds the optimizer {where} differs from the gradient of the mean loss "
-                   f"over the whole global batch (its norm is {ratio:.3g} times the right one).")
+    raise Mismatch(f"the gradient your step feeds the optimizer {where} (the parameters' move divided by the "
+                   f"learning rate) differs from the gradient of the mean loss over the whole global batch: {diff}. "
+                   "Under shard_map, the gradient of a replicated (P()) parameter that is not marked varying comes "
+                   "back already summed over the devices (lesson 06, section 3), and a psum sums too: count the "
+                   "sums your step makes.")

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import Mismatch, as_array, call, describe, describe_tree, exercise, expect_array
+from . import Case, Mismatch, Mistake, call, describe, describe_tree, diagnose, exercise, expect_array
 
 
 # ----------------------------------------------------------------------------------------------
@@ -27,35 +27,33 @@ def solution_process_rows(global_batch, num_processes, process_id):
                  "In words: divide the batch by the number of processes to get the rows per process; process p's "
                  "block starts at p times that and ends where process p + 1's block starts."])
 def check_process_rows(process_rows):
-    for batch, procs in [(64, 2), (96, 4), (30, 3), (8, 8), (48, 12)]:
-        per = batch // procs
-        seen = []
-        for pid in range(procs):
-            got = call(process_rows, batch, procs, pid, name="process_rows")
-            what = f"process_rows({batch}, {procs}, {pid})"
-            if not isinstance(got, slice):
-                raise Mismatch(f"{what} should return a slice, like slice(start, stop); got {describe_tree(got)}.")
-            try:
-                rows = list(range(batch))[got]
-            except (TypeError, ValueError) as e:
-                raise Mismatch(f"{what} returned {got!r}, which cannot select rows ({e}): start and stop must be "
-                               "ints.") from None
-            if got.step not in (None, 1) and len(rows) == per:
-                raise Mismatch(f"{what} takes every {got.step}-th row (interleaved): its rows do not line up "
-                               "with the devices it owns.")
-            if len(rows) != per:
-                raise Mismatch(f"{what} selects {len(rows)} rows; each of the {procs} processes loads the same "
-                               f"number, {batch} // {procs} = {per}.")
-            if rows != list(range(rows[0], rows[0] + per)):
-                raise Mismatch(f"{what} selects rows that are not one contiguous block ({rows[:4]}...).")
-            if rows[0] != pid * per:
-                raise Mismatch(f"{what} starts at row {rows[0]}: process {pid}'s block comes right after the blocks "
-                               f"of the {pid} process(es) before it, in process order.")
-            expect_array(rows, list(range(pid * per, (pid + 1) * per)), what=f"the rows of {what}")
-            seen += rows
-        if sorted(seen) != list(range(batch)):
-            raise Mismatch(f"for a batch of {batch} on {procs} processes the slices do not cover every row once.")
+    cases = [Case((batch, procs, pid), f"process_rows({batch}, {procs}, {pid})")
+             for batch, procs in [(64, 2), (96, 4), (30, 3), (8, 8), (48, 12)] for pid in range(procs)]
+    diagnose(process_rows, cases, solution=solution_process_rows, mistakes=MISTAKES_08_1, run=_selected_rows,
+             name="process_rows")
     return "each process loads one contiguous block of batch // num_processes rows."
+
+
+def _selected_rows(fn, case):
+    """The rows ``fn``'s slice selects from a batch of ``case``'s size."""
+    got = call(fn, *case.args, name="process_rows")
+    if not isinstance(got, slice):
+        raise Mismatch(f"{case.label} should return a slice, like slice(start, stop); got {describe_tree(got)}.")
+    try:
+        return np.arange(case.args[0])[got]
+    except (TypeError, ValueError, IndexError) as e:
+        raise Mismatch(f"{case.label} returned {got!r}, which cannot select rows ({e}): start and stop must be "
+                       "ints.") from None
+
+
+MISTAKES_08_1 = [
+    Mistake("interleaved", "It takes every num_processes-th row (interleaved): its rows do not line up with the "
+            "devices it owns.", lambda b, n, p: slice(p, b, n)),
+    Mistake("one row too many", "It selects one row too many: a slice stops before its stop.",
+            lambda b, n, p: slice(p * (b // n), (p + 1) * (b // n) + 1)),
+    Mistake("start at the process id", "It starts at row process_id: process p's block comes right after the "
+            "blocks of the p processes before it, in process order.", lambda b, n, p: slice(p, p + b // n)),
+]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -77,18 +75,43 @@ def solution_local_part(batch, devices, process_index):
     return batch[rows]
 
 
-def _from_ids(devices, pid, picked, local_part=None, reference=None) -> bool:
-    """Whether ``picked`` (or, given local_part, the positions of the rows it returns for ``pid``) are the
-    positions a device's id gives when read as one: id modulo the device count or 2048, or id minus the first."""
-    ids = [d.id for d in devices if d.process_index == pid]
-    if local_part is not None:
-        try:
-            got = np.asarray(local_part(reference.copy(), list(devices), pid))
-            picked = [int(np.flatnonzero((reference == row).all(axis=tuple(range(1, reference.ndim))))[0])
-                      for row in got]
-        except Exception:  # noqa: BLE001 - a probe: any failure means "cannot tell"
-            return False
-    return picked in [[i % m for i in ids] for m in (len(devices), 2048)] + [[i - min(ids) for i in ids]]
+def _stacked(got):
+    """A list of rows stands for the array of them."""
+    if isinstance(got, list) and got and all(isinstance(r, np.ndarray) for r in got):
+        return np.stack(got)
+    return got
+
+
+def _rows(pick):
+    """A local_part that returns the rows at the positions ``pick(devices, process_index)``."""
+    return lambda batch, devices, p: batch[list(pick(devices, p))]
+
+
+_IDS = ("It returns the rows at positions computed from the devices' ids. Device ids are labels, not positions "
+        "(lesson 08, section 3): use each device's position in the list.")
+MISTAKES_08_2 = [
+    Mistake("contiguous", "It returns a contiguous block of rows, but this process owns the devices at other "
+            "positions: read each device's process_index instead of assuming an order.",
+            lambda batch, devices, p: batch[p * (len(devices) // len({d.process_index for d in devices})):][
+                :len([d for d in devices if d.process_index == p])]),
+    Mistake("contiguous, 2 processes written in", "It returns a contiguous block of rows, as if there were 2 "
+            "processes whose devices sit in order: read each device's process_index instead of assuming an order.",
+            lambda batch, devices, p: batch[p * (len(devices) // 2):(p + 1) * (len(devices) // 2)]),
+    Mistake("whole batch", "It returns the whole batch, every process's rows; a process feeds only its own "
+            "devices. Which process owns a device is its process_index, whatever its id.",
+            lambda batch, devices, p: batch),
+    Mistake("ids modulo the count", _IDS, _rows(lambda ds, p: [d.id % len(ds) for d in ds if d.process_index == p])),
+    Mistake("sorted by id", "It returns the right rows in another order: keep mesh order, the order of the "
+            "devices list.", _rows(lambda ds, p: [i for i, d in sorted(enumerate(ds), key=lambda t: t[1].id)
+                                                  if d.process_index == p])),
+    Mistake("process 0", "It returns the rows of process 0's devices whatever process it is asked for: use the "
+            "process_index the function is given.", _rows(lambda ds, p: [i for i, d in enumerate(ds)
+                                                                          if d.process_index == 0])),
+    Mistake("owner test reversed", "It returns the rows of the other processes' devices: the owner test is "
+            "reversed.", _rows(lambda ds, p: [i for i, d in enumerate(ds) if d.process_index != p])),
+    Mistake("owner from the id", "It reads the owner from the id; which process owns a device is its "
+            "process_index, whatever its id.", _rows(lambda ds, p: [i for i, d in enumerate(ds) if d.id // 2048 == p])),
+]
 
 
 @exercise("08.2", "This process's rows of a sharded batch, from the devices it owns",
@@ -104,73 +127,24 @@ def _from_ids(devices, pid, picked, local_part=None, reference=None) -> bool:
 def check_local_part(local_part):
     def job(owners):
         """Devices with ids as the CPU backend numbers them (lesson 08): process p's k-th device has id 2048 p + k."""
-        seen = {}
-        devices = []
-        for p in owners:
-            devices.append(FakeDevice(2048 * p + seen.get(p, 0), p))
-            seen[p] = seen.get(p, 0) + 1
-        return devices
-
-    def labelled(owners, ids):
-        """Devices whose ids follow no pattern (as on other runtimes), in the given mesh order."""
-        return [FakeDevice(i, p) for i, p in zip(ids, owners)]
+        return [FakeDevice(2048 * p + owners[:i].count(p), p) for i, p in enumerate(owners)]
 
     layouts = {
         "2 processes x 4 devices, in order": job([i // 4 for i in range(8)]),
         "2 processes, devices interleaved": job([i % 2 for i in range(8)]),
         "4 processes x 2 devices": job([i // 2 for i in range(8)]),
         "2 processes, mesh in reverse id order": list(reversed(job([i // 4 for i in range(8)]))),
-        "3 processes, ids with no pattern": labelled([2, 0, 1, 1, 0, 2, 0, 1], [17, 3, 40, 9, 5, 21, 11, 38]),
+        "3 processes, ids with no pattern": [FakeDevice(i, p) for i, p in zip([17, 3, 40, 9, 5, 21, 11, 38],
+                                                                             [2, 0, 1, 1, 0, 2, 0, 1])],
     }
     reference = np.arange(8 * 3 * 2).reshape(8, 3, 2)  # private: each call gets its own copy
-    for name, devices in layouts.items():
-        for pid in sorted({d.process_index for d in devices}):
-            owned = [i for i, d in enumerate(devices) if d.process_index == pid]
-            expected = reference[owned].copy()
-            contiguous = reference[pid * len(owned):(pid + 1) * len(owned)].copy()
-            what = f"local_part for process {pid} ({name})"
-            ids_as_positions = ("A device's id is a label, not its position: here process 1's devices have ids "
-                                "from 2048 on (lesson 08, section 3). Use each device's position in the list.")
-            got = call(local_part, reference.copy(), list(devices), pid, name="local_part",
-                       hints={"out of bounds": ids_as_positions})
-            got = as_array(got, what=what, expected_shape=expected.shape)
-            if got.dtype != expected.dtype:
-                raise Mismatch(f"{what} returns {got.dtype.name} rows; the batch holds {expected.dtype.name}. Select "
-                               "the rows without converting them.")
-            if got.shape == expected.shape and not np.array_equal(got, expected) and \
-                    np.array_equal(got, contiguous):
-                raise Mismatch(f"{what} returns a contiguous block of rows, but this process owns the devices at "
-                               f"positions {owned}: read each device's process_index instead of assuming an order.")
-            if got.ndim == 3 and got.shape[1:] == expected.shape[1:] and not (
-                    got.shape == expected.shape and np.array_equal(got, expected)):
-                picked = [int(np.flatnonzero((reference == row).all(axis=(1, 2)))[0])
-                          if (reference == row).all(axis=(1, 2)).any() else None for row in got]
-                if None not in picked:
-                    if sorted(picked) == list(range(len(devices))):
-                        raise Mismatch(f"{what} returns the whole batch, every process's rows; a process feeds "
-                                       f"only its own devices, here those at positions {owned}. Which process owns a "
-                                       "device is its process_index, whatever its id.")
-                    ids = [devices[i].id for i in owned]
-                    others = {devices[i].process_index for i in picked}
-                    theirs = [i for i, d in enumerate(devices) if {d.process_index} == others]
-                    # rows at positions computed from ids; where they are another process's rows too, the
-                    # layout whose ids follow no pattern tells the two mistakes apart
-                    if _from_ids(devices, pid, picked) and (picked != theirs or _from_ids(
-                            layouts["3 processes, ids with no pattern"], 0, None, local_part, reference)):
-                        raise Mismatch(f"{what} returns the rows at positions {picked}, computed from the devices' "
-                                       f"ids {ids}; this process owns the devices at positions {owned}. Device ids "
-                                       "are labels, not positions (lesson 08, section 3).")
-                    if sorted(picked) == owned:
-                        raise Mismatch(f"{what} returns the right rows in another order (positions {picked}): "
-                                       f"keep mesh order, positions {owned}, the order of the devices list.")
-                    owners = {devices[i].process_index for i in picked}
-                    if len(owners) == 1 and owners != {pid}:
-                        raise Mismatch(f"{what} returns the rows of process {owners.pop()}'s devices: use the "
-                                       "process_index the function is given, not a fixed one or this process's own.")
-                    raise Mismatch(f"{what} returns the rows at positions {picked}; this process owns the devices "
-                                   f"at positions {owned}. Ask each device which process owns it (its "
-                                   "process_index); its id says nothing about that.")
-            expect_array(got, expected, what=what)
+    cases = [Case((reference, devices, pid), f"local_part for process {pid} ({name})")
+             for name, devices in layouts.items() for pid in sorted({d.process_index for d in devices})]
+    hints = {"out of bounds": "A device's id is a label, not its position: here process 1's devices have ids from "
+                              "2048 on (lesson 08, section 3). Use each device's position in the list."}
+    diagnose(local_part, cases, solution=solution_local_part, mistakes=MISTAKES_08_2, name="local_part",
+             run=lambda fn, c: _stacked(call(fn, c.args[0].copy(), list(c.args[1]), c.args[2], name="local_part",
+                                             hints=hints)))
     return "each process feeds exactly the devices it owns, wherever they sit in the mesh, whatever their ids."
 
 
@@ -277,22 +251,25 @@ def _check_global_batch(global_batch, real):
         raise Mismatch(f"global_batch uses {' and '.join(sorted(by_name))} by a name imported from jax. The checker "
                        "simulates a 2-process job by replacing them in the jax module, where it cannot reach a name "
                        "imported before: write them as jax.<name>, as the exercise's text says.")
-    for n in (len(jax.devices()), 4):
+    # rows of rank 2 and 3: an answer that writes in the rows' rank (shape[0], shape[1]) shows
+    for n, tail in ((len(jax.devices()), (3,)), (4, (2, 3)), (2, (5,))):
         devices = jax.devices()[:n]
         mesh = jax.make_mesh((n,), (DATA,), axis_types=(jax.sharding.AxisType.Explicit,), devices=devices)
         rows = 2 * n
-        full = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)
-        where = f"on a mesh of {n} devices"
+        full = np.arange(rows * int(np.prod(tail)), dtype=np.float32).reshape((rows, *tail))
+        where = f"on a mesh of {n} devices, rows of shape {tail}"
 
         # 1. One process, the only one: its rows are the whole batch. The real API runs.
         recorder = _Recorder(real)
         with _patched(recorder):
             got = call(global_batch, full.copy(), mesh, name="global_batch", hints={
                 "does not evenly divide": "Split the batch's rows (axis 0) over 'data', nothing else.",
-                "should be None or equal to local_data.shape": f"Here one process holds all {rows} rows: the "
-                                                               "global shape must follow from this process's rows "
-                                                               "and the number of processes (not of devices), not "
-                                                               "be a fixed number.",
+                "should be None or equal to local_data.shape": f"Here one process holds all {rows} rows, shape "
+                                                               f"{full.shape}: the global shape must follow from "
+                                                               "this process's rows and the number of processes "
+                                                               "(not of devices), then every other axis of the "
+                                                               "rows, however many there are: it must not be a "
+                                                               "fixed number.",
                 "pytree structure error": "The global shape is a tuple of ints, like an array's .shape.",
                 "if a PartitionSpec is passed": "A PartitionSpec alone does not say which mesh it refers to: pair "
                                                 "it with the mesh you were given (lesson 06, section 1).",
@@ -300,7 +277,7 @@ def _check_global_batch(global_batch, real):
         if not isinstance(got, jax.Array):
             raise Mismatch(f"global_batch {where} returned {describe_tree(got)}; expected a jax.Array on the "
                            "mesh's devices.")
-        if got.ndim == 3 and got.shape[0] == n:
+        if got.ndim == full.ndim + 1 and got.shape[:2] == (n, rows // n):
             raise Mismatch(f"global_batch {where} returned shape {got.shape}: the stacked (n, B // n, ...) layout "
                            "is pmap's. Lessons 06 and 07 keep the global shape (B, ...) and let the sharding say "
                            "which rows each device holds.")

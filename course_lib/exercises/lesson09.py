@@ -6,16 +6,17 @@ so they give the same verdict on any machine, however noisy its timings.
 
 import numpy as np
 
-from . import Mismatch, call, describe_tree, exercise, expect_scalar
+from . import Case, Mismatch, Mistake, call, diagnose, exercise
 
 
-def _narrow_dtype(got, what):
-    """Feedback for an answer computed in a low-precision float: name the dtype, not a wrong value."""
-    dtype = getattr(got, "dtype", None)
-    if dtype is not None and str(dtype) in ("float16", "bfloat16"):
-        raise Mismatch(f"{what} came back as {dtype}, which keeps only about 3 significant digits: compute in "
-                       "float32 or float64 (or plain Python floats), then compare again.")
-
+def _run(fn, case, name):
+    """``fn(*case.args)``; a half-precision result is named (its 3 digits would pass for a wrong value)."""
+    got = call(fn, *case.args, name=name)
+    for v in (got if isinstance(got, (tuple, list)) else (got,)):
+        if str(getattr(v, "dtype", "")) in ("float16", "bfloat16"):
+            raise Mismatch(f"{case.label} came back as {v.dtype}, which keeps only about 3 significant digits: "
+                           "compute in float32 or float64 (or plain Python floats), then compare again.")
+    return got
 
 # ----------------------------------------------------------------------------------------------
 # 09.1 Predict the time per step from the steps per dispatch
@@ -23,6 +24,26 @@ def _narrow_dtype(got, what):
 
 def solution_ms_per_step(dispatch_ms, step_ms, k):
     return dispatch_ms / k + step_ms
+
+
+_GROWS = ("that grows with k. One dispatch now carries k steps, so each step carries a smaller share of the "
+          "dispatch's cost as k grows.")
+MISTAKES_09_1 = [
+    Mistake("work shared too", "The step's own work was divided by k too. Fusing removes dispatches, not work: "
+            "only the dispatch cost is shared by the k steps.", lambda d, s, k: (d + s) / k),
+    Mistake("dispatch only", "Only the dispatch is counted. Each step still does its own work, whatever k is: "
+            "where is it in your formula?", lambda d, s, k: d / k),
+    Mistake("dispatch times k", "The dispatch is multiplied by k: " + _GROWS, lambda d, s, k: d * k + s),
+    Mistake("work times k", "The step's work is multiplied by k: " + _GROWS, lambda d, s, k: d + k * s),
+    Mistake("costs swapped", "The two costs are swapped. Your formula shares the step's own work among the k "
+            "steps and charges every step the whole dispatch.", lambda d, s, k: d + s / k),
+    Mistake("work times k, dispatch shared", "The step's own work is multiplied by k, so the time per step grows "
+            "with k. That is the time of the whole dispatch's work, not of one step.", lambda d, s, k: d / k + s * k),
+    Mistake("floor division", "Floor division (//) dropped the fraction of the dispatch's share: a share of a "
+            "millisecond is a fraction, so divide with /.", lambda d, s, k: d // k + s),
+    Mistake("k ignored", "k has no effect. The fixed cost is paid once per dispatch, and one dispatch now runs "
+            "k steps.", lambda d, s, k: d + s),
+]
 
 
 @exercise("09.1", "Predict the time per step when K steps share one dispatch", solution=solution_ms_per_step,
@@ -35,37 +56,12 @@ def solution_ms_per_step(dispatch_ms, step_ms, k):
                  "one unfused step, and as k grows it must flatten towards a floor. Which of the two costs is that "
                  "floor, and which one fades?"])
 def check_ms_per_step(ms_per_step):
-    for dispatch, step, k in [(0.5, 0.1, 1), (0.5, 0.1, 10), (2.0, 0.03, 25), (1.2, 0.4, 4), (0.0, 0.2, 7)]:
-        what = f"ms_per_step(dispatch_ms={dispatch}, step_ms={step}, k={k})"
-        raw = call(ms_per_step, dispatch, step, k, name="ms_per_step")
-        _narrow_dtype(raw, what)
-        got = expect_scalar(raw, what=what)
-        want = dispatch / k + step
-        if np.isclose(got, want, rtol=1e-6):
-            continue
-        if np.isclose(got, (dispatch + step) / k, rtol=1e-6):
-            raise Mismatch(f"{what} = {got:.4g}: the step's own work was divided by k too. Fusing removes "
-                           "dispatches, not work: only the dispatch cost is shared by the k steps.")
-        if np.isclose(got, dispatch / k, rtol=1e-6):
-            raise Mismatch(f"{what} = {got:.4g}: only the dispatch is counted. Each step still does its own "
-                           "work, whatever k is: where is it in your formula?")
-        if np.isclose(got, dispatch * k + step, rtol=1e-6) or np.isclose(got, dispatch + k * step, rtol=1e-6):
-            raise Mismatch(f"{what} = {got:.4g}: that grows with k. One dispatch now carries k steps, so each step "
-                           "carries a smaller share of the dispatch's cost as k grows.")
-        if k > 1 and np.isclose(got, dispatch + step / k, rtol=1e-6):
-            raise Mismatch(f"{what} = {got:.4g}: the two costs are swapped. Your formula shares the step's own "
-                           "work among the k steps and charges every step the whole dispatch.")
-        if k > 1 and np.isclose(got, dispatch / k + step * k, rtol=1e-6):
-            raise Mismatch(f"{what} = {got:.4g}: the step's own work is multiplied by k, so the time per step "
-                           "grows with k. That is the time of the whole dispatch's work, not of one step.")
-        if np.isclose(got, dispatch // k + step, rtol=1e-6) or np.isclose(got, dispatch // k + step // 1, rtol=1e-6):
-            raise Mismatch(f"{what} = {got:.4g}; expected {want:.4g}. Floor division (//) dropped the fraction of "
-                           "the dispatch's share: a share of a millisecond is a fraction, so divide with /.")
-        if np.isclose(got, dispatch + step, rtol=1e-6):
-            raise Mismatch(f"{what} = {got:.4g}: k has no effect. The fixed cost is paid once per dispatch, and "
-                           "one dispatch now runs k steps.")
-        raise Mismatch(f"{what} = {got:.4g}; expected {want:.4g}, which is neither the dispatch shared by k nor "
-                       "the step's own work alone. Which of the two costs does fusing k steps change?")
+    # results that are no whole number of hundredths or thousandths, so that a rounded answer shows
+    cases = [Case((d, s, k), f"ms_per_step(dispatch_ms={d}, step_ms={s}, k={k})")
+             for d, s, k in [(0.5, 0.1, 1), (0.7, 0.13, 3), (2.0, 0.031, 7), (1.3, 0.4172, 6), (0.0, 0.2, 7),
+                             (0.9, 0.05, 11)]]
+    diagnose(ms_per_step, cases, solution=solution_ms_per_step, mistakes=MISTAKES_09_1, name="ms_per_step",
+             rtol=1e-6, atol=1e-9, run=lambda fn, case: _run(fn, case, "ms_per_step"))
     return "the dispatch cost fades as 1/k; what is left is the step's own work, which fusing cannot remove."
 
 
@@ -86,6 +82,21 @@ def _fake_measurements(dispatch, step, ks, noise, seed):
     return (dispatch / ks + step) * (1 + noise * rng.standard_normal(ks.size))
 
 
+MISTAKES_09_2 = [
+    Mistake("swapped", "Swapped. The slope against 1/k is the dispatch cost, the intercept the step cost: return "
+            "(dispatch_ms, step_ms).", lambda ks, ms: solution_fit_dispatch_and_step(ks, ms)[::-1]),
+    Mistake("line in k", "That is a straight line fitted in k itself; the model of 09.1 is not linear in k. Look "
+            "again at how k enters that formula.", lambda ks, ms: tuple(np.polyfit(np.asarray(ks, float), ms, 1))),
+    Mistake("line in k, swapped", "That is a straight line fitted in k itself; the model of 09.1 is not linear in "
+            "k. Look again at how k enters that formula.",
+            lambda ks, ms: tuple(np.polyfit(np.asarray(ks, float), ms, 1)[::-1])),
+    Mistake("time per dispatch against k", "That is a least-squares fit of the time per dispatch (k times ms) "
+            "against k. That fits other errors: the point at the largest k weighs far more than the point at "
+            "k = 1. Fit the times per step, ms, as measured.",
+            lambda ks, ms: tuple(np.polyfit(np.asarray(ks, float), np.asarray(ks, float) * ms, 1)[::-1])),
+]
+
+
 @exercise("09.2", "Fit the dispatch cost and the step cost to measured times", solution=solution_fit_dispatch_and_step,
           returns="a pair of floats (dispatch_ms, step_ms), the least-squares fit of ms = dispatch_ms / k + step_ms",
           hints=["The model is not a straight line in k. Is there a quantity derived from k in which it is one?",
@@ -96,32 +107,12 @@ def _fake_measurements(dispatch, step, ks, noise, seed):
                  "step? Check the fit against every point, not two."])
 def check_fit_dispatch_and_step(fit_dispatch_and_step):
     ks = [1, 2, 5, 10, 25]
+    cases = []
     for dispatch, step, noise, seed in [(0.6, 0.12, 0.0, 0), (1.5, 0.05, 0.03, 1), (0.3, 0.9, 0.05, 2)]:
         ms = _fake_measurements(dispatch, step, ks, noise, seed)
-        want = solution_fit_dispatch_and_step(ks, ms)
-        what = f"fit_dispatch_and_step(ks={ks}, ms=[{', '.join(f'{m:.3f}' for m in ms)}])"
-        got = call(fit_dispatch_and_step, list(ks), ms.copy(), name="fit_dispatch_and_step")
-        if not isinstance(got, (tuple, list)) or len(got) != 2:
-            raise Mismatch(f"{what} should return a pair (dispatch_ms, step_ms); got {describe_tree(got)}.")
-        for name, v in zip(("dispatch_ms", "step_ms"), got):
-            _narrow_dtype(v, f"{what}: {name}")
-        d, s = (expect_scalar(v, what=f"{what}: {k}") for k, v in zip(("dispatch_ms", "step_ms"), got))
-        if np.allclose([d, s], want, rtol=1e-3, atol=1e-6):
-            continue
-        if np.allclose([s, d], want, rtol=1e-3, atol=1e-6):
-            raise Mismatch(f"{what} returned ({d:.4g}, {s:.4g}): swapped. The slope against 1/k is the dispatch "
-                           "cost, the intercept the step cost: return (dispatch_ms, step_ms).")
-        slope_k, intercept_k = np.polyfit(np.asarray(ks, float), ms, 1)
-        if np.allclose([d, s], [slope_k, intercept_k], rtol=1e-3) or np.allclose([s, d], [slope_k, intercept_k],
-                                                                                  rtol=1e-3):
-            raise Mismatch(f"{what} fitted a straight line in k itself; the model of 09.1 is not linear in k. "
-                           "Look again at how k enters that formula.")
-        per_dispatch = np.polyfit(np.asarray(ks, float), np.asarray(ks, float) * ms, 1)      # k*ms = step*k + dispatch
-        if np.allclose([d, s], per_dispatch[::-1], rtol=1e-3, atol=1e-6):
-            raise Mismatch(f"{what} returned ({d:.4g}, {s:.4g}), a least-squares fit of the time per dispatch "
-                           f"(k times ms) against k. That fits other errors: the point at k={ks[-1]} weighs "
-                           f"{ks[-1] ** 2} times the point at k=1. Fit the times per step, ms, as measured: the "
-                           f"least-squares answer is ({want[0]:.4g}, {want[1]:.4g}).")
-        raise Mismatch(f"{what} returned ({d:.4g}, {s:.4g}); the least-squares fit over all {len(ks)} points "
-                       f"is ({want[0]:.4g}, {want[1]:.4g}). Fit every measurement, against 1 / k.")
+        cases.append(Case((list(ks), ms), f"fit_dispatch_and_step(ks={ks}, ms=[{', '.join(f'{m:.3f}' for m in ms)}])"))
+    diagnose(fit_dispatch_and_step, cases, solution=solution_fit_dispatch_and_step, mistakes=MISTAKES_09_2,
+             name="fit_dispatch_and_step", rtol=1e-3, atol=1e-6,
+             run=lambda fn, case: _run(fn, Case((case.args[0], case.args[1].copy()), case.label),
+                                       "fit_dispatch_and_step"))
     return "a straight line in 1 / k: the slope is the cost of a dispatch, the intercept the cost of a step."

@@ -8,7 +8,8 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from . import Mismatch, _NotStarted, call, describe, describe_tree, exercise, expect_array
+from . import (Case, Mismatch, Mistake, _NotStarted, call, describe, describe_tree, diagnose, difference, exercise,
+               expect_array)
 
 AXIS = "data"
 
@@ -66,16 +67,6 @@ def _listed(found) -> str:
     return ", ".join(f"{c.op} {c.described}" for c in found) or "none"
 
 
-def _float_dtype_problem(value, what) -> str | None:
-    """A message naming a dtype other than float32 (a learner's cast to bfloat16/float16), or None."""
-    dtype = getattr(value, "dtype", None)
-    if dtype is not None and np.dtype(dtype) != np.float32:
-        return (f"{what} is {np.dtype(dtype).name}, but the parameters and gradients are float32: somewhere a value "
-                f"was cast to {np.dtype(dtype).name}. Keep the update in float32 (section 5 casts only for the "
-                "forward and backward pass).")
-    return None
-
-
 def _low_precision(jaxpr) -> set:
     """Names of the half-precision float dtypes any value of ``jaxpr`` (and the jaxprs inside it) has."""
     found = set()
@@ -90,22 +81,6 @@ def _low_precision(jaxpr) -> set:
                 if hasattr(inner, "eqns"):
                     found |= _low_precision(inner)
     return found
-
-
-def _expect_close(got, want, what, traced, *args):
-    """``expect_array``, and when the values differ, name a half-precision dtype the answer computed in."""
-    try:
-        expect_array(got, want, what=what, rtol=1e-4, atol=1e-5)
-    except Mismatch as e:
-        try:
-            low = _low_precision(jax.make_jaxpr(traced)(*args).jaxpr)
-        except Exception:
-            low = set()
-        if low:
-            raise Mismatch(f"{e} Your code computes in {' and '.join(sorted(low))}: with 8 bits of mantissa "
-                           "(bfloat16) or 11 (float16) the result is no longer float32's. Keep this exercise in "
-                           "float32.") from None
-        raise
 
 
 def _vma_hints():
@@ -135,45 +110,67 @@ def solution_zero_bytes(n_params, n_devices, stage):
     return {"params": params, "grads": grads, "opt_state": opt_state}
 
 
-@exercise("10.1", "Bytes per device for each ZeRO stage, from the formula", solution=solution_zero_bytes)
+_SPLIT = {"replicated": (), "zero1": ("opt_state",), "zero2": ("opt_state", "grads"),
+          "fsdp": ("opt_state", "grads", "params")}
+
+
+def _table(split=_SPLIT, adam=8):
+    """A zero_bytes that splits ``split[stage]`` over the devices, with ``adam`` bytes of optimizer state."""
+    def zero_bytes(n_params, n_devices, stage):
+        whole = {"params": 4 * n_params, "grads": 4 * n_params, "opt_state": adam * n_params}
+        return {k: v / (n_devices if k in split[stage] else 1) for k, v in whole.items()}
+    return zero_bytes
+
+
+MISTAKES_10_1 = [
+    Mistake("one moment", "The optimizer state is half what it should be. Adam keeps two float32 numbers per "
+            "parameter (its first and second moments): 8 bytes, not 4.", _table(adam=4)),
+    Mistake("nothing split", "Every stage keeps everything whole; but each ZeRO stage splits a part of the state "
+            "over the devices.", _table({s: () for s in _SPLIT})),
+    Mistake("everything split", "Every stage splits all three parts; but replicated keeps everything whole, "
+            "zero1 shards only the optimizer state and zero2 also the gradients.",
+            _table({s: _SPLIT["fsdp"] for s in _SPLIT})),
+    Mistake("zero1 splits grads", "zero1 keeps the whole gradients on every device. ZeRO-1 reduce-scatters too, "
+            "but with gradient accumulation it adds whole local gradients over the micro-batches and "
+            "reduce-scatters once: its accumulator is whole (section 4).", _table({**_SPLIT, "zero1": _SPLIT["zero2"]})),
+    Mistake("zero2 keeps grads whole", "zero2 keeps only its slice of the gradient accumulator; this answer keeps "
+            "it whole, as zero1 does.", _table({**_SPLIT, "zero2": _SPLIT["zero1"]})),
+    Mistake("fsdp keeps params whole", "fsdp splits the parameters too: that is what makes it FSDP rather than "
+            "zero2; this answer keeps params whole.", _table({**_SPLIT, "fsdp": _SPLIT["zero2"]})),
+    Mistake("zero2 splits params", "zero2 keeps the whole params on every device; only fsdp splits them.",
+            _table({**_SPLIT, "zero2": _SPLIT["fsdp"]})),
+]
+
+
+def _bytes_runner(fn, case):
+    """``fn(*case.args)``, with numbers of any Python kind (Fraction, Decimal) read as floats."""
+    import numbers
+    got = call(fn, *case.args, name="zero_bytes")
+    if isinstance(got, dict):
+        got = {k: float(v) if isinstance(v, numbers.Number) and not isinstance(v, bool) else v
+               for k, v in got.items()}
+    return got
+
+
+@exercise("10.1", "Bytes per device for each ZeRO stage, from the formula", solution=solution_zero_bytes,
+          returns="a dict {'params': bytes, 'grads': bytes, 'opt_state': bytes} per device")
 def check_zero_bytes(zero_bytes):
-    sharded_by = {"replicated": set(), "zero1": {"opt_state"}, "zero2": {"opt_state", "grads"},
-                  "fsdp": {"opt_state", "grads", "params"}}
-    for n_params, n in [(1_000_000_000, 8), (19_210, 4)]:
-        full = {"params": 4 * n_params, "grads": 4 * n_params, "opt_state": 8 * n_params}
-        for stage, split in sharded_by.items():
-            got = call(zero_bytes, n_params, n, stage, name="zero_bytes")
-            if not isinstance(got, dict) or set(got) != set(full):
-                raise Mismatch(f"zero_bytes({n_params:_}, {n}, {stage!r}) should return a dict with the keys "
-                               f"'params', 'grads', 'opt_state'; got {got!r:.200}.")
-            for part, whole in full.items():
-                want = whole / n if part in split else whole
-                if isinstance(got[part], (str, bytes, bool)) or not np.isscalar(got[part]) and np.ndim(got[part]):
-                    raise Mismatch(f"zero_bytes(...)[{part!r}] should be a number of bytes (an int or a float), "
-                                   f"got {describe(got[part])}.")
-                try:
-                    value = float(got[part])
-                except (TypeError, ValueError):
-                    raise Mismatch(f"zero_bytes(...)[{part!r}] should be a number of bytes, got "
-                                   f"{type(got[part]).__name__}.") from None
-                if np.isclose(value, want, rtol=1e-9):
-                    continue
-                if part == "opt_state" and np.isclose(value * 2, want, rtol=1e-9):
-                    raise Mismatch(f"{stage}: the optimizer state is half what it should be. Adam keeps two float32 "
-                                   "numbers per parameter (its first and second moments): 8 bytes, not 4.")
-                if np.isclose(value, whole / n, rtol=1e-9):
-                    why = (" ZeRO-1 reduce-scatters too, but with gradient accumulation it adds whole local "
-                           "gradients over the micro-batches and reduce-scatters once: its accumulator is whole "
-                           "(section 4)." if stage == "zero1" and part == "grads" else "")
-                    raise Mismatch(f"{stage} on {n} devices: {part} comes back divided by {n}, but this stage keeps "
-                                   f"the whole {part} on every device. It shards only "
-                                   f"{', '.join(sorted(split)) or 'nothing'}.{why}")
-                if np.isclose(value, whole, rtol=1e-9):
-                    raise Mismatch(f"{stage} on {n} devices: {part} is the whole {part}, but this stage splits it "
-                                   "over the devices.")
-                raise Mismatch(f"zero_bytes({n_params:_}, {n}, {stage!r})[{part!r}] is {value:,.0f} bytes: neither "
-                               f"the whole {part} nor 1/{n} of it. Count the bytes per parameter of each part "
-                               "(section 1).")
+    from .. import sharded_state
+    from .lesson11 import _watch
+    cases = [Case((p, n, stage), f"zero_bytes({p:_}, {n}, {stage!r})", n=n)
+             for p, n in [(1_000_000_000, 8), (19_210, 4), (3_001, 2)] for stage in _SPLIT]
+    library = []
+    with _watch(sharded_state, "formula_bytes", library):
+        try:
+            diagnose(zero_bytes, cases, solution=solution_zero_bytes, mistakes=MISTAKES_10_1, run=_bytes_runner,
+                     name="zero_bytes", rtol=1e-9, atol=1e-6)
+        except Mismatch:
+            if not library:
+                raise
+    if library:
+        raise Mismatch("zero_bytes gives the right numbers by calling sharded_state.formula_bytes, the course's "
+                       "own answer to this exercise. Write the count yourself: bytes per parameter of each part, "
+                       "divided where the stage shards it.")
     return ("replicated 16 bytes per parameter per device; zero1 cuts Adam's 8, zero2 also the gradient "
             "accumulator's 4, fsdp also the parameters' 4: 16 / n in the end. Section 3 compares it with the "
             "compiled programs.")
@@ -192,8 +189,72 @@ def solution_zero2_sgd(params, grads, lr):
     return jax.lax.all_gather(my_params - lr * mine, "data", axis=1, tiled=True)       # (R, C) on every device
 
 
+def _zero(p, g, lr, mean=True, tiled=True, gather_axis=1, start_at=None):
+    """A ZeRO update of a column-split matrix, right or with one of the declared mistakes."""
+    n = jax.lax.axis_size(AXIS)
+    cols = p.shape[1] // n
+    mine = jax.lax.psum_scatter(g, AXIS, scatter_dimension=1, tiled=True) / (n if mean else 1)
+    start = jax.lax.axis_index(AXIS) * cols if start_at is None else start_at
+    mine = jax.lax.dynamic_slice_in_dim(p, start, cols, axis=1) - lr * mine
+    return jax.lax.all_gather(mine, AXIS, axis=gather_axis, tiled=tiled)
+
+
+MISTAKES_10_2 = [
+    Mistake("summed", "The step is {n} times too large. psum_scatter adds the devices' gradients; the update needs "
+            "their mean.", lambda p, g, lr: _zero(p, g, lr, mean=False)),
+    Mistake("own gradient", "Each device applied only its own gradient: the devices' gradients were never summed.",
+            lambda p, g, lr: p - lr * g),
+    Mistake("not tiled", "Each device returned the blocks stacked on a new axis; expected the whole matrix. An "
+            "all_gather that is not tiled stacks what it gathers; a tiled one joins the blocks along the axis you "
+            "name (lesson 04).", lambda p, g, lr: _zero(p, g, lr, tiled=False)),
+    Mistake("joined along the rows", "The blocks of columns were joined along the rows. Gather along the column "
+            "axis to get the whole matrix back.", lambda p, g, lr: _zero(p, g, lr, gather_axis=0)),
+    Mistake("first block everywhere", "Only the first block is right: every device updated the first columns of "
+            "the parameters with its own block of the gradient. Device i owns the columns from i times the block "
+            "width: cut its block where its index says.", lambda p, g, lr: _zero(p, g, lr, start_at=0)),
+    Mistake("no gather", "Every device returned only its block. The forward pass of the next step needs the whole "
+            "matrix: gather the updated blocks.",
+            lambda p, g, lr: jax.lax.psum_scatter(g, AXIS, scatter_dimension=1, tiled=True)),
+]
+
+
+def _zero2_program(fn, mesh, lr):
+    """``fn`` under a jitted shard_map: every device's result stacked, ``(n, ...)``."""
+    def body(p, g):
+        out = fn(p, g, lr)
+        if out is None:
+            raise _NoResult
+        return jnp.asarray(out)[None]
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(AXIS), check_vma=True))
+
+
+def _zero2_runner(answer):
+    def run(fn, case):
+        whole, grads, lr, mesh = case.args
+        f = _zero2_program(fn, mesh, lr)
+        try:
+            jax.eval_shape(f, whole, grads)
+        except _NoResult:
+            _none_returned(answer, "zero2_sgd(params, grads, lr)", "its result")
+        except Exception:  # noqa: BLE001: reported with the inputs by call() below
+            pass
+        out = call(f, whole, grads, name=f"zero2_sgd on {mesh.size} devices", hints=_scatter_hints())
+        if out.shape[1:] != whole.shape or out.dtype != whole.dtype:
+            return out
+        return out - whole[None]               # the update each device made: a factor shows in it
+    return run
+
+
 class _NoResult(Exception):
     """The learner's function returned None inside the mapped program."""
+
+
+def _none_returned(fn, shown, what):
+    """None from inside a mapped program, reported as ``call`` reports it: not started for a placeholder."""
+    from . import _answer_is_stub, is_placeholder
+    if _answer_is_stub[0] or is_placeholder(fn):
+        raise _NotStarted(f"{shown} returned None: write the function's body, and `return` {what}.")
+    raise Mismatch(f"{shown} returned None. Does every path through the function end in a `return` of {what}?")
 
 
 def _scatter_hints():
@@ -208,65 +269,22 @@ def _scatter_hints():
           solution=solution_zero2_sgd, returns="the whole updated parameter matrix, float32 (R, C), on every device")
 def check_zero2_sgd(zero2_sgd):
     rng = np.random.default_rng(10)
+    cases = []
     for n, rows, cols, lr in [(len(jax.devices()), 3, 2, 0.1), (4, 5, 3, 0.5), (2, 7, 5, 0.25)]:
         mesh = Mesh(np.array(jax.devices()[:n]), (AXIS,))
-        c = n * cols
-        params = rng.normal(size=(rows, c)).astype(np.float32)
-        local = rng.normal(size=(n, rows, c)).astype(np.float32)          # device i's own gradient: local[i]
-        grads = jax.device_put(local.reshape(n * rows, c), NamedSharding(mesh, P(AXIS)))
-        whole = jax.device_put(params, NamedSharding(mesh, P()))
-
-        def body(p, g):
-            out = zero2_sgd(p, g, lr)
-            if out is None:
-                raise _NoResult
-            return jnp.asarray(out)[None]
-
-        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(AXIS), check_vma=True))
-        what = f"zero2_sgd on {n} devices, a ({rows}, {c}) matrix ({cols} columns per device)"
-        try:
-            jax.eval_shape(f, whole, grads)
-        except _NoResult:
-            raise _NotStarted("zero2_sgd(params, grads, lr) returned None: write the function's body, and `return` "
-                              "its result.") from None
-        except Exception:
-            pass                  # reported with the inputs by call() below
-        try:
-            out = call(f, whole, grads, name="zero2_sgd", hints=_scatter_hints())
-        except Mismatch as e:
-            raise Mismatch(f"{what}: {e}") from None
-        problem = _float_dtype_problem(out, f"{what}: the result")
-        if problem:
-            raise Mismatch(problem)
-        out = np.asarray(out)
-        expected = params - lr * local.mean(axis=0)
-        per = out.shape[1:]
-        if per in ((n, rows, cols), (rows, n, cols)):
-            raise Mismatch(f"{what}: each device returned shape {per}, the {n} blocks stacked on a new axis; "
-                           f"expected the whole matrix, ({rows}, {c}). An all_gather that is not tiled stacks what "
-                           "it gathers; a tiled one joins the blocks along the axis you name (lesson 04).")
-        if per == (n * rows, cols):
-            raise Mismatch(f"{what}: each device returned shape {per}: the blocks of columns were joined along "
-                           f"the rows. Gather along the column axis to get ({rows}, {c}) back.")
-        if per == (rows, cols):
-            raise Mismatch(f"{what}: every device returned only its block, shape ({rows}, {cols}). The forward pass "
-                           "of the next step needs the whole matrix: gather the updated blocks.")
-        if per != (rows, c):
-            raise Mismatch(f"{what}: each device returned shape {per}; expected the whole matrix, ({rows}, {c}).")
-        if np.allclose(out[0], params - lr * local.sum(axis=0), rtol=1e-4, atol=1e-5):
-            raise Mismatch(f"{what}: the step is {n} times too large. psum_scatter adds the devices' gradients; "
-                           "the update needs their mean.")
-        if np.allclose(out[0], params - lr * local[0], rtol=1e-4, atol=1e-5):
-            raise Mismatch(f"{what}: device 0 applied only its own gradient: the devices' gradients were never "
-                           "summed.")
-        first = np.tile(params[:, :cols], (1, n)) - lr * local.mean(axis=0)
-        if np.allclose(out[0], first, rtol=1e-4, atol=1e-5) and not np.allclose(out[0], expected, rtol=1e-4,
-                                                                               atol=1e-5):
-            raise Mismatch(f"{what}: only the first block is right: every device updated columns [0, {cols}) of "
-                           "the parameters with its own block of the gradient. Device i owns the columns from "
-                           f"i * {cols}: cut its block where its index says.")
-        for i in range(n):
-            _expect_close(out[i], expected, f"{what}: the parameters on device {i}", f, whole, grads)
+        params = rng.normal(size=(rows, n * cols)).astype(np.float32)
+        local = rng.normal(size=(n, rows, n * cols)).astype(np.float32)    # device i's own gradient: local[i]
+        grads = jax.device_put(local.reshape(n * rows, n * cols), NamedSharding(mesh, P(AXIS)))
+        cases.append(Case((jax.device_put(params, NamedSharding(mesh, P())), grads, lr, mesh),
+                          f"zero2_sgd on {n} devices, a ({rows}, {n * cols}) matrix ({cols} columns per device), "
+                          "each device's update (its result - params)", n=n))
+    diagnose(zero2_sgd, cases, solution=solution_zero2_sgd, mistakes=MISTAKES_10_2, run=_zero2_runner(zero2_sgd),
+             name="zero2_sgd", rtol=1e-4, atol=1e-5)
+    for case in cases:
+        whole, grads, lr, mesh = case.args
+        n, (rows, c), cols = mesh.size, whole.shape, whole.shape[1] // mesh.size
+        what = case.label.rsplit(", each", 1)[0]
+        f = _zero2_program(zero2_sgd, mesh, lr)
         # The mechanism, read from the compiled program: each device must receive its block of the summed gradient.
         found = _big_collectives(f.lower(whole, grads).compile().as_text(), 4 * rows * c)
         ops = [x.op for x in found]
@@ -360,106 +378,89 @@ def _k3_case(stage, n, per_device, d_in, hidden, d_out, optimizer_name):
     return _K3_CASES[key]
 
 
-def _smallest_k(parts, budget, measure):
-    return next((k for k in sorted(parts) if measure(parts[k]) <= budget), None)
+def _search(measure=lambda p: p["peak"], order=lambda ks: ks, fits=lambda need, budget: need <= budget,
+            candidates=lambda ks: ks, stop_at_misfit=False):
+    """A choose_k that reads each K's memory parts (from the case's cache) and returns the first K that fits."""
+    def choose_k(make_step, state, batch, n_devices, budget):
+        parts = _K3_PARTS[id(make_step)]
+        found = None
+        for k in order(candidates(sorted(parts))):
+            make_step(k)                                   # built (and cached) as an answer would
+            if fits(measure(parts[k]), budget):
+                found = k
+                if not stop_at_misfit:
+                    return k
+            elif stop_at_misfit:
+                break
+        return found
+    return choose_k
+
+
+MISTAKES_10_3 = [
+    Mistake("temporaries only", "Your answer counted only the temporaries; the step also needs its arguments (the "
+            "state and the batch) and whatever outputs are not written into donated buffers.",
+            _search(lambda p: p["temporaries"])),
+    Mistake("XLA's peak field", "Your answer used memory_analysis().peak_memory_in_bytes, which on the CPU backend "
+            "leaves the temporaries out (section 1); add the parts yourself.", _search(lambda p: p["xla_peak"])),
+    Mistake("aliased not subtracted", "Your answer counted the outputs written into donated buffers twice: subtract "
+            "the aliased bytes.", _search(lambda p: p["arguments"] + p["outputs"] + p["temporaries"])),
+    Mistake("strictly below", "A step that needs exactly the budget fits: compare with <=.",
+            _search(fits=lambda need, budget: need < budget)),
+    Mistake("largest K", "Your answer takes the largest K that fits; every extra micro-batch is one more pass "
+            "through the model: take the smallest K that fits.", _search(order=lambda ks: ks[::-1])),
+    Mistake("powers of two", "Your answer tried only powers of two; other divisors of the batch fit too. Try every "
+            "divisor.", _search(candidates=lambda ks: [k for k in ks if not k & (k - 1)])),
+    Mistake("peak assumed to fall", "Your search assumes the peak falls steadily as K grows: it walks down from "
+            "the largest K and stops at the first that does not fit. The compiled peak need not fall steadily: "
+            "try every K that divides the batch.", _search(order=lambda ks: ks[::-1], stop_at_misfit=True)),
+]
+_K3_PARTS: dict = {}
+
+
+def _k_runner(answer):
+    """Run a choose_k on a case: on copies of the state and batch, counting the steps the answer builds."""
+    from . import _answer_is_stub
+
+    def run(fn, case):
+        make_step, state, batch, n, budget, calls = case.args
+        before = len(calls)
+        got = call(lambda *a: [fn(*a)], make_step, jax.tree.map(lambda a: a, state),
+                   {k: np.array(a) for k, a in batch.items()}, n, budget, name="choose_k", hints={
+                       "divide": "K must divide each device's examples (the batch's rows divided by n_devices), so "
+                                 "that every micro-batch has the same size; try only those K.",
+                       "multiple of": "K must divide each device's examples (the batch's rows divided by n_devices), "
+                                      "so that every micro-batch has the same size; try only those K."})[0]
+        if fn is answer and got is None and _answer_is_stub[0]:
+            raise _NotStarted("choose_k(make_step, state, batch, n_devices, budget) returned None: write the "
+                              "function's body, and `return` its result.")
+        if fn is answer and len(calls) == before:
+            raise Mismatch(f"{case.label} returned {got!r} without building a single step: the peak of a step "
+                           "with K micro-batches is read from its compiled program, make_step(K) compiled for "
+                           "this state and batch.")
+        return got
+    return run
 
 
 @exercise("10.3", "Choose the number of micro-batches for a memory budget, from the compiled step",
           solution=solution_choose_k, returns="the smallest K (an int) whose compiled step fits the budget, or None")
 def check_choose_k(choose_k):
-    cases = [("zero2", len(jax.devices()), 6, 20, 160, 6, "adam"), ("replicated", 4, 6, 24, 96, 4, "sgd+momentum"),
-             ("fsdp", 2, 12, 16, 128, 5, "adam")]
-    for stage, n, per_device, d_in, hidden, d_out, opt_name in cases:
+    cases = []
+    for stage, n, per_device, d_in, hidden, d_out, opt_name in [
+            ("zero2", len(jax.devices()), 6, 20, 160, 6, "adam"), ("replicated", 4, 6, 24, 96, 4, "sgd+momentum"),
+            ("fsdp", 2, 12, 16, 128, 5, "adam")]:
         make_step, state, batch, parts, calls = _k3_case(stage, n, per_device, d_in, hidden, d_out, opt_name)
+        _K3_PARTS[id(make_step)] = parts
         peaks = {k: p["peak"] for k, p in parts.items()}
         ks = sorted(parts)
         # budgets: room for every K; exactly the peak of a K that beats every smaller one (not K = 1); too little
         record = [k for i, k in enumerate(ks) if all(peaks[k] < peaks[j] for j in ks[:i])]
-        budgets = [max(peaks.values()) + 4096, min(peaks.values()) - 1]
-        budgets[1:1] = [peaks[k] for k in record[1:][:2]] or [peaks[ks[0]]]
-        for budget in budgets:
-            want = _smallest_k(parts, budget, lambda p: p["peak"])
-            shown = (f"choose_k(make_step, state, batch, n_devices={n}, budget={budget:_}) for a {stage!r} state "
-                     f"on {n} devices, {per_device} examples per device, {opt_name}")
-            before = len(calls)
-            try:   # copies: an answer that edits its arguments must not spoil the cached case for later checks
-                got = choose_k(make_step, jax.tree.map(lambda a: a, state),
-                               {name: np.array(a) for name, a in batch.items()}, n, budget)
-            except Exception as e:              # noqa: BLE001: the learner's error becomes feedback
-                text = str(e).splitlines()[0][:300] if str(e) else ""
-                why = ""
-                if "divide" in text or "multiple of" in text:
-                    why = (" K must divide each device's examples (the batch's rows divided by n_devices), so "
-                           "that every micro-batch has the same size; try only those K.")
-                elif want is None:
-                    why = " When no K fits, return None rather than raise."
-                raise Mismatch(f"{shown} raised {type(e).__name__}: {text.rstrip('.')}.{why}") from None
-            built = calls[before:]
-            whole = isinstance(got, (int, np.integer)) and not isinstance(got, bool)
-            if got is None and not built:
-                raise _NotStarted("choose_k(make_step, state, batch, n_devices, budget) returned None: write the "
-                                  "function's body, and `return` its result.")
-            if not built:
-                raise Mismatch(f"{shown} returned {got!r} without building a single step: the peak of a step with "
-                               "K micro-batches is read from its compiled program, make_step(K) compiled for "
-                               "this state and batch.")
-            if (got is None or whole) and got == want:
-                continue
-            if want is None:
-                raise Mismatch(f"{shown} returned {got!r}, but no K fits: the smallest compiled peak is "
-                               f"{min(peaks.values()):_} bytes. Return None.")
-            if not whole and got is not None:
-                raise Mismatch(f"{shown} returned {describe(got) if hasattr(got, 'shape') else repr(got)}; "
-                               "expected a whole number of micro-batches, a Python int.")
-            if got is not None and got not in parts:
-                raise Mismatch(f"{shown} returned {got}, which does not divide the {per_device} examples each "
-                               "device gets: micro-batches must all have the same size.")
-            wrong_measures = [
-                ("temporaries", lambda p: p["temporaries"],
-                 "counted only the temporaries; the step also needs its arguments (the state and the batch) "
-                 "and whatever outputs are not written into donated buffers"),
-                ("xla_peak", lambda p: p["xla_peak"],
-                 "used memory_analysis().peak_memory_in_bytes, which on the CPU backend leaves the temporaries "
-                 "out (section 1); add the parts yourself"),
-                ("arguments+outputs+temporaries", lambda p: p["arguments"] + p["outputs"] + p["temporaries"],
-                 "counted the outputs written into donated buffers twice: subtract the aliased bytes"),
-            ]
-            powers = {k: p for k, p in parts.items() if not k & (k - 1)}
-            mistakes = [(lambda b, m=m: _smallest_k(parts, b, m), why) for _, m, why in wrong_measures]
-            if want & (want - 1):
-                mistakes.append((lambda b: _smallest_k(powers, b, lambda p: p["peak"]),
-                                 f"tried only powers of two; K = {want} is not one, divides the batch and fits. "
-                                 "Try every divisor"))
-            suspects = [w for w in mistakes if got == w[0](budget)]
-            # Several mistakes can give the same K here: ask the answer about budgets where they differ.
-            probes = sorted({m(p) for _, m, _ in wrong_measures for p in parts.values()} | set(peaks.values()))
-            for probe in probes:
-                if len(suspects) < 2:
-                    break
-                said = [w[0](probe) for w in suspects]
-                if len(set(said)) < 2:
-                    continue
-                try:
-                    again = choose_k(make_step, state, batch, n, probe)
-                except Exception:       # noqa: BLE001: the first budget's feedback stands
-                    break
-                suspects = [w for w, k in zip(suspects, said) if k == again] or suspects[:1]
-            if suspects:
-                what_k = f"the compiled peak of K = {got} is {peaks[got]:_} bytes" if got else \
-                    f"K = {want} fits (its compiled peak is {peaks[want]:_} bytes)"
-                raise Mismatch(f"{shown} returned {got}; {what_k}. Your answer {suspects[0][1]}.")
-            if got is None:
-                raise Mismatch(f"{shown} returned None, but K = {want} divides the batch and its compiled step "
-                               f"needs {peaks[want]:_} bytes, within the budget.")
-            if peaks[got] > budget:
-                raise Mismatch(f"{shown} returned {got}, whose compiled step needs {peaks[got]:_} bytes per device, "
-                               "over the budget.")
-            if got == _smallest_k(parts, budget - 1, lambda p: p["peak"]):
-                raise Mismatch(f"{shown} returned {got}; K = {want} needs exactly the budget, {budget:_} bytes, "
-                               "and a step that needs exactly the budget fits.")
-            raise Mismatch(f"{shown} returned {got}; a smaller K that divides the batch fits too (its compiled "
-                           "peak is within the budget). Every extra micro-batch is one more pass through the "
-                           "model: take the smallest K that fits.")
+        # and budgets where the declared mistakes' measures part: only some K's temporaries or XLA's field fit
+        budgets = [max(peaks.values()) + 4096, *([peaks[k] for k in record[1:][:2]] or [peaks[ks[0]]]),
+                   min(peaks.values()) - 1, *{min(p[m] for p in parts.values()) for m in ("temporaries", "xla_peak")}]
+        cases += [Case((make_step, state, batch, n, budget, calls), f"a {stage!r} state on {n} devices "
+                       f"({per_device} examples each, {opt_name}), budget={budget:_}", n=n) for budget in budgets]
+    diagnose(choose_k, cases, solution=solution_choose_k, mistakes=MISTAKES_10_3, run=_k_runner(choose_k),
+             name="choose_k", rtol=0, atol=0)
     return ("the smallest K whose compiled step, arguments + outputs - aliased + temporaries, fits: read from the "
             "program, not guessed, since the peak need not fall steadily with K.")
 
@@ -526,33 +527,6 @@ def _gradient_all_reduces(found, slice_bytes):
     return [c for c in found if c.op == "all-reduce" and non_scalar_bytes(c) > slice_bytes]
 
 
-def _own_update(loss_fn, optimizer, opt_name, params, data, first, got, n):
-    """Why the answer's parameters look like its own update rule rather than ``optimizer``'s, or None: a first
-    step along the plain gradient where the optimizer's is not (Adam), or with another learning rate, or three
-    plain-SGD steps where the optimizer has momentum."""
-    g0 = jax.grad(loss_fn)(jax.tree.map(jnp.asarray, params), data[0])
-    keys = sorted(params)
-    d = np.concatenate([np.ravel(first[k] - params[k]) for k in keys])
-    g = np.concatenate([np.ravel(np.asarray(g0[k])) for k in keys])
-    if not np.any(d) or not np.any(g):
-        return None
-    c = -float(d @ g) / float(g @ g)
-    if c <= 0 or not np.allclose(d, -c * g, rtol=1e-3, atol=1e-6):
-        return None                                         # not a plain gradient step
-    want_first = _reference(loss_fn, optimizer, params, data[:1])[0]
-    if _tree_close(first, want_first):
-        if "momentum" in opt_name and _tree_close(got, _reference(loss_fn, optax.sgd(c), params, data)[0]):
-            return (f"its three steps are plain SGD with learning rate {c:.3g}, without {opt_name}'s momentum (the "
-                    "first step of momentum SGD is a plain one; the later ones are not)")
-        return None
-    lr = next((float(t) for t in opt_name.replace("(", ",").replace(")", ",").split(",")
-               if t.strip().replace(".", "", 1).isdigit()), None)
-    if opt_name.startswith("optax.sgd") and lr and any(np.isclose(c, lr * m, rtol=1e-3) for m in (n, 1 / n)):
-        return None                                         # a factor n: named by the caller
-    return (f"its first update is the gradient times {-c:.3g} (p - {c:.3g} * g, plain SGD), where {opt_name} "
-            "gives another")
-
-
 def _tree_close(got, want):
     return all(np.allclose(g, w, rtol=1e-4, atol=1e-5) for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
 
@@ -561,6 +535,7 @@ def _tree_close(got, want):
           solution=solution_fsdp_step,
           returns="a function step(my_params, opt_state, batch) -> (new my_params, new opt_state, mean loss)")
 def check_fsdp_step(make_fsdp_step):
+    differs, summed_everywhere = [], True
     for n, (d_in, hidden, d_out), (opt_name, optimizer) in [
             (len(jax.devices()), (8, 16, 3), ("optax.sgd(0.5)", optax.sgd(0.5))),
             (4, (12, 8, 5), ("optax.adam(0.05)", optax.adam(0.05))),
@@ -568,7 +543,9 @@ def check_fsdp_step(make_fsdp_step):
         loss_fn, params, data = _toy_problem(n, d_in, hidden, d_out, seed=n)
         want_params, want_losses = _reference(loss_fn, optimizer, params, data)
         n_params = sum(p.size for p in jax.tree.leaves(params))
-        step = call(make_fsdp_step, loss_fn, optimizer, name="make_fsdp_step")
+        from .lesson07 import _Spy
+        spy = _Spy(optimizer)
+        step = call(make_fsdp_step, loss_fn, spy.transformation(), name="make_fsdp_step")
         if not callable(step):
             raise Mismatch(f"make_fsdp_step(loss_fn, optimizer) returned {describe_tree(step)}; expected the step "
                            "function, step(my_params, opt_state, batch), that runs on each device.")
@@ -597,8 +574,8 @@ def check_fsdp_step(make_fsdp_step):
         try:
             shapes = jax.eval_shape(f, my_params, opt_state, batch)
         except _NoResult:
-            raise _NotStarted("step(my_params, opt_state, batch) returned None: write the function's body, and "
-                              "`return` the new slices, the new optimizer state and the loss.") from None
+            _none_returned(step, "step(my_params, opt_state, batch)", "the new slices, the new optimizer state and "
+                           "the loss")
         except Mismatch:
             raise
         except Exception:
@@ -621,10 +598,11 @@ def check_fsdp_step(make_fsdp_step):
                 raise Mismatch(f"On {n} devices with {opt_name}: {e}") from None
             losses.append(float(np.asarray(loss)))
             first = jax.tree.map(np.asarray, p) if first is None else first
-        problem = next((_float_dtype_problem(leaf, f"{what}: the new parameters") for leaf in jax.tree.leaves(p)
-                        if _float_dtype_problem(leaf, "")), None)
-        if problem:
-            raise Mismatch(problem)
+        cast = {np.dtype(leaf.dtype).name for leaf in jax.tree.leaves(p)} - {"float32"}
+        if cast:
+            raise Mismatch(f"{what}: the new parameters are {' and '.join(sorted(cast))}, but the parameters and "
+                           "gradients are float32: keep the update in float32 (section 5 casts only for the forward "
+                           "and backward pass).")
         got = jax.tree.map(np.asarray, p)
         hlo = f.lower(my_params, opt_state, batch).compile().as_text()
         every = _big_collectives(hlo, 1)
@@ -635,28 +613,31 @@ def check_fsdp_step(make_fsdp_step):
                            f"gradient over the devices ({_listed(every)}): each device updated its slices with the "
                            "gradient of its own examples only. The gradient of a slice must be summed over the "
                            "devices, which the transpose of a gather inside the differentiated loss does (section 3).")
-        if opt_name.startswith("optax.sgd"):
-            lr = 0.5 if "0.5" in opt_name else 0.3
-            summed = optax.sgd(lr * n, momentum=0.9 if "momentum" in opt_name else None)
-            if _tree_close(got, _reference(loss_fn, summed, params, data)[0]):
-                raise Mismatch(f"{what}: the steps are {n} times too large. The gradient of a slice arrives summed "
-                               "over the devices (the transpose of a gather is a reduce-scatter, a sum): the update "
-                               "needs the mean. With Adam this bug hardly shows, which is why the checker uses SGD "
-                               "too.")
-        if not _tree_close(got, want_params):
-            own = _own_update(loss_fn, optimizer, opt_name, params, data, first, got, n)
-            if own:
-                raise Mismatch(f"{what}: your step does not use the optimizer it was given: {own}. Whatever "
-                               "optimizer make_fsdp_step receives (SGD, momentum, Adam) must make the update.")
-        if not np.allclose(losses, want_losses, rtol=1e-5, atol=1e-6):
-            _expect_close(np.asarray(losses), np.asarray(want_losses), f"{what}: the losses", f, my_params,
-                          opt_state, batch)
-            raise Mismatch(f"{what}: the losses {np.round(losses, 5).tolist()} differ from data parallelism's "
-                           f"{np.round(want_losses, 5).tolist()}. The loss must be the mean over every device's "
-                           "examples.")
-        for k in params:
-            _expect_close(got[k], want_params[k], f"{what}: {k} after 3 steps, gathered", f, my_params,
-                          opt_state, batch)
+        if not spy.updates:
+            raise Mismatch(f"{what}: your step never calls the update of the optimizer it was given. Whatever "
+                           "optimizer make_fsdp_step receives (SGD, momentum, Adam) must make the update.")
+        # the mistake of a summed gradient: the same optimizer fed n times the mean, checked on every case
+        summed_everywhere &= _tree_close(got, _reference(loss_fn, optax.chain(optax.scale(n), optimizer), params,
+                                                         data)[0])
+        wrong_losses = not np.isclose(losses[0], want_losses[0], rtol=1e-5, atol=1e-6)   # before any update
+        if wrong_losses or not _tree_close(got, want_params) or not np.allclose(losses, want_losses, rtol=1e-5,
+                                                                                 atol=1e-6):
+            low = _low_precision(jax.make_jaxpr(f)(my_params, opt_state, batch).jaxpr)
+            if low:               # a half-precision computation is named, whatever else differs
+                raise Mismatch(f"{what}: the values differ from data parallelism's, and your code computes in "
+                               f"{' and '.join(sorted(low))}: with 8 bits of mantissa (bfloat16) or 11 (float16) "
+                               "the result is no longer float32's. Keep this exercise in float32.")
+            if wrong_losses:
+                differs.append(f"{what}: the losses {np.round(losses, 5).tolist()} differ from data parallelism's "
+                               f"{np.round(want_losses, 5).tolist()}. The loss must be the mean over every device's "
+                               "examples.")
+            else:
+                first_want = _reference(loss_fn, optimizer, params, data[:1])[0]
+                moved = difference({k: first[k] - params[k] for k in params},
+                                   {k: first_want[k] - params[k] for k in params}, n=n, rtol=1e-4, atol=1e-6)
+                differs.append(f"{what}: the parameters differ from data parallelism's; the first step's update of "
+                               f"{moved}.")
+            continue
         gathered = [c for c in every if c.op == "all-gather"]
         if not gathered:
             raise Mismatch(f"{what}: the values are right, but the compiled program gathers no parameters "
@@ -672,6 +653,13 @@ def check_fsdp_step(make_fsdp_step):
         if not any(c.op == "reduce-scatter" for c in every):
             raise Mismatch(f"{what}: the values are right, but the compiled program has no reduce-scatter of the "
                            f"gradient ({_listed(every)}).")
+    if differs and summed_everywhere:
+        raise Mismatch(f"{differs[0]} On every case the steps are those of the mean gradient times the device "
+                       "count: the gradient of a slice arrives summed over the devices (the transpose of a gather "
+                       "is a reduce-scatter, a sum), and the update needs the mean. With Adam this bug hardly "
+                       "shows, which is why the checker uses SGD too.")
+    if differs:
+        raise Mismatch(differs[0])
     return ("every leaf stays split between steps; the gathers inside the loss make jax.grad return each slice's "
             "reduce-scattered (summed) gradient, divided by n for the mean; the same training as data parallelism, "
             "whatever the model's leaves.")
@@ -719,63 +707,84 @@ def _shown_counts(counts):
     return ", ".join(f"{op} x{v}" for op, v in sorted(counts.items())) or "no collective"
 
 
+def _table_5(**changes):
+    """A prediction: the right table, with ``changes[stage](k)`` for the stages named."""
+    return lambda stage, k: changes[stage](k) if stage in changes else solution_predict_collectives(stage, k)
+
+
+_ONCE = "runs once, after the loop: "
+MISTAKES_10_5 = [
+    Mistake("zero2 scatters once", "The reduce-scatter sits inside the micro-batch loop, so it runs once per "
+            "micro-batch, not once per step: ZeRO-2 keeps only its slice of the accumulator.",
+            _table_5(zero2=lambda k: {"reduce-scatter": 1, "all-gather": 1})),
+    Mistake("zero1 scatters every micro-batch", "The reduce-scatter " + _ONCE + "ZeRO-1 keeps a whole accumulator "
+            "across the micro-batches and sums it once per step.",
+            _table_5(zero1=lambda k: {"reduce-scatter": k, "all-gather": 1})),
+    Mistake("zero2 gathers every micro-batch", "The all-gather " + _ONCE + "it rebuilds the whole parameters from "
+            "the updated slices, and the update happens once per step.",
+            _table_5(zero2=lambda k: {"reduce-scatter": k, "all-gather": k})),
+    Mistake("replicated all-reduces every micro-batch", "The all-reduce " + _ONCE + "data parallelism keeps a "
+            "whole accumulator across the micro-batches and sums it once per step.",
+            _table_5(replicated=lambda k: {"all-reduce": k})),
+    Mistake("zero1 all-reduces", "ZeRO-1 runs no all-reduce on parameter-sized buffers: each device needs only its "
+            "slice of the summed gradient.", _table_5(zero1=lambda k: {"all-reduce": 1, "all-gather": 1})),
+    Mistake("zero2 without its gather", "ZeRO-2's all-gather is missing: after each device updates its slice, how "
+            "does every device get the whole parameters back?", _table_5(zero2=lambda k: {"reduce-scatter": k})),
+]
+
+
 @exercise("10.5", "Predict how often each collective runs in an accumulated step, for each stage",
           solution=solution_predict_collectives,
           returns='a dict {collective: runs per step}, e.g. {"all-reduce": 1}, for a stage ("replicated", '
                   '"zero1" or "zero2") and k micro-batches')
 def check_predict_collectives(predict):
-    compiled = _compiled_counts()
-    for (stage, k), (want, found) in compiled.items():
-        got = call(predict, stage, k, name="predict")
-        if not isinstance(got, dict):
-            raise Mismatch(f"predict({stage!r}, {k}) returned {describe_tree(got)}; expected a dict from a "
-                           'collective\'s name to how many times one step runs it, e.g. {"all-gather": 1}.')
-        counts = {}
-        for op, count in got.items():
-            if not isinstance(op, str):
-                raise Mismatch(f"predict({stage!r}, {k}) has the key {op!r}; the keys are the collectives' names, "
-                               f"strings: {', '.join(repr(o) for o in _OPS)}.")
-            name = _SPELLINGS.get(op.strip().lower().replace(" ", ""), op.strip().lower())
-            if name not in _OPS:
-                raise Mismatch(f"predict({stage!r}, {k}) names {op!r}; use the compiled program's names: "
-                               f"{', '.join(repr(o) for o in _OPS)} (psum is an all-reduce, psum_scatter a "
-                               "reduce-scatter).")
-            integral_float = (isinstance(count, (float, np.floating)) and np.isfinite(count)
-                              and float(count).is_integer())
-            if isinstance(count, bool) or not (isinstance(count, (int, np.integer)) or integral_float):
-                raise Mismatch(f"predict({stage!r}, {k})[{op!r}] is "
-                               f"{describe(count) if hasattr(count, 'shape') else repr(count)}; expected a whole "
-                               "number of runs per step (an int such as 1 or k; 3.0 is accepted too).")
-            if count:
-                counts[name] = counts.get(name, 0) + int(count)
-        if counts == want:
-            continue
-        where = "; ".join(f"{c.op} {c.described} {'inside the micro-batch loop' if c.in_loop else 'once'}"
-                          for c in found)
-        head = (f"{stage}, k = {k}: you predicted {_shown_counts(counts)} per step; the compiled program of "
-                f"sharded_state's {stage!r} step with accumulate={k} runs {_shown_counts(want)} ({where}).")
-        inside = {op for op in want if any(c.op == op and c.in_loop for c in found)}
-        said = []
-        for op in sorted(set(want) | set(counts)):
-            g, w = counts.get(op, 0), want.get(op, 0)
-            if g == w:
-                continue
-            if op in inside and g * k == w:
-                said.append(f"the {op} sits inside the micro-batch loop, so it runs once per micro-batch, not "
-                            "once per step")
-            elif op not in inside and w and g == w * k:
-                said.append(f"the {op} runs once, after the loop: this stage keeps a whole accumulator (or "
-                            "whole parameters) and communicates once per step")
-            elif w == 0:
-                said.append(f"this stage runs no {op} on parameter-sized buffers")
-            elif g == 0:
-                said.append(f"the {op} is missing")
-        why = {"replicated": "Which accumulator does data parallelism keep across micro-batches, and when must it "
-                             "be summed? (section 4, the hand-written step)",
-               "zero1": "ZeRO-1 keeps a whole local accumulator: when does it need its slice of the sum?",
-               "zero2": "ZeRO-2 keeps only its slice of the accumulator: when must each micro-batch's gradient "
-                        "be scattered?"}[stage]
-        raise Mismatch(f"{head} {'; '.join(said).capitalize() + '.' if said else why}")
-    return ("read from the compiled programs: a collective inside the micro-batch loop runs k times per step. "
-            "ZeRO-1 communicates once per step like data parallelism; ZeRO-2 scatters every micro-batch and "
-            "gathers once.")
+    from .lesson12 import confirmed_mistake
+    cases, got, want = [], [], []
+    for (stage, k), (counts_wanted, _) in _compiled_counts().items():
+        cases.append((stage, k))
+        got.append(_read_prediction(call(predict, stage, k, name="predict"), stage, k))
+        want.append(counts_wanted)
+    wrong = [i for i in range(len(cases)) if got[i] != want[i]]
+    if not wrong:
+        return ("read from the compiled programs: a collective inside the micro-batch loop runs k times per step. "
+                "ZeRO-1 communicates once per step like data parallelism; ZeRO-2 scatters every micro-batch and "
+                "gathers once.")
+    (stage, k), counts, right = cases[wrong[0]], got[wrong[0]], want[wrong[0]]
+    off = [f"{op} ({'too many' if counts.get(op, 0) > right.get(op, 0) else 'too few'})"
+           for op in sorted(set(right) | set(counts)) if counts.get(op, 0) != right.get(op, 0)]
+    mistake = confirmed_mistake(MISTAKES_10_5, cases, got, [{op: v for op, v in w.items()} for w in want])
+    why = mistake.feedback if mistake else {
+        "replicated": "Which accumulator does data parallelism keep across micro-batches, and when must it be "
+                      "summed? (section 4, the hand-written step)",
+        "zero1": "ZeRO-1 keeps a whole local accumulator: when does it need its slice of the sum?",
+        "zero2": "ZeRO-2 keeps only its slice of the accumulator: when must each micro-batch's gradient be "
+                 "scattered?"}[stage]
+    raise Mismatch(f"{stage}, k = {k}: you predicted {_shown_counts(counts)} per step; the compiled program of "
+                   f"sharded_state's {stage!r} step with accumulate={k} runs another number of {' and '.join(off)} "
+                   f"(its counts are the answer: run the cells below to read them). {why}")
+
+
+def _read_prediction(got, stage, k) -> dict:
+    """A prediction as ``{op: runs}`` in the compiled program's names (JAX's names accepted), zeros left out."""
+    if not isinstance(got, dict):
+        raise Mismatch(f"predict({stage!r}, {k}) returned {describe_tree(got)}; expected a dict from a "
+                       'collective\'s name to how many times one step runs it, e.g. {"all-gather": 1}.')
+    counts = {}
+    for op, count in got.items():
+        if not isinstance(op, str):
+            raise Mismatch(f"predict({stage!r}, {k}) has the key {op!r}; the keys are the collectives' names, "
+                           f"strings: {', '.join(repr(o) for o in _OPS)}.")
+        name = _SPELLINGS.get(op.strip().lower().replace(" ", ""), op.strip().lower())
+        if name not in _OPS:
+            raise Mismatch(f"predict({stage!r}, {k}) names {op!r}; use the compiled program's names: "
+                           f"{', '.join(repr(o) for o in _OPS)} (psum is an all-reduce, psum_scatter a "
+                           "reduce-scatter).")
+        from .lesson12 import _whole
+        number = _whole(count)
+        if number is None:
+            raise Mismatch(f"predict({stage!r}, {k})[{op!r}] is "
+                           f"{describe(count) if hasattr(count, 'shape') else repr(count)}; expected a whole "
+                           "number of runs per step (an int such as 1 or k; 3.0 is accepted too).")
+        if number:
+            counts[name] = counts.get(name, 0) + number
+    return counts

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import checkpoint, profile
-from . import Mismatch, call, describe, describe_tree, exercise
+from . import Case, Mismatch, Mistake, call, describe, describe_tree, diagnose, exercise
 
 # Graded hints, weakest first (the exercise framework shows them one at a time).
 HINTS = {
@@ -19,10 +19,12 @@ HINTS = {
              "Section 1, 'Restoring: where it was, or where you say', and the devices= argument of checkpoint.restore.",
              "Where the arrays land is decided by the placement the restore is given, not by the arrays of like "
              "nor by what the checkpoint recorded; and the restore gives back more than the state."],
-    "11.2": ["Add up, over every device, the time inside collectives and the time inside dispatches.",
-             "profile.summarise gives, per device, 'collective_us' and 'busy_us'.",
-             "A device that was busy longer must weigh more in the share over all devices: a share of totals, not "
-             "an average of shares."],
+    "11.2": ["A fraction of time: which time goes above the line, which below, and does the idle time between "
+             "dispatches belong to either?",
+             "Section 3: profile.summarise reports per device what the trace's ops add up to. Print it for one "
+             "trace and read its keys.",
+             "Test your function on a trace where one device was busy far longer than the others: should that "
+             "device count for more in the share over all devices than a device that was busy briefly?"],
     "11.3": ["The host marks where each step began and how long it took: trace.markers.",
              "Section 3, 'Profiling the step', prints the host's step marks (trace.markers). While the host "
              "stalls, the devices wait idle and the next step cannot begin: the stall is in the host's time for "
@@ -100,8 +102,9 @@ def _check_restore_onto_run(restore_onto, directory, saved, steps, counts, devs,
         checkpoint.save(directory, step, jax.device_put(values, on_all), {"position": step})
     for count in counts:
         target = devs[len(devs) - count:]   # the last devices, so "the first n" or "all" is caught
-        restores = []
-        with _watch(checkpoint, "restore", restores), _watch(checkpoint.Checkpoints, "restore", restores):
+        restores, reads = [], []
+        with _watch(checkpoint, "restore", restores), _watch(checkpoint.Checkpoints, "restore", restores), \
+                _orbax_reads(reads) as watching:
             got = call(restore_onto, directory, like, target, name="restore_onto")
         what = f"restore_onto(directory, like, devices={count} device(s))"
         if isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], dict):
@@ -144,8 +147,16 @@ def _check_restore_onto_run(restore_onto, directory, saved, steps, counts, devs,
                          if len(steps) > 1 and np.all(a == 7) else ": restore the checkpoint, not like=.")
                 raise Mismatch(f"{what} returned values that differ from the saved ones, e.g. {a.reshape(-1)[:4]} "
                                f"instead of {np.asarray(b).reshape(-1)[:4]}{older}")
+        elsewhere = [r for r in reads if r == "host" or r is None or set(r.device_set) != set(target)]
         if restores and not any(k.get("devices") is not None or k.get("sharding") is not None
-                                for k in restores):
+                                for k in restores) or watching and elsewhere:
+            if watching and elsewhere and any(k.get("devices") is not None or k.get("sharding") is not None
+                                              for k in restores) or not restores:
+                where = "the host" if "host" in elsewhere else "other devices than the ones you were given"
+                raise Mismatch(f"{what}: the values and devices are right, but Orbax read the arrays onto {where} "
+                               "and they were moved afterwards: a second copy, and on a large model a second trip "
+                               "through memory. Ask the restore itself for the devices you were given, so that "
+                               "each array is read straight onto them.")
             raise Mismatch(f"{what}: the values and devices are right, but checkpoint.restore read the arrays "
                            "onto the devices of like= and they were moved afterwards: a second copy, and on "
                            "a large model a second trip through device memory. Pass devices= to "
@@ -211,83 +222,87 @@ def solution_collective_fraction(trace):
     return collective / busy
 
 
+def _sums(t, key):
+    return sum(v[key] for v in profile.summarise(t).values())
+
+
+def _share_of(t, denominator):
+    return _sums(t, "collective_us") / denominator
+
+
+_GAPS = ("It divides by a time that holds the idle gaps between dispatches; the exercise asks for a share of the "
+         "time the devices were busy inside dispatches, the gaps left out.")
+_OP_SUMS = ("It adds up op durations for the busy time. Ops nest inside others (a loop holds its body, so that "
+            "counts the same time twice), and a device also sits idle inside a dispatch between its ops: the busy "
+            "time is the time inside dispatches, from each dispatch's start to its end.")
+MISTAKES_11_2 = [
+    Mistake("share of compute", "That is the share of compute; the exercise asks for the share of collectives.",
+            lambda t: _sums(t, "compute_us") / _sums(t, "busy_us")),
+    Mistake("a percentage", "That is a percentage; return the fraction, a number between 0 and 1 (format it as a "
+            "percentage only when you print it).", lambda t: 100 * solution_collective_fraction(t)),
+    Mistake("over compute time", "It divides the collectives' time by the compute time; the busy time it should "
+            "be divided by holds both, compute and collectives.", lambda t: _share_of(t, _sums(t, "compute_us"))),
+    Mistake("device 0 alone", "That is the share of device 0 alone; the exercise asks for the share over all "
+            "the devices of the trace.", lambda t: (lambda v: v["collective_us"] / v["busy_us"])(
+                profile.summarise(t)[0])),
+    Mistake("mean of shares", "It averages the devices' own fractions; a device that was busy longer must weigh "
+            "more. Look at the order of the sums and the division.",
+            lambda t: float(np.mean([v["collective_us"] / v["busy_us"] for v in profile.summarise(t).values()]))),
+    Mistake("ops counted", "That is the share of the ops that are collectives, counted; the exercise asks for a "
+            "share of time: a long collective weighs more than a short one.",
+            lambda t: sum(o.collective for o in t.ops) / len(t.ops)),
+    Mistake("whole trace", _GAPS, lambda t: _share_of(t, len(profile.summarise(t)) * (
+        max(o.end_us for o in t.ops) - min(o.start_us for o in t.ops)))),
+    Mistake("first-to-last span", _GAPS, lambda t: _share_of(t, sum(
+        r[-1].end_us - r[0].start_us for r in t.dispatches.values()))),
+    *[Mistake(f"busy plus gaps ({i})", _GAPS, lambda t, i=i: _share_of(t, sum(   # (dispatches - 1): the span
+        v["busy_us"] + v["gap_us"] * (v["dispatches"], 1)[i] for v in profile.summarise(t).values())))
+      for i in range(2)],
+    Mistake("op durations", _OP_SUMS, lambda t: sum(o.dur_us for o in t.ops if o.collective)
+            / sum(o.dur_us for o in t.ops)),
+    Mistake("op durations, loops left out", _OP_SUMS, lambda t: sum(o.dur_us for o in t.ops if o.collective)
+            / sum(o.dur_us for o in t.ops if not _encloses(o, t.ops))),
+]
+
+
+def _trace_runner(name, watched=None):
+    """Run a function on a case's trace (a fresh copy), reporting changes in place; with ``watched``, calls of
+    profile.collective_fraction are recorded there."""
+    def run(fn, case):
+        trace = copy.deepcopy(case.args[0])
+        if watched is None:
+            return _call_on_trace(fn, trace, name)
+        with _watch(profile, "collective_fraction", watched):
+            return _call_on_trace(fn, trace, name)
+    return run
+
+
 @exercise("11.2", "From a trace: the fraction of the devices' busy time spent in collectives",
-          solution=solution_collective_fraction)
+          solution=solution_collective_fraction, returns="one number between 0 and 1")
 def check_collective_fraction(collective_fraction):
     # the last case nests ops (a loop holds its body) and leaves the devices idle inside dispatches, as a real
     # trace of fused step.steps dispatches does
-    for seed, wait, n_devices, collectives, loop in [(0, (10.0, 70.0), 4, 1, False), (1, (100.0, 300.0), 8, 3, False),
-                                                     (2, (5.0, 400.0), 2, 2, False), (3, (20.0, 90.0), 4, 2, True)]:
-        trace = _synthetic(n_devices=n_devices, wait=wait, seed=seed, collectives=collectives, loop=loop)
-        expected = profile.collective_fraction(trace)   # everything expected is computed before the answer runs
-        s = profile.summarise(trace)
-        span = max(o.end_us for o in trace.ops) - min(o.start_us for o in trace.ops)
-        shortcut = []
-        with _watch(profile, "collective_fraction", shortcut):
-            got = _call_on_trace(collective_fraction, trace, "collective_fraction")
-        if shortcut:
-            raise Mismatch("collective_fraction(trace) calls profile.collective_fraction, the function this exercise "
-                           "asks you to write. Compute it yourself from what profile.summarise reports per device.")
-        if isinstance(got, (str, bytes)):
-            raise Mismatch(f"collective_fraction(trace) returned the string {got!r}; return a number (a float), and "
-                           "format it only when you print it.")
-        dtype = getattr(got, "dtype", None)
-        if dtype is not None and np.dtype(dtype) in (np.dtype(np.float16), np.dtype(jnp.bfloat16)):
-            raise Mismatch(f"collective_fraction(trace) returned a {np.dtype(dtype).name} number: that type keeps "
-                           "about 3 significant digits. Compute in float32 or Python floats.")
-        try:
-            value = float(got)
-        except Exception:
-            raise Mismatch(f"collective_fraction(trace) should return one number between 0 and 1; "
-                           f"got {describe(got)}.") from None
-        compute = sum(v["compute_us"] for v in s.values()) / sum(v["busy_us"] for v in s.values())
-        if abs(value - compute) < 1e-6 and abs(compute - expected) > 1e-3:
-            raise Mismatch(f"collective_fraction(trace) = {value:.3f} is the share of compute; the exercise asks for "
-                           f"the share of collectives ({expected:.3f}).")
-        coll = sum(v["collective_us"] for v in s.values())
-        runs = trace.dispatches
-        with_gaps = [span * len(s),                                                      # the whole trace
-                     sum(r[-1].end_us - r[0].start_us for r in runs.values()),           # each device's span
-                     sum(v["busy_us"] + v["gap_us"] * v["dispatches"] for v in s.values()),
-                     sum(v["busy_us"] + v["gap_us"] * (v["dispatches"] - 1) for v in s.values()),
-                     sum(v["busy_us"] + v["gap_us"] for v in s.values())]
-        if any(abs(value - coll / total) < 1e-6 for total in with_gaps):
-            raise Mismatch(f"collective_fraction(trace) = {value:.4f} divides by a time that holds the idle gaps "
-                           "between dispatches; the exercise asks for a share of the time the devices were busy "
-                           "inside dispatches, the gaps left out.")
-        collective_ops = sum(o.dur_us for o in trace.ops if o.collective)
-        summed = [sum(o.dur_us for o in trace.ops)]
-        summed.append(sum(o.dur_us for o in trace.ops if not _encloses(o, trace.ops)))
-        if any(abs(value - collective_ops / total) < 1e-6 for total in summed) and abs(value - expected) > 1e-6:
-            raise Mismatch(f"collective_fraction(trace) = {value:.4f} adds up op durations for the busy time. Ops "
-                           "nest inside others (a loop holds its body, so that counts the same time twice), and "
-                           "a device also sits idle inside a dispatch between its ops: the busy time is the "
-                           "time inside dispatches, from each dispatch's start to its end.")
-        if abs(value - 100 * expected) < 1e-4:
-            raise Mismatch(f"collective_fraction(trace) = {value:.2f} is a percentage; return the fraction, a number "
-                           "between 0 and 1 (format it as a percentage only when you print it).")
-        compute_total = sum(v["compute_us"] for v in s.values())
-        if abs(value - coll / compute_total) < 1e-6:
-            raise Mismatch(f"collective_fraction(trace) = {value:.3f} divides the collectives' time by the compute "
-                           "time; the busy time it should be divided by holds both, compute and collectives.")
-        by_count = sum(o.collective for o in trace.ops) / len(trace.ops)
-        if abs(value - by_count) < 1e-6 and abs(by_count - expected) > 1e-6:
-            raise Mismatch(f"collective_fraction(trace) = {value:.4f} is the share of the ops that are collectives, "
-                           "counted; the exercise asks for a share of time: a long collective weighs more than a "
-                           "short one.")
-        single = [d for d, v in s.items() if abs(value - v["collective_us"] / v["busy_us"]) < 1e-6]
-        if single and abs(value - expected) > 1e-6:
-            raise Mismatch(f"collective_fraction(trace) = {value:.4f} is the share of device {single[0]} alone; the "
-                           f"trace holds {len(s)} devices, and the exercise asks for the share over all of them.")
-        per_device = float(np.mean([v["collective_us"] / v["busy_us"] for v in s.values()]))
-        if abs(value - per_device) < 1e-6 and abs(per_device - expected) > 1e-6:
-            raise Mismatch(f"collective_fraction(trace) = {value:.4f} averages the devices' own fractions; a device "
-                           "that was busy longer must weigh more. Look at the order of the sums and the division.")
-        if not abs(value - expected) <= 1e-6:
-            raise Mismatch(f"collective_fraction(trace) = {value:.4f} is not the collectives' share of the devices' "
-                           "busy time in this trace (a number between 0 and 1). Check which two times you add up, "
-                           "over which devices.")
+    cases = [Case((_synthetic(n_devices=n, wait=wait, seed=seed, collectives=c, loop=loop),),
+                  f"collective_fraction(trace of {n} devices{', fused loops' if loop else ''})")
+             for seed, wait, n, c, loop in [(0, (10.0, 70.0), 4, 1, False), (1, (100.0, 300.0), 8, 3, False),
+                                            (2, (5.0, 400.0), 2, 2, False), (3, (20.0, 90.0), 4, 2, True)]]
+    shortcut = []
+    run = _trace_runner("collective_fraction", shortcut)
+    diagnose(collective_fraction, cases, solution=solution_collective_fraction, mistakes=MISTAKES_11_2,
+             name="collective_fraction", rtol=1e-6, atol=1e-9,
+             run=lambda fn, case: _no_half_precision(run(fn, case), case.label))
+    if shortcut:
+        raise Mismatch("collective_fraction(trace) calls profile.collective_fraction, the function this exercise "
+                       "asks you to write. Compute it yourself from what profile.summarise reports per device.")
     return "you read the collectives' share of the devices' busy time from the trace, as profile.summarise does."
+
+
+def _no_half_precision(got, label):
+    dtype = getattr(got, "dtype", None)
+    if dtype is not None and np.dtype(dtype) in (np.dtype(np.float16), np.dtype(jnp.bfloat16)):
+        raise Mismatch(f"{label} returned a {np.dtype(dtype).name} number: that type keeps about 3 significant "
+                       "digits. Compute in float32 or Python floats.")
+    return got
 
 
 # ----------------------------------------------------------------------------------------------
@@ -298,62 +313,58 @@ def solution_stalled_step(trace):
     return max(trace.markers, key=lambda m: m.dur_us).step
 
 
-@exercise("11.3", "From a trace: find the step that stalled", solution=solution_stalled_step)
+def _step_of_longest(t, durations):
+    return t.markers[int(np.argmax(durations))].step
+
+
+def _dispatch_durations(t, device=None):
+    runs = {d: [x.dur_us for x in sorted(r, key=lambda x: x.start_us)] for d, r in t.dispatches.items()}
+    return runs[device] if device is not None else np.sum(list(runs.values()), axis=0)
+
+
+_FROM_DEVICES = ("You picked it from the devices' dispatches, but the stall is on the host: the devices wait idle "
+                 "while the host stalls. Read the host's step marks, trace.markers.")
+MISTAKES_11_3 = [
+    Mistake("position", "That is the marker's position in the list; the runs here do not start at step 0: return "
+            "the step number the marker carries.", lambda t: int(np.argmax([m.dur_us for m in t.markers]))),
+    Mistake("shortest", "You returned the shortest step: the stalled one took the longest.",
+            lambda t: min(t.markers, key=lambda m: m.dur_us).step),
+    Mistake("first", "That is the first step's number, whatever the durations.", lambda t: t.markers[0].step),
+    # (device 1's longest dispatch is the longest summed over the devices, by the cases' construction)
+    Mistake("device 0's longest dispatch", _FROM_DEVICES, lambda t: _step_of_longest(t, _dispatch_durations(t, 0))),
+    Mistake("devices' summed dispatches", _FROM_DEVICES, lambda t: _step_of_longest(t, _dispatch_durations(t))),
+    Mistake("start to next start", "You measured each step from its start to the next step's start, and the "
+            "last step has no next one: each marker carries its own duration.",
+            lambda t: _step_of_longest(t, np.diff([m.start_us for m in t.markers]))),
+]
+
+
+def _stall_trace(stalled, first, count, stall_us):
+    """Host step marks starting at step ``first``, step ``stalled`` (a position) ``stall_us`` long, on two devices
+    whose longest dispatch is at another step (not the stalled one, the first, the last or the shortest)."""
+    markers, ops, t = [], [], 0.0
+    durations = [stall_us if i == stalled else 900.0 + 37 * ((i * 7 + 3) % 5) for i in range(count)]
+    others = [i for i in range(count) if i not in (stalled, 0, count - 1, int(np.argmin(durations)))]
+    for i, dur in enumerate(durations):
+        markers.append(profile.Marker(first + i, t, dur))
+        for d in range(2):
+            longest = i == others[(d + stalled) % len(others)]
+            work = 200.0 + 11 * ((i + 3 * d) % 4) + (350.0 + 40 * d if longest else 0.0)
+            ops.append(profile.Op(d, f"run{i}", "fusion", t + 100, work, False))
+            ops.append(profile.Op(d, f"run{i}", "all-reduce", t + 100 + work, 100.0, True))
+        t += dur + 50
+    return profile.from_ops(ops, markers)
+
+
+@exercise("11.3", "From a trace: find the step that stalled", solution=solution_stalled_step,
+          returns="a step number, an int")
 def check_stalled_step(stalled_step):
     # the stall sits anywhere (first, middle, last), the runs start at steps past 9, and it is 1.6 to 5 times
     # a step, while the other steps' durations vary
-    for stalled, first, count, stall_us in [(3, 100, 8, 5000.0), (6, 40, 8, 1700.0), (11, 7, 12, 2600.0),
-                                            (0, 1000, 5, 1800.0)]:
-        markers, ops, t = [], [], 0.0
-        durations = [stall_us if i == stalled else 900.0 + 37 * ((i * 7 + 3) % 5) for i in range(count)]
-        shortest_at = int(np.argmin(durations))
-        # the stall is on the host: each device's longest dispatch is at another step (not the stalled one, the
-        # first, the last or the shortest), so an answer that reads the devices names a step of its own
-        others = [i for i in range(count) if i not in (stalled, 0, count - 1, shortest_at)]
-        longest_dispatch = {d: others[(d + stalled) % len(others)] for d in range(2)}
-        for i, dur in enumerate(durations):
-            markers.append(profile.Marker(first + i, t, dur))
-            for d in range(2):
-                work = 200.0 + 11 * ((i + 3 * d) % 4) + (350.0 + 40 * d if i == longest_dispatch[d] else 0.0)
-                ops.append(profile.Op(d, f"run{i}", "fusion", t + 100, work, False))
-                ops.append(profile.Op(d, f"run{i}", "all-reduce", t + 100 + work, 100.0, True))
-            t += dur + 50
-        trace = profile.from_ops(ops, markers)
-        got = _call_on_trace(stalled_step, trace, "stalled_step")
-        want = first + stalled
-        dtype = getattr(got, "dtype", None)
-        if (isinstance(got, (jax.Array, np.ndarray)) and got.ndim == 0 and dtype is not None
-                and np.issubdtype(dtype, np.integer)):
-            got = int(got)      # one integer, e.g. from an argmax: a step number all the same
-        if isinstance(got, (bool, np.bool_)) or not isinstance(got, (int, np.integer)):
-            shown = describe(got)
-            has_values = isinstance(got, (float, np.floating, np.ndarray, jax.Array)) and np.size(got) > 0
-            if has_values and (isinstance(got, (float, np.floating)) or np.issubdtype(dtype, np.floating)):
-                shown = f"the floating-point number {float(np.asarray(got).reshape(-1)[0])!r} ({shown})"
-            raise Mismatch(f"stalled_step(trace) should return a step number (an int, like {want}); "
-                           f"got {shown}.")
-        if int(got) == stalled:
-            raise Mismatch(f"stalled_step(trace) returned {int(got)}, the marker's position in the list; the runs "
-                           "here do not start at step 0: return the step number the marker carries.")
-        if int(got) != want:
-            shortest = min(markers, key=lambda m: m.dur_us).step
-            starts = [m.start_us for m in markers]
-            by_start = max(zip(starts, starts[1:], markers), key=lambda x: x[1] - x[0])[2].step
-            why = " Compare the host's step marks by how long each took."
-            runs = {d: sorted(r, key=lambda x: x.start_us) for d, r in trace.dispatches.items()}
-            from_devices = {first + i for i in longest_dispatch.values()}
-            from_devices.add(first + int(np.argmax(np.sum([[x.dur_us for x in r] for r in runs.values()], 0))))
-            if int(got) == shortest:
-                why = " You returned the shortest step: the stalled one took the longest."
-            elif int(got) in from_devices:
-                why = (" You picked it from the devices' dispatches, but the stall is on the host: the devices "
-                       "wait idle while the host stalls. Read the host's step marks, trace.markers.")
-            elif int(got) == by_start and stalled == count - 1:
-                why = (" You measured each step from its start to the next step's start, and the last step has no "
-                       "next one: each marker carries its own duration.")
-            elif int(got) == first:
-                why = " That is the first step's number, whatever the durations."
-            raise Mismatch(f"stalled_step(trace) returned {int(got)}; the longest step is step {want}.{why}")
+    cases = [Case((_stall_trace(*args),), f"stalled_step(trace of {args[2]} steps from step {args[1]})")
+             for args in [(3, 100, 8, 5000.0), (6, 40, 8, 1700.0), (11, 7, 12, 2600.0), (0, 1000, 5, 1800.0)]]
+    diagnose(stalled_step, cases, solution=solution_stalled_step, mistakes=MISTAKES_11_3, name="stalled_step",
+             run=_trace_runner("stalled_step"))
     return "the longest host step, named by its own step number."
 
 
@@ -464,7 +475,7 @@ def check_restore_resharded(restore_resharded):
     # (case, devices it is saved from, the steps saved before each call (oldest first), the mesh sizes asked for)
     plans = [(_case_a, devs, [7], [smaller[0]]),
              (_case_a, devs, [8, 10], smaller[1:] or smaller),  # 7, 8, 10: as text "8" > "10"; 7 the oldest
-             (_case_b, devs[:half], [9, 100, 99], [n])]          # saved from fewer devices, restored onto all
+             (_case_b, devs[:half], [9, 99, 100], [n])]          # as text "99" > "100"; saved from fewer devices
     with tempfile.TemporaryDirectory() as tmp:
         saved_steps, values, specs, axis, saved_from = {}, None, None, None, None
         for index, (case, from_devices, steps, sizes) in enumerate(plans):

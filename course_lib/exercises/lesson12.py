@@ -18,7 +18,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import Mismatch, _NotStarted, call, describe, describe_tree, exercise
+from . import Mismatch, Mistake, _NotStarted, call, describe, describe_tree, difference, exercise, same
 
 AXIS = "data"
 
@@ -362,8 +362,8 @@ def _fsdp_grads(gather, mesh, specs=SPECS):
         given = dict(layer)                             # the slices as they came in, kept from an in-place edit
         out = gather(layer)
         if out is None:
-            raise _NotStarted("gather_layer(layer) returned None: write the function's body, and `return` the dict "
-                              "of whole leaves.")
+            from .lesson10 import _none_returned
+            _none_returned(gather, "gather_layer(layer)", "the dict of whole leaves")
         if not isinstance(layer, dict) or set(layer) != set(given) or any(layer[k] is not given[k] for k in given):
             raise _Bad("gather_layer changed the dict it was given in place: leave `layer` as it came and build "
                        "a new dict of whole leaves to return (the caller, or another transformation, may still "
@@ -453,14 +453,9 @@ def check_gather_layer(gather_layer):
                            "with the wrong weights. The slices must be joined in device order along the axis that "
                            "was split (the last one), so that each leaf comes back exactly as it was before "
                            "sharding.")
-        for key in host:
-            g = np.asarray(grads[key])
-            if np.allclose(g, 0):
-                raise Mismatch(f"{where}: the gradient of {key!r} is zero: no gradient flows back through your "
-                               "gather. Use the collective itself, without stopping its gradient.")
-            if not np.allclose(g, np.asarray(want_grads[key]), rtol=1e-4, atol=1e-6):
-                raise Mismatch(f"{where}: the loss is right but the gradient of {key!r} is not (largest difference "
-                               f"{np.abs(g - np.asarray(want_grads[key])).max():.2e}).")
+        diff = difference({k: grads[k] for k in host}, {k: want_grads[k] for k in host}, n=n, rtol=1e-4, atol=1e-6)
+        if diff:
+            raise Mismatch(f"{where}: the loss is right but the gradients are not: {diff}.")
         found = compiled_collectives(text or "")
         if "all-gather" not in found:
             raise Mismatch(f"{where}: loss and gradients are right, but the compiled program has no all-gather "
@@ -537,50 +532,64 @@ _CASES = [(3, 1, 1, 0, True), (2, 2, 1, 1, True), (2, 1, 0, 2, True), (3, 2, 1, 
 
 
 def _whole(value):
-    if isinstance(value, bool):
+    """``value`` as an int when it is one whole number: a Python, NumPy or JAX scalar or 0-d array (3, 3.0,
+    np.int64(3), jnp.float32(3)); otherwise None."""
+    if isinstance(value, (bool, np.bool_)) or np.ndim(value) != 0:
         return None
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)) and float(value).is_integer():
-        return int(value)
-    if isinstance(value, jax.Array) and value.shape == () and jnp.issubdtype(value.dtype, jnp.integer):
-        return int(value)
-    return None
+    try:
+        number = np.asarray(value)
+    except Exception:  # noqa: BLE001: a learner's value of any type
+        return None
+    if number.dtype == bool or not np.issubdtype(number.dtype, np.number) or not np.isfinite(number):
+        return None
+    return int(number) if float(number).is_integer() else None
 
 
-def _diagnose(numbers, measured, n_layers, k, inner, outer, remat):
-    """The mistake that explains a wrong prediction, in words (the first that fits)."""
-    ag, rs, ar = numbers["all-gather"], numbers["reduce-scatter"], numbers["all-reduce"]
-    arrays, again = k + inner + outer, k + inner
-    right_ag = measured["all-gather"]
-    if n_layers > 1 and (ag * n_layers, rs * n_layers) == (right_ag, measured["reduce-scatter"]):
-        return (f"Those are one layer's collectives: the step runs the scan's body {n_layers} times in the forward "
-                "pass and again in the backward, each time with its own collectives. Count per step, over all the "
-                "layers.")
-    notes = []
-    if ag != right_ag:
-        if remat and ag == n_layers * arrays:
-            notes.append("All-gathers: only the forward pass's. jax.checkpoint does not keep what the forward "
-                         "computed inside the layer, the gathered weights included. What must the backward pass do "
-                         "before it can use a layer's weights?")
-        elif not remat and ag == n_layers * (arrays + again):
-            notes.append("All-gathers: this step has no jax.checkpoint, so the backward pass uses what the forward "
-                         "pass saved, the gathered weights included: nothing is gathered again.")
-        elif remat and ag == 2 * n_layers * arrays:
-            notes.append("All-gathers: the biases at the end of the layer are not gathered again: nothing the "
-                         "backward pass recomputes reads their values, so the recomputation skips their gathers.")
-        elif remat and ag == n_layers * (arrays + k):
-            notes.append("All-gathers: a bias inside the tanh is gathered again too: the recomputation needs it to "
-                         "rebuild what the tanh's gradient reads.")
-        else:
-            notes.append("All-gathers: count per layer the arrays each pass needs whole, then the passes.")
-    if rs != measured["reduce-scatter"]:
-        notes.append("Reduce-scatters: each sharded array's gradient comes back to its slices once per layer, in the "
-                     "backward pass (the transpose of its gather), however often it was gathered.")
-    if ar != measured["all-reduce"]:
-        notes.append("All-reduces: the sharded arrays' gradients are reduce-scattered, not all-reduced; what else in "
-                     "the step is averaged over the devices, and how often?")
-    return " ".join(notes)
+def _counts(gathers=None, scatters=None, reduces=None):
+    """A prediction: the right counts, with the named kinds computed another way (n, k, inner, outer, remat)."""
+    def predict(n, k, i, o, r):
+        right = solution_predict(n, k, i, o, r)
+        return {"all-gather": gathers(n, k, i, o, r) if gathers else right["all-gather"],
+                "reduce-scatter": scatters(n, k, i, o, r) if scatters else right["reduce-scatter"],
+                "all-reduce": reduces(n, k, i, o, r) if reduces else right["all-reduce"]}
+    return predict
+
+
+_SCATTERS = ("Reduce-scatters: each sharded array's gradient comes back to its slices once per layer, in the "
+             "backward pass (the transpose of its gather), however often it was gathered.")
+_REDUCES = ("All-reduces: the sharded arrays' gradients are reduce-scattered, not all-reduced; what else in the step "
+            "is averaged over the devices, and how often?")
+MISTAKES_12_3 = [
+    Mistake("one layer", "Those are one layer's collectives: the step runs the scan's body n_layers times in the "
+            "forward pass and again in the backward, each time with its own collectives. Count per step, over all "
+            "the layers.", lambda n, k, i, o, r: solution_predict(1, k, i, o, r)),
+    Mistake("no re-gather", "All-gathers: only the forward pass's. jax.checkpoint does not keep what the forward "
+            "computed inside the layer, the gathered weights included. What must the backward pass do before it "
+            "can use a layer's weights?", _counts(lambda n, k, i, o, r: n * (k + i + o))),
+    Mistake("re-gather without remat", "All-gathers: a step with no jax.checkpoint has the backward pass use what "
+            "the forward pass saved, the gathered weights included: nothing is gathered again.",
+            _counts(lambda n, k, i, o, r: n * (2 * (k + i) + o))),
+    Mistake("outer biases re-gathered", "All-gathers: the biases at the end of the layer are not gathered again: "
+            "nothing the backward pass recomputes reads their values, so the recomputation skips their gathers.",
+            _counts(lambda n, k, i, o, r: n * (2 if r else 1) * (k + i + o))),
+    Mistake("inner biases not re-gathered", "All-gathers: a bias inside the tanh is gathered again too: the "
+            "recomputation needs it to rebuild what the tanh's gradient reads.",
+            _counts(lambda n, k, i, o, r: n * ((2 * k + i + o) if r else (k + i + o)))),
+    Mistake("outer biases not scattered", _SCATTERS, _counts(scatters=lambda n, k, i, o, r: n * (k + i))),
+    Mistake("a scatter per gather", _SCATTERS,
+            _counts(scatters=lambda n, k, i, o, r: solution_predict(n, k, i, o, r)["all-gather"])),
+    Mistake("a scatter per remat gather", _SCATTERS, _counts(scatters=lambda n, k, i, o, r: n * (2 * (k + i) + o))),
+    Mistake("an all-reduce per layer", _REDUCES, _counts(reduces=lambda n, k, i, o, r: n)),
+    Mistake("no all-reduce", _REDUCES, _counts(reduces=lambda n, k, i, o, r: 0)),
+]
+
+
+def confirmed_mistake(mistakes, cases, got, want):
+    """The one mistake whose results equal the answer's ``got`` on every case (argument tuples) and differ from the
+    right ``want`` on one; None when none or several do. For predictions, whose right results stay unprinted."""
+    named = [m for m in mistakes if all(same(g, m.fn(*c)) for c, g in zip(cases, got))
+             and not all(same(w, m.fn(*c)) for c, w in zip(cases, want))]
+    return named[0] if len(named) == 1 else None
 
 
 @exercise("12.3", "Predict an FSDP step's collectives, then read them from the compiled program",
@@ -591,25 +600,33 @@ def check_predict(predict):
     if not callable(predict):
         raise Mismatch(f"expected a function predict(n_layers, matrices, inner_biases, outer_biases, remat); got "
                        f"{describe_tree(predict)}.")
-    for n_layers, k, inner, outer, remat in _CASES:
-        got = call(predict, n_layers, k, inner, outer, remat, name="predict")
-        shown = (f"predict(n_layers={n_layers}, matrices={k}, inner_biases={inner}, outer_biases={outer}, "
-                 f"remat={remat})")
-        if not isinstance(got, dict) or set(got) != set(kinds):
-            raise Mismatch(f"{shown} should return a dict with exactly the keys {list(kinds)}; got "
-                           f"{got!r:.200}.")
-        numbers = {}
-        for kind in kinds:
-            number = _whole(got[kind])
+    got, want, shown = [], [], []
+    for case in _CASES:
+        answer = call(predict, *case, name="predict")
+        shown.append("predict(n_layers={}, matrices={}, inner_biases={}, outer_biases={}, remat={})".format(*case))
+        if not isinstance(answer, dict) or set(answer) != set(kinds):
+            raise Mismatch(f"{shown[-1]} should return a dict with exactly the keys {list(kinds)}; got "
+                           f"{answer!r:.200}.")
+        numbers = {kind: _whole(answer[kind]) for kind in kinds}
+        for kind, number in numbers.items():
             if number is None:
-                shown_value = describe(got[kind]) if hasattr(got[kind], "shape") else repr(got[kind])
-                raise Mismatch(f"{shown}[{kind!r}] is {shown_value}; expected a whole number of operations (an int).")
-            numbers[kind] = number
-        measured = measured_collectives(n_layers, k, inner, outer, remat)
-        measured = {kind: measured.get(kind, 0) for kind in kinds}
-        if numbers != measured:
-            raise Mismatch(f"{shown}: you predicted {numbers}; the compiled step runs {measured}. "
-                           + _diagnose(numbers, measured, n_layers, k, inner, outer, remat))
+                value = describe(answer[kind]) if hasattr(answer[kind], "shape") else repr(answer[kind])
+                raise Mismatch(f"{shown[-1]}[{kind!r}] is {value}; expected a whole number of operations (an int).")
+        measured = measured_collectives(*case)
+        got.append(numbers)
+        want.append({kind: measured.get(kind, 0) for kind in kinds})
+    wrong = [i for i in range(len(_CASES)) if got[i] != want[i]]
+    if wrong:
+        i = wrong[0]
+        off = [f"{kind} ({'too many' if got[i][kind] > want[i][kind] else 'too few'})" for kind in kinds
+               if got[i][kind] != want[i][kind]]
+        mistake = confirmed_mistake(MISTAKES_12_3, _CASES, got, want)
+        right = [shown[j] for j in range(len(_CASES)) if j not in wrong]
+        raise Mismatch(f"{shown[i]}: you predicted {got[i]}; the compiled step runs another number of "
+                       f"{' and '.join(off)} (its counts are the answer: the checker does not print them). "
+                       + (mistake.feedback if mistake else
+                          f"Right for {len(right)} of {len(_CASES)} cases" + (f", e.g. {right[0]}" if right else "")
+                          + ". Count per layer the arrays each pass needs whole, then the passes."))
     return ("right in every case: the forward gathers every array of every layer; with jax.checkpoint the backward "
             "gathers again what the recomputation reads; each sharded array's gradient is reduce-scattered once per "
             "layer, and the loss's mean is the one all-reduce. (These are the CPU compiler's counts: a GPU merges "

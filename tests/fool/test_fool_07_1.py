@@ -48,14 +48,17 @@ WRONG = {
     "pmap kept, x reshaped to blocks": (_pmap_kept, ["still runs jax.pmap on stacked blocks"]),
     "rows claimed replicated": (_port(out_specs=(P(), P())), ["same on every device", "differs from device"]),
     "total stacked per device": (_port(out_specs=(P("i"), P("i"))), ["once per device", "returned it once"]),
+    "sums divided by a written-in 8": (_port(reduce=lambda v, a: jax.lax.psum(v, a) * jax.lax.axis_size(a) / 8),
+                                       ["It is right in the other 1 case", "a factor"]),
     "no collective, check off": (_port(reduce=None, check_vma=False), ["device 0's rows only"]),
+    "rows claimed replicated, check off": (_port(out_specs=(P(), P()), check_vma=False), ["one device's block"]),
     "pmean for psum": (_port(reduce=jax.lax.pmean), ["mean over the", "not their sum"]),
     "w split too": (_port(in_specs=(P("i"), P("i"))), ["w is split over 'i' too"]),
     "no shard_map": (lambda x, w, m: (jnp.tanh(x @ w), jnp.tanh(x @ w).sum(0)), ["does not use jax.shard_map"]),
     "sum outside shard_map": (_sum_outside, ["outside the per-device code"]),
     "the lesson's axis name": (_port(in_specs=(P("data"), P()), out_specs=(P("data"), P())),
                                ["its only axis is 'i'"]),
-    "only the rows returned": (lambda x, w, m: _port()(x, w, m)[0], ["should return a pair"]),
+    "only the rows returned": (lambda x, w, m: _port()(x, w, m)[0], ["expected a tuple of 2"]),
     "a cast to bfloat16": (lambda x, w, m: jax.tree.map(lambda v: v.astype(jnp.bfloat16), _port()(x, w, m)),
                            ["bfloat16"]),
 }
@@ -68,6 +71,13 @@ def test_wrong_answer_is_named(name):
     assert not fb, name
     for fragment in fragments:
         assert fragment in fb.message, (name, fb.message)
+
+
+def test_every_declared_mistake_is_named():
+    from course_lib.exercises import lesson07 as L
+    for m in L.MISTAKES_07_1:
+        fb = check("07.1", m.fn)
+        assert not fb and m.feedback.split("{n}")[-1] in fb.message, (m.name, fb.message)
 
 
 def test_hard_coded_eight_device_mesh_fails_on_four():

@@ -8,15 +8,15 @@ from course_lib.exercises import check
 
 WRONG = {
     "interleaved rows": (lambda b, n, p: slice(p, None, n), ["interleaved"]),
-    "one row too many": (lambda b, n, p: slice(p * (b // n), (p + 1) * (b // n) + 1), ["selects 33 rows"]),
+    "one row too many": (lambda b, n, p: slice(p * (b // n), (p + 1) * (b // n) + 1), ["It selects one row too many"]),
     "true division": (lambda b, n, p: slice(p * b / n, (p + 1) * b / n), ["must be ints"]),
     "a range, not a slice": (lambda b, n, p: range(p * (b // n), (p + 1) * (b // n)), ["should return a slice"]),
-    "two processes assumed": (lambda b, n, p: slice(p * (b // 2), (p + 1) * (b // 2)), ["selects", "loads the same"]),
+    "two processes assumed": (lambda b, n, p: slice(p * (b // 2), (p + 1) * (b // 2)), ["shape (48,) where (24,) was expected"]),
     "shifted by one block": (lambda b, n, p: slice((p + 1) * (b // n) % b, (p + 1) * (b // n) % b + b // n),
-                             ["starts at row"]),
+                             ["every value off by +32"]),
     "a list of row numbers": (lambda b, n, p: list(range(p * (b // n), (p + 1) * (b // n))),
                               ["should return a slice"]),
-    "the device count, not the processes": (lambda b, n, p: slice(p * (b // 8), (p + 1) * (b // 8)), ["selects"]),
+    "the device count, not the processes": (lambda b, n, p: slice(p * (b // 8), (p + 1) * (b // 8)), ["shape (8,) where (32,) was expected"]),
 }
 
 
@@ -43,3 +43,11 @@ def _from_the_fraction(global_batch, num_processes, process_id):
 def test_right_answer_passes(answer):
     fb = check("08.1", answer)
     assert fb, fb.message
+
+
+def test_every_declared_mistake_is_named():
+    from course_lib.exercises import check
+    from course_lib.exercises import lesson08 as L
+    for m in L.MISTAKES_08_1:
+        fb = check("08.1", m.fn)
+        assert not fb and m.feedback in fb.message, (m.name, fb.message)

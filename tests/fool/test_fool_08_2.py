@@ -17,7 +17,7 @@ WRONG = {
                            ["contiguous block", "process_index"]),
     "ids as positions": (lambda b, d, p: b[[x.id for x in d if x.process_index == p]], ["id is a label"]),
     "ids modulo the device count": (lambda b, d, p: b[np.array([x.id for x in d if x.process_index == p]) % len(d)],
-                                    ["ids are labels, not positions"]),
+                                    ["Device ids are labels, not positions"]),
     "always process 0": (lambda b, d, p: b[_owned(d, 0)], ["rows of process 0's devices"]),
     "this process, not the argument": (lambda b, d, p: b[_owned(d, jax.process_index())],
                                        ["rows of process 0's devices"]),
@@ -25,9 +25,9 @@ WRONG = {
         ((i, x) for i, x in enumerate(d) if x.process_index == p), key=lambda t: t[1].id)]], ["another order"]),
     "owner read from the id": (lambda b, d, p: b[[i for i, x in enumerate(d) if x.id // 2048 == p]],
                                ["whatever its id"]),
-    "a cast to float": (lambda b, d, p: b[_owned(d, p)].astype(np.float64), ["float64", "without converting"]),
+    "a cast to float": (lambda b, d, p: b[_owned(d, p)].astype(np.float64), ["dtype float64 where int64 was expected"]),
     "a boolean mask of the wrong owner test": (lambda b, d, p: b[np.array([x.process_index != p for x in d])],
-                                               ["rows of process 1's devices"]),
+                                               ["the owner test is reversed"]),
 }
 
 
@@ -52,3 +52,10 @@ def _stacked(batch, devices, process_index):
 def test_right_answer_passes(answer):
     fb = check("08.2", answer)
     assert fb, fb.message
+
+
+def test_every_declared_mistake_is_named():
+    from course_lib.exercises import lesson08 as L
+    for m in L.MISTAKES_08_2:
+        fb = check("08.2", m.fn)
+        assert not fb and m.feedback in fb.message, (m.name, fb.message)

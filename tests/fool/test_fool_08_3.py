@@ -69,3 +69,10 @@ def _from_device_counts(local_rows, mesh):
 def test_right_answer_passes(answer):
     fb = check("08.3", answer)
     assert fb, fb.message
+
+
+def test_rows_of_any_rank():
+    """An answer that writes in two axes (rows, width) fails on the checker's 3-D rows, naming their shape."""
+    fb = check("08.3", lambda r, m: jax.make_array_from_process_local_data(
+        NamedSharding(m, P("data")), r, (r.shape[0] * jax.process_count(), r.shape[1])))
+    assert not fb and "shape (8, 2, 3)" in fb.message and "however many there are" in fb.message

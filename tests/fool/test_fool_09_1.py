@@ -7,17 +7,19 @@ from fooling import fool_tests
 ID = "09.1"
 
 WRONG = [
-    ("work divided by k too", lambda d, s, k: (d + s) / k, "the step's own work was divided by k too"),
-    ("dispatch only", lambda d, s, k: d / k, "only the dispatch is counted"),
+    ("work divided by k too", lambda d, s, k: (d + s) / k, "The step's own work was divided by k too"),
+    ("dispatch only", lambda d, s, k: d / k, "Only the dispatch is counted"),
     ("dispatch times k", lambda d, s, k: d * k + s, "that grows with k"),
     ("work times k", lambda d, s, k: d + k * s, "that grows with k"),
     ("floor division", lambda d, s, k: d // k + s, "Floor division"),
     ("k ignored", lambda d, s, k: d + s, "k has no effect"),
     ("half precision", lambda d, s, k: np.float16(d / k + s), "float16"),
-    ("a pair", lambda d, s, k: (d / k, s), "should be one number"),
-    ("one dispatch too many", lambda d, s, k: d / (k + 1) + s, "neither the dispatch shared by k"),
-    ("costs swapped", lambda d, s, k: d + s / k, "the two costs are swapped"),
-    ("work times k, dispatch shared", lambda d, s, k: d / k + s * k, "the step's own work is multiplied by k"),
+    ("a pair", lambda d, s, k: (d / k, s), "got tuple(float, float)"),
+    ("one dispatch too many", lambda d, s, k: d / (k + 1) + s, "expected 0.6, got 0.35"),
+    ("costs swapped", lambda d, s, k: d + s / k, "The two costs are swapped"),
+    ("work times k, dispatch shared", lambda d, s, k: d / k + s * k, "The step's own work is multiplied by k"),
+    ("rounded to hundredths", lambda d, s, k: round(d / k + s, 2), "expected"),
+    ("rounded to thousandths", lambda d, s, k: round(d / k + s, 3), "expected"),
 ]
 RIGHT = [
     ("total over k", lambda d, s, k: (d + k * s) / k),

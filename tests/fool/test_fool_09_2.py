@@ -31,18 +31,19 @@ def by_covariance(ks, ms):
 
 
 WRONG = [
-    ("swapped", lambda ks, ms: polyfit_inv(ks, ms)[::-1], "swapped"),
-    ("line in k", lambda ks, ms: tuple(np.polyfit(np.asarray(ks, float), ms, 1)), "straight line in k itself"),
+    ("swapped", lambda ks, ms: polyfit_inv(ks, ms)[::-1], "Swapped"),
+    ("line in k", lambda ks, ms: tuple(np.polyfit(np.asarray(ks, float), ms, 1)), "straight line fitted in k itself"),
     ("time per dispatch against k",
      lambda ks, ms: tuple(np.polyfit(np.asarray(ks, float), np.asarray(ks) * np.asarray(ms), 1)[::-1]),
      "time per dispatch"),
-    ("two points only", two_points, "Fit every measurement"),
+    ("two points only", two_points, "expected ("),
     ("last point as the step cost", lambda ks, ms: (float((ms[0] - ms[-1]) / (1 - 1 / ks[-1])), float(ms[-1])),
-     "Fit every measurement"),
-    ("three values", lambda ks, ms: (*polyfit_inv(ks, ms), 0.0), "should return a pair"),
+     "expected ("),
+    ("three values", lambda ks, ms: (*polyfit_inv(ks, ms), 0.0), "expected a tuple of 2"),
     ("half precision", lambda ks, ms: tuple(np.float16(v) for v in polyfit_inv(ks, ms)), "float16"),
 ]
-RIGHT = [("np.linalg.lstsq", lstsq), ("covariance formula", by_covariance)]
+RIGHT = [("np.linalg.lstsq", lstsq), ("covariance formula", by_covariance),
+         ("np.polyfit's array itself", lambda ks, ms: np.polyfit(1.0 / np.asarray(ks, float), ms, 1))]
 
 
 verdict, test_a_wrong_answer_fails_and_its_feedback_names_the_mistake, \

@@ -16,17 +16,20 @@ def table(n_params, n, stage, per=(4, 4, 8), split=SPLIT):
 
 
 WRONG = [
-    ("nothing split", lambda p, n, s: table(p, n, "replicated"), "but this stage splits it"),
+    ("nothing split", lambda p, n, s: table(p, n, "replicated"), "Every stage keeps everything whole"),
     ("Adam with one moment", lambda p, n, s: table(p, n, s, per=(4, 4, 4)), "Adam keeps two float32"),
     ("zero1 splits the gradients", lambda p, n, s: table(p, n, s, split={**SPLIT, "zero1": ("opt_state", "grads")}),
      "ZeRO-1 reduce-scatters too"),
     ("fsdp keeps whole parameters", lambda p, n, s: table(p, n, s, split={**SPLIT, "fsdp": ("opt_state", "grads")}),
-     "is the whole params"),
-    ("everything split everywhere", lambda p, n, s: table(p, n, "fsdp"), "comes back divided by"),
-    ("a missing key", lambda p, n, s: {"params": 4 * p, "opt_state": 8 * p}, "should return a dict with the keys"),
-    ("text", lambda p, n, s: {k: f"{v:.0f} bytes" for k, v in table(p, n, s).items()}, "should be a number"),
+     "this answer keeps params whole"),
+    ("everything split everywhere", lambda p, n, s: table(p, n, "fsdp"), "Every stage splits all three"),
+    ("a missing key", lambda p, n, s: {"params": 4 * p, "opt_state": 8 * p}, "expected dict{"),
+    ("text", lambda p, n, s: {k: f"{v:.0f} bytes" for k, v in table(p, n, s).items()}, "got str"),
     ("n - 1 devices", lambda p, n, s: {k: v * (n / (n - 1) if k in SPLIT[s] else 1)
-                                       for k, v in table(p, n, s).items()}, "neither the whole"),
+                                       for k, v in table(p, n, s).items()}, "the device count over itself minus one"),
+    ("devices written in as 8", lambda p, n, s: table(p, 8, s), "a factor"),
+    ("the library's formula", lambda p, n, s: __import__("course_lib.sharded_state").sharded_state.formula_bytes(
+        p, n, s), "sharded_state.formula_bytes"),
 ]
 RIGHT = [
     ("fractions", lambda p, n, s: {k: Fraction(v).limit_denominator() for k, v in table(p, n, s).items()}),

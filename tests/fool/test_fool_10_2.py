@@ -61,7 +61,7 @@ WRONG = [
     ("summed, not averaged", lambda p, g, lr: zero(p, g, lr, mean=False), "times too large"),
     ("own gradient only", lambda p, g, lr: p - lr * g, "applied only its own gradient"),
     ("gather not tiled", lambda p, g, lr: zero(p, g, lr, tiled=False), "stacked on a new axis"),
-    ("every device the first block", lambda p, g, lr: zero(p, g, lr, start_at=0), "only the first block is right"),
+    ("every device the first block", lambda p, g, lr: zero(p, g, lr, start_at=0), "Only the first block is right"),
     ("gathered along the rows", lambda p, g, lr: zero(p, g, lr, gather=0), "joined along the rows"),
     ("no gather", lambda p, g, lr: jax.lax.psum_scatter(g, A, scatter_dimension=1, tiled=True),
      "returned only its block"),
@@ -72,3 +72,27 @@ RIGHT = [("scatter the transpose", transposed), ("dynamic_slice, two gathers", w
 
 verdict, test_a_wrong_answer_fails_and_its_feedback_names_the_mistake, \
     test_a_right_answer_written_another_way_passes = fool_tests(ID, WRONG, RIGHT)
+
+
+def test_every_declared_mistake_is_named():
+    from course_lib.exercises import lesson10 as L
+    for m in L.MISTAKES_10_2:
+        feedback = verdict(m.fn)
+        assert not feedback and m.feedback.split("{n}")[-1][:40] in feedback.message, (m.name, feedback.message)
+
+
+def test_a_written_in_device_count_is_measured():
+    """psum_scatter divided by a fixed 8: right on 8 devices, and the feedback names the factor on the others."""
+    import jax
+    message = verdict(_fixed_eight).message
+    assert "zero2_sgd on 4 devices" in message and "a factor" in message, message
+
+
+def _fixed_eight(p, g, lr):
+    import jax
+    n = jax.lax.axis_size(A)
+    cols = p.shape[1] // n
+    mine = jax.lax.psum_scatter(g, A, scatter_dimension=1, tiled=True) / 8
+    start = jax.lax.axis_index(A) * cols
+    return jax.lax.all_gather(jax.lax.dynamic_slice_in_dim(p, start, cols, axis=1) - lr * mine, A, axis=1,
+                              tiled=True)

@@ -40,7 +40,7 @@ WRONG = [
     ("outputs counted twice", search(lambda p: p["arguments"] + p["outputs"] + p["temporaries"]),
      "subtract the aliased bytes"),
     ("strictly below the budget", search(fits=lambda need, budget: need < budget), "needs exactly the budget"),
-    ("the largest K that fits", search(order=lambda ks: ks[::-1]), "a smaller K"),
+    ("the largest K that fits", search(order=lambda ks: ks[::-1]), "take the smallest K that fits"),
     ("powers of two only", search(candidates=lambda batch, n: [k for k in (1, 2, 4, 8, 16)
                                                                if per_device(batch, n) % k == 0]),
      "tried only powers of two"),
@@ -49,7 +49,7 @@ WRONG = [
      "must divide each device's examples"),
     ("a guess, no compile", lambda make_step, state, batch, n, budget: 1, "without building a single step"),
     ("a float", lambda make_step, state, batch, n, budget: float(search()(make_step, state, batch, n, budget) or 0),
-     "a Python int"),
+     "expected None, got 0"),
 ]
 
 
@@ -60,9 +60,27 @@ def via_compiled_memory(make_step, state, batch, n, budget):
     return min(fitting) if fitting else None
 
 
+def falls_with_k(make_step, state, batch, n, budget):      # assumes the peak falls as K grows
+    b = per_device(batch, n)
+    fit = None
+    for k in [k for k in range(1, b + 1) if b % k == 0][::-1]:
+        if peak(parts(make_step, state, batch, k)) > budget:
+            break
+        fit = k
+    return fit
+
+
+WRONG.append(("assumes the peak falls as K grows", falls_with_k, "assumes the peak falls steadily"))
 RIGHT = [("compiled_memory, min of the fitting", via_compiled_memory),
          ("memory_analysis, a while loop", search())]
 
 
 verdict, test_a_wrong_answer_fails_and_its_feedback_names_the_mistake, \
     test_a_right_answer_written_another_way_passes = fool_tests(ID, WRONG, RIGHT)
+
+
+def test_every_declared_mistake_is_named():
+    from course_lib.exercises import lesson10 as L
+    for m in L.MISTAKES_10_3:
+        feedback = verdict(m.fn)
+        assert not feedback and m.feedback in feedback.message, (m.name, feedback.message)

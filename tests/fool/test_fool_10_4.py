@@ -10,7 +10,8 @@ ID = "10.4"
 A = "data"
 
 
-def fsdp(loss_fn, optimizer, *, mean=True, gather_to=None, pmean_loss=True, dtype=None, return_whole=False):
+def fsdp(loss_fn, optimizer, *, mean=True, gather_to=None, pmean_loss=True, dtype=None, return_whole=False,
+         divide=None):
     def step(my, opt_state, batch):
         n = jax.lax.axis_size(A)
 
@@ -22,7 +23,8 @@ def fsdp(loss_fn, optimizer, *, mean=True, gather_to=None, pmean_loss=True, dtyp
             return loss_fn(whole, batch).astype(jnp.float32)
 
         loss, grads = jax.value_and_grad(sliced_loss)(my)
-        grads = jax.tree.map(lambda g: g / n if mean else g, grads)
+        by = divide(n) if divide else n
+        grads = jax.tree.map(lambda g: g / by if mean else g, grads)
         updates, opt_state = optimizer.update(grads, opt_state, my)
         new = optax.apply_updates(my, updates)
         if return_whole:
@@ -55,6 +57,15 @@ def own_sgd(lr):                                # ignores the optimizer it is gi
             return jax.tree.map(lambda p, v: p - lr * v, my, g), opt_state, jax.lax.pmean(loss, A)
         return step
     return make
+
+
+def plain_sgd_no_optimizer(loss_fn, optimizer):  # never calls the optimizer at all
+    def step(my, opt_state, batch):
+        n = jax.lax.axis_size(A)
+        whole = lambda p: jax.tree.map(lambda s: jax.lax.all_gather(s, A, tiled=True), p)
+        loss, g = jax.value_and_grad(lambda p: loss_fn(whole(p), batch))(my)
+        return jax.tree.map(lambda p, v: p - 0.5 * v / n, my, g), opt_state, jax.lax.pmean(loss, A)
+    return step
 
 
 def never_gathers(loss_fn, optimizer):
@@ -91,16 +102,20 @@ def mean_loss_inside(loss_fn, optimizer):       # right: differentiate the loss 
 
 
 WRONG = [
-    ("summed, not averaged", lambda l, o: fsdp(l, o, mean=False), "times too large"),
+    ("summed, not averaged", lambda l, o: fsdp(l, o, mean=False), "the mean gradient times the device count"),
     ("all-reduce, then slice", all_reduce_then_slice, "all-reduces the gradient"),
     ("gathered invarying", lambda l, o: fsdp(l, o, gather_to="invarying"), "invarying"),
     ("never gathers", never_gathers, "needs every parameter whole"),
     ("returns the gathered parameters", lambda l, o: fsdp(l, o, return_whole=True), "not the gathered parameters"),
     ("the local loss", lambda l, o: fsdp(l, o, pmean_loss=False), "average it over the mesh axis"),
     ("bfloat16 compute", lambda l, o: fsdp(l, o, dtype=jnp.bfloat16), "bfloat16"),
-    ("its own SGD, another learning rate", own_sgd(0.1), "does not use the optimizer it was given"),
-    ("its own SGD, the first case's rate", own_sgd(0.5), "does not use the optimizer it was given"),
+    ("its own SGD, another learning rate", own_sgd(0.1), "5x too small"),
+    ("its own SGD, the first case's rate", own_sgd(0.5), "the first step's update"),
     ("no step", lambda l, o: "step", "expected the step function"),
+    ("plain SGD, no optimizer call", plain_sgd_no_optimizer, "never calls the update of the optimizer"),
+    ("divided by n twice (4x too small on 4 devices)", lambda l, o: fsdp(l, o, divide=lambda n: n * n),
+     "too small, a factor of the device count"),
+    ("divided by a written-in 8", lambda l, o: fsdp(l, o, divide=lambda n: 8), "the first step's update"),
     ("two things back", lambda l, o: (lambda p, s, b: (p, s)), "expected three things"),
 ]
 RIGHT = [("reduce-scatter by hand", scatters_itself), ("loss divided inside, psum of it", mean_loss_inside)]

@@ -41,3 +41,20 @@ RIGHT = [
 
 verdict, test_a_wrong_answer_fails_and_its_feedback_names_the_mistake, \
     test_a_right_answer_written_another_way_passes = fool_tests(ID, WRONG, RIGHT)
+
+
+def test_feedback_never_prints_the_compiled_counts():
+    """A prediction exercise: the compiled program's counts are the answer, so no feedback shows them."""
+    from course_lib.exercises import lesson10 as L
+    for _, answer, _ in WRONG[:6]:
+        message = verdict(answer).message
+        for (stage, k), (counts, _) in L._compiled_counts().items():
+            assert f"runs {L._shown_counts(counts)}" not in message, message
+            assert " x" not in message.split("you predicted")[-1].split("per step")[-1], message
+
+
+def test_every_declared_mistake_is_named():
+    from course_lib.exercises import lesson10 as L
+    for m in L.MISTAKES_10_5:
+        feedback = verdict(m.fn)
+        assert not feedback and m.feedback in feedback.message, (m.name, feedback.message)

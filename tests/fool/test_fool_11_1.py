@@ -53,7 +53,18 @@ def _one_device(d, like, devs):                 # only one of the devices given
     return checkpoint.restore(d, like, devices=devs[:1])[0]
 
 
+def _restore_on_all_then_move(d, like, devs):   # placement asked for, but onto other devices
+    return jax.device_put(checkpoint.restore(d, like, devices=jax.devices())[0], checkpoint.replicated_on(devs))
+
+
+def _orbax_then_move(d, like, devs):            # Orbax's own restore, then moved
+    with ocp.CheckpointManager(d) as manager:
+        return jax.device_put(manager.restore(manager.latest_step())["state"], checkpoint.replicated_on(devs))
+
+
 WRONG = {
+    "restored onto all devices, then moved": (_restore_on_all_then_move, "read the arrays onto other devices"),
+    "Orbax, then moved": (_orbax_then_move, "moved afterwards"),
     "returns (state, extra)": (_both, "return only the state"),
     "no devices: where like lives": (_where_like_lives, "Pass the devices to the restore"),
     "the first n devices": (_first_devices, "the first 4 device(s), not the ones you were given"),

@@ -33,7 +33,7 @@ WRONG = {
                                     "averages the devices' own fractions"),
     "counts ops, not time": (lambda t: sum(o.collective for o in t.ops) / len(t.ops), "counted"),
     "calls the library": (lambda t: profile.collective_fraction(t), "calls profile.collective_fraction"),
-    "a formatted string": (lambda t: f"{solution_collective_fraction(t):.1%}", "string"),
+    "a formatted string": (lambda t: f"{solution_collective_fraction(t):.1%}", "got str '32.2%'"),
     "sorts the trace in place": (_sort_in_place, "changed the trace it was given in place (ops)"),
     "half precision": (lambda t: np.float16(solution_collective_fraction(t)), "float16"),
     "adds up op durations": (lambda t: sum(o.dur_us for o in t.ops if o.collective) / sum(o.dur_us for o in t.ops),

@@ -54,7 +54,7 @@ def matrices_only(layer):
 WRONG = [
     (gather_axis_0, "whole leaf"),
     (not_tiled, "stacked along a new axis"),
-    (gradient_stopped, "no gradient flows back"),
+    (gradient_stopped, "all zeros"),
     (by_psum, "no all-gather"),
     (eight_written_in, "assumes a number of devices"),
     (reversed_slices, "in device order"),

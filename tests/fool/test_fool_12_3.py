@@ -62,7 +62,39 @@ def _numpy_ints(n_layers, matrices, inner_biases, outer_biases, remat):
             "reduce-scatter": float(n_layers * (matrices + inner_biases + outer_biases))}
 
 
-@pytest.mark.parametrize("answer", [_counted, _numpy_ints])
+def _jax_floats(n_layers, matrices, inner_biases, outer_biases, remat):
+    import jax.numpy as jnp
+    return {kind: jnp.float32(v) for kind, v in _counted(n_layers, matrices, inner_biases, outer_biases,
+                                                          remat).items()}
+
+
+def _zero_d_arrays(n_layers, matrices, inner_biases, outer_biases, remat):
+    return {kind: np.array(v) for kind, v in _counted(n_layers, matrices, inner_biases, outer_biases, remat).items()}
+
+
+@pytest.mark.parametrize("answer", [_counted, _numpy_ints, _jax_floats, _zero_d_arrays])
 def test_right_answers_written_another_way_pass(answer):
     feedback = check("12.3", answer)
     assert feedback, feedback.message
+
+
+def test_feedback_never_prints_the_compiled_counts():
+    """A prediction exercise: the compiler's counts are the answer, so no feedback shows them."""
+    from course_lib.exercises import lesson12 as L
+    kinds = ("all-gather", "reduce-scatter", "all-reduce")
+    for answer, _ in WRONG[:9]:
+        message = check("12.3", answer).message
+        case = next(c for c in L._CASES if {k: int(v) for k, v in answer(*c).items()}
+                    != {k: L.measured_collectives(*c).get(k, 0) for k in kinds})
+        compiled = {k: L.measured_collectives(*case).get(k, 0) for k in kinds}
+        assert str(compiled) not in message, message
+
+
+def test_every_declared_mistake_is_named_and_a_near_miss_is_not():
+    from course_lib.exercises import lesson12 as L
+    for m in L.MISTAKES_12_3:
+        feedback = check("12.3", m.fn)
+        assert not feedback and m.feedback in feedback.message, (m.name, feedback.message)
+    off_by_one = _answer(lambda n, k, i, o, r: n * (2 * (k + i) + o) + 1 if r else n * (k + i + o))
+    message = check("12.3", off_by_one).message
+    assert "all-gather (too many)" in message and not any(m.feedback in message for m in L.MISTAKES_12_3)

@@ -37,17 +37,32 @@ WRONG = {
     "data parallelism split like FSDP": (lambda c, n, f: 12 * (counts(c)[0] / n + counts(c)[1]),
                                          "data parallelism keeps a whole copy"),
     "FSDP over half the chips": (lambda c, n, f: 12 * (counts(c)[0] / (n / 2 if f else 1) + counts(c)[1]),
-                                 "over 2 chips; this call's mesh has n_chips=4"),
+                                 "1.83x too large"),
     "FSDP over a fixed 8 chips": (lambda c, n, f: 12 * (counts(c)[0] / (8 if f else 1) + counts(c)[1]),
-                                  "over 8 chips; this call's mesh has n_chips=4"),
-    "24 bytes per parameter": (per_chip(24), "24 bytes per parameter: 2x"),
+                                  "over 8 chips whatever the mesh"),
+    "24 bytes per parameter": (per_chip(24), "2x too large"),
     "position embedding left out": (lambda c, n, f: per_chip(12)(c, n, f) - 12 * c["SEQ"] * c["D"],
                                     "position embedding"),
     "in bits": (lambda c, n, f: 8 * per_chip(12)(c, n, f), "bits"),
-    "in GiB": (lambda c, n, f: per_chip(12)(c, n, f) / 2**30, "GiB or MiB"),
+    "in GiB": (lambda c, n, f: per_chip(12)(c, n, f) / 2**30, "looks like GiB"),
     "a list per array": (lambda c, n, f: [per_chip(12)(c, n, f)], "expected one number"),
     "crashes": (lambda c, n, f: c["WIDTH"], "raised KeyError"),
 }
+
+
+def test_every_declared_mistake_is_named():
+    for m in L.MISTAKES_13_1:
+        feedback = check("13.1", m.fn)
+        assert not feedback and m.feedback in feedback.message, (m.name, feedback.message)
+
+
+def test_near_misses_are_told_what_differs_not_a_mistake_they_did_not_make():
+    """Within 1% of a declared mistake on one case is not that mistake: only a match on every case names it."""
+    for near in (lambda c, n, f: L._state(16)(c, n, f) * 0.995, lambda c, n, f: L._state(8)(c, n, f) + 1000 * n,
+                 lambda c, n, f: L._state(12, rest_over=lambda k: k)(c, n, f) * (1.009 if f else 0.991)):
+        message = check("13.1", near).message
+        assert not any(m.feedback in message for m in L.MISTAKES_13_1), message
+        assert "expected" in message and "got" in message, message
 
 
 @pytest.mark.parametrize("name", list(WRONG))
