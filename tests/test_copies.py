@@ -174,8 +174,11 @@ def test_class_table_reads_without_lock_files_and_csv_makes_its_folder(tmp_path,
 NBGRADER = shutil.which("nbgrader", path=os.path.dirname(sys.executable)) or shutil.which("nbgrader")
 
 
-def test_nbgrader_sources_mark_solutions_and_lock_graded_tests(tmp_path):
+def test_nbgrader_sources_mark_solutions_and_lock_graded_tests(tmp_path, capsys):
     copies.nbgrader_sources(str(tmp_path), ["02"])
+    said = capsys.readouterr().out     # the commands that work: nbgrader needs the environment activated (alembic)
+    assert f"source {pathlib.Path(sys.prefix) / 'bin' / 'activate'}" in said
+    assert "nbgrader generate_assignment lesson02" in said and "nbgrader autograde lesson02" in said
     nb = json.loads((tmp_path / "source" / "lesson02" / "02_pmap_basics.ipynb").read_text())
     answers = [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("solution")]
     tests = [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade")]

@@ -313,6 +313,22 @@ c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\\nraise NotImplemented
 '''
 
 
+def next_steps(dst: pathlib.Path, assignments: list[str]) -> str:
+    """The commands that grade with these sources. nbgrader runs ``alembic`` (its database tool) from PATH, so
+    the course's virtual environment must be activated: ``.venv/bin/nbgrader`` alone fails on FileNotFoundError."""
+    venv = pathlib.Path(sys.prefix)
+    one = assignments[0] if assignments else "lesson02"
+    return "\n".join([
+        "Next, in a shell (nbgrader finds its tools on PATH, so activate the environment first):",
+        f"  source {venv / 'bin' / 'activate'}",
+        f"  cd {dst}",
+        "  export JAX_NUM_CPU_DEVICES=8 JAX_PLATFORMS=cpu",
+        f"  nbgrader generate_assignment {one}     # release/{one}: the notebook to hand out",
+        f"  # collect each learner's notebook into submitted/<learner>/{one}/, then:",
+        f"  nbgrader autograde {one}",
+        "  nbgrader export                        # grades.csv"])
+
+
 def nbgrader_sources(dir_: str, lessons=()) -> list[pathlib.Path]:
     import nbformat
     dst = _destination(dir_)
@@ -327,6 +343,7 @@ def nbgrader_sources(dir_: str, lessons=()) -> list[pathlib.Path]:
         written.append(folder / path.name)
     (dst / "nbgrader_config.py").write_text(NBGRADER_CONFIG)
     print(f"wrote {len(written)} nbgrader source notebooks under {dst / 'source'} and {dst / 'nbgrader_config.py'}")
+    print(next_steps(dst, [p.parent.name for p in written]))
     return written
 
 
