@@ -143,15 +143,17 @@ def all_sections() -> dict[str, list[dict]]:
 
 
 def section_table() -> str:
-    """Per lesson, each section's minutes (whole minutes, exercises included; ``ex`` names them)."""
-    lines = ["| Lesson | Main path: section minutes (exercises in it) | Going further |", "|---|---|---|"]
+    """Per lesson, each section's teaching minutes (whole minutes), ``+`` the exercises in it, and the lesson's
+    minutes per exercise."""
+    lines = ["| Lesson | min/ex | Main path: section teaching minutes + its exercises | Going further |",
+             "|---|---|---|---|"]
     for lesson, secs in all_sections().items():
         def fmt(s):
-            ex = f" ({', '.join(s['exercises'])})" if s["exercises"] else ""
-            return f"{s['label']} {max(1, round(s['minutes']))}{ex}"
+            ex = f" + {', '.join(s['exercises'])}" if s["exercises"] else ""
+            return f"{s['label']} {max(1, round(s['teach_min']))}{ex}"
         main = " · ".join(fmt(s) for s in secs if not s["further"])
         gf = " · ".join(fmt(s) for s in secs if s["further"]) or "—"
-        lines.append(f"| {lesson} | {main} | {gf} |")
+        lines.append(f"| {lesson} | {EXERCISE_MIN.get(lesson, DEFAULT_EXERCISE_MIN)} | {main} | {gf} |")
     return "\n".join(lines)
 
 
