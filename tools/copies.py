@@ -14,6 +14,12 @@ name (course_lib.solutions.code), then the notebook runs top to bottom in a fres
 devices, progress to a temporary file) and the copy is written with its outputs. It fails, naming the exercise,
 unless every check printed ✔. ``--no-execute`` writes the copies without running them.
 
+Every copy (student, instructor, each nbgrader source folder) also carries the course's pages that the lessons
+link to (``notebooks/*.md``, e.g. hardware.md). ``nbgrader`` prints the commands that grade with its sources
+(with the virtual environment activated: nbgrader runs ``alembic`` from PATH). ``progress`` reads the files
+without locking them (no ``.NAME.lock`` is made), names on stderr each file it leaves out, why, and what to
+do, and ``--csv`` creates the folder it writes to.
+
 In CI the instructor form is tested for all 42 exercises without extra runs: the second nbval pass (conftest.py,
 as another processor) runs each notebook's instructor form, ``assert check(...)`` in every exercise cell.
 """
