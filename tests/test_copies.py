@@ -62,6 +62,16 @@ def test_student_copy_has_every_lesson_stubs_without_outputs_and_withholds_solut
     assert solutions.withheld()
 
 
+def test_every_copy_carries_the_pages_the_lessons_link_to(student_dir, tmp_path):
+    pages = sorted(p.name for p in (ROOT / "notebooks").glob("*.md"))
+    assert "hardware.md" in pages
+    assert sorted(p.name for p in student_dir.glob("*.md")) == pages
+    copies.instructor(str(tmp_path / "inst"), ["02"], run=False)
+    assert sorted(p.name for p in (tmp_path / "inst").glob("*.md")) == pages
+    copies.nbgrader_sources(str(tmp_path / "grading"), ["02"])
+    assert sorted(p.name for p in (tmp_path / "grading" / "source" / "lesson02").glob("*.md")) == pages
+
+
 def test_is_stub_tells_a_stub_from_an_answer():
     assert copies.is_stub("def f(x):\n    # Your code here\n    ...\n", "f")
     assert copies.is_stub("def make(a):\n    def step(b):\n        ...\n    return step\n", "make")
@@ -126,6 +136,8 @@ def test_class_table_one_row_per_learner_and_csv(tmp_path, capsys):
     rc = copies.main(["progress", str(a), str(b), str(bad), "--csv", str(out_csv)])
     out, err = capsys.readouterr()
     assert rc == 1 and "notes.json" in err and "not a course progress file" in err
+    # written for the instructor: which file, why, what to do; nothing a learner would do in a notebook
+    assert "left out of the table" in err and "Ask that learner" in err and "COURSE_PROGRESS=" not in err
     lines = out.splitlines()
     ada = next(ln for ln in lines if ln.startswith("ada"))
     grace = next(ln for ln in lines if ln.startswith("Grace"))
@@ -138,14 +150,35 @@ def test_class_table_one_row_per_learner_and_csv(tmp_path, capsys):
                                                                                                      "2")
 
 
+def test_class_table_reads_without_lock_files_and_csv_makes_its_folder(tmp_path, capsys):
+    a = tmp_path / "in" / "ada.json"
+    a.parent.mkdir()
+    a.write_text(json.dumps({"format": progress.FORMAT, "version": progress.VERSION,
+                             "exercises": {"02.1": {"checks": 1, "passed": True, "hints": 0, "solutions": 0}}}))
+    torn = tmp_path / "in" / "bob.json"
+    torn.write_text('{"format": "course-progress", "vers')
+    out_csv = tmp_path / "out" / "week1" / "class.csv"          # a folder that does not exist yet
+    rc = copies.main(["progress", str(a), str(torn), str(tmp_path / "in" / "cy.json"), "--csv", str(out_csv)])
+    out, err = capsys.readouterr()
+    assert rc == 1 and out_csv.is_file() and "ada" in out_csv.read_text()
+    assert "bob.json: left out of the table: it is not JSON" in err
+    assert "cy.json: left out of the table: there is no such file" in err
+    assert sorted(p.name for p in (tmp_path / "in").iterdir()) == ["ada.json", "bob.json"]   # no .lock files
+    with pytest.raises(SystemExit, match="that is a folder"):
+        copies.main(["progress", str(a), "--csv", str(tmp_path / "out")])
+
+
 # ---------------------------------------------------------------------------------------------
 # nbgrader: a round trip on lesson 00 (its whole notebook runs once per submission: about a minute here)
 
 NBGRADER = shutil.which("nbgrader", path=os.path.dirname(sys.executable)) or shutil.which("nbgrader")
 
 
-def test_nbgrader_sources_mark_solutions_and_lock_graded_tests(tmp_path):
+def test_nbgrader_sources_mark_solutions_and_lock_graded_tests(tmp_path, capsys):
     copies.nbgrader_sources(str(tmp_path), ["02"])
+    said = capsys.readouterr().out     # the commands that work: nbgrader needs the environment activated (alembic)
+    assert f"source {pathlib.Path(sys.prefix) / 'bin' / 'activate'}" in said
+    assert "nbgrader generate_assignment lesson02" in said and "nbgrader autograde lesson02" in said
     nb = json.loads((tmp_path / "source" / "lesson02" / "02_pmap_basics.ipynb").read_text())
     answers = [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("solution")]
     tests = [c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("grade")]

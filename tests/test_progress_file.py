@@ -176,6 +176,20 @@ def test_after_the_last_hint_a_withheld_class_is_not_sent_to_solution(monkeypatc
     n = len(ex.exercises()["02.1"].hints)
     for _ in range(n + 1):
         ex.hint("02.1")
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert "No hints left" in last and "withheld" in last and "lesson02.py" in last
+    lines = capsys.readouterr().out.strip().splitlines()
+    last_hint, last = lines[-2], lines[-1]
+    assert "No hints left" in last and "withheld" in last and "lesson 02" in last
+    assert "withheld" in last_hint and "is next" not in last_hint
+    for line in lines:   # no promise of a solution, no pointer to the file that holds the reference solutions
+        assert "solution(" not in line and "lesson02.py" not in line and "course_lib/exercises" not in line
+
+
+def test_with_solutions_on_the_last_hint_points_to_solution(monkeypatch, capsys):
+    monkeypatch.setenv("COURSE_SOLUTIONS", "on")
+    monkeypatch.setattr(ex, "_hints_shown", ex.collections.Counter())
+    n = len(ex.exercises()["02.1"].hints)
+    for _ in range(n + 1):
+        ex.hint("02.1")
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "solution('02.1') is next" in lines[-2] and "solution('02.1') prints" in lines[-1]
     assert progress.load()["exercises"]["02.1"]["hints"] == n

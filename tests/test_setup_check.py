@@ -54,7 +54,12 @@ def test_course_sh_check_passes_and_leaves_the_learners_progress_file_alone(tmp_
     for what in ["Python: 3.", "JAX: 0.", "8 devices: 8 x", "graphviz: dot", "exercise check: 00.1"]:
         assert any(ln.startswith(f"  ok   {what}") for ln in lines), (what, r.stdout)
     assert any("progress file" in ln for ln in lines) and any("lesson 13 (TPU compiler)" in ln for ln in lines)
-    assert "FAIL" not in r.stdout and "everything lessons 00-12 need works" in lines[-1]
+    assert "FAIL" not in r.stdout
+    tpu_line = next(ln for ln in lines if "lesson 13 (TPU compiler)" in ln)
+    if tpu_line.startswith("  ok"):     # the verdict says what passed: 00-13 only where lesson 13's compile did
+        assert "everything lessons 00-13 need works" in lines[-1] and "00-12" not in lines[-1]
+    else:
+        assert "everything lessons 00-12 need works; lesson 13's TPU compiler: see its note" in lines[-1]
     assert mine.read_text() == LEARNERS_FILE, "the learner's own progress file is only read"
     assert not list(tmp_path.glob("course_progress.json")) and not (ROOT / "course_progress.json").exists()
 
@@ -129,3 +134,15 @@ def test_the_libtpu_requirement_is_the_one_this_jax_pins():
         assert req == pinned[0].split(";")[0].replace(" ", "")
     else:
         assert req.startswith("jax[tpu]==")
+
+
+def test_the_verdict_names_the_lessons_whose_checks_passed():
+    from course_lib import setup_check as sc
+    base = [sc.Finding("Python", sc.OK, "3.12"), sc.Finding("JAX", sc.OK, "0.12")]
+    tpu_ok = sc.Finding("lesson 13 (TPU compiler)", sc.OK, "compiled")
+    tpu_note = sc.Finding("lesson 13 (TPU compiler)", sc.NOTE, "no libtpu")
+    last = lambda found: sc.report(found, 1.0).splitlines()[-1]
+    assert "everything lessons 00-13 need works" in last(base + [tpu_ok])
+    assert "00-12" in last(base + [tpu_note]) and "see its note" in last(base + [tpu_note])
+    assert "00-12" in last(base) and "not checked" in last(base)
+    assert "00-13" not in last(base + [tpu_note]) and "00-13" not in last(base)

@@ -68,6 +68,46 @@ def test_the_size_rule_splits_a_long_section_into_sub_slides_that_fit():
     assert slides.stale(nb) and "cell 3" in slides.stale(nb)[0]
 
 
+def test_apply_splits_markdown_cells_at_mid_cell_sections_and_never_code():
+    md = nbformat.v4.new_markdown_cell
+    nb = nbformat.v4.new_notebook()
+    fenced = "Some code:\n\n```python\n## not a heading: inside a fence\n```\n\nmore"
+    nb.cells = [md("# Title"), md("## 1. First\n\nText."),
+                md("Stuck? `hint(\"01.1\")`.\n\n## Common errors\n\nAn error.\n\n## Summary\n\n- a point"),
+                nbformat.v4.new_code_cell("x = 1\n## a comment, not a heading\ny = 2"), md(fenced)]
+    nb.cells[2].metadata["tags"] = ["keep-me"]
+    before = [c.id for c in nb.cells]
+    assert [bool(slides.mid_cell_sections(c)) for c in nb.cells] == [False, False, True, False, False]
+    problems = slides.stale(nb)
+    assert any("cell 2: a section heading in the middle" in p and "Common errors" in p for p in problems)
+    assert slides.apply(nb)
+    nbformat.validate(nb)                                   # nbformat 4.5: every cell has a unique id
+    sources = [c.source for c in nb.cells]
+    assert sources[2:5] == ["Stuck? `hint(\"01.1\")`.", "## Common errors\n\nAn error.", "## Summary\n\n- a point"]
+    assert sources[5] == "x = 1\n## a comment, not a heading\ny = 2" and sources[6] == fenced
+    ids = [c.id for c in nb.cells]
+    assert len(set(ids)) == len(ids) and ids[2] == before[2] and not {ids[3], ids[4]} & set(before)
+    assert nb.cells[3].metadata["tags"] == ["keep-me"]
+    kinds = [c.metadata["slideshow"]["slide_type"] for c in nb.cells]
+    assert kinds[3] == kinds[4] == "slide"
+    assert slides.stale(nb) == [] and not slides.apply(nb)   # a second --apply changes nothing
+
+
+def test_apply_on_copies_of_the_lessons_leaves_no_mid_cell_section_and_keeps_text_code_and_outputs(tmp_path):
+    for path in LESSONS:
+        shutil.copy2(path, tmp_path / path.name)
+    assert slides.main(["--apply", *map(str, sorted(tmp_path.glob("*.ipynb")))]) == 0
+    assert slides.main(["--check", *map(str, sorted(tmp_path.glob("*.ipynb")))]) == 0
+    for path in LESSONS:
+        old, new = nbformat.read(path, as_version=4), nbformat.read(tmp_path / path.name, as_version=4)
+        nbformat.validate(new)
+        assert not any(slides.mid_cell_sections(c) for c in new.cells)
+        words = lambda nb: " ".join(c.source for c in nb.cells if c.cell_type == "markdown").split()
+        assert words(new) == words(old)
+        code = lambda nb: [(c.source, c.outputs) for c in nb.cells if c.cell_type == "code"]
+        assert code(new) == code(old)
+
+
 @pytest.mark.timeout(300)
 def test_rise_shows_lesson_02_as_its_slides(tmp_path):
     pytest.importorskip("jupyterlab", reason="JupyterLab (the `lab` extra) is not installed here")

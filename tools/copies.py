@@ -14,6 +14,12 @@ name (course_lib.solutions.code), then the notebook runs top to bottom in a fres
 devices, progress to a temporary file) and the copy is written with its outputs. It fails, naming the exercise,
 unless every check printed ✔. ``--no-execute`` writes the copies without running them.
 
+Every copy (student, instructor, each nbgrader source folder) also carries the course's pages that the lessons
+link to (``notebooks/*.md``, e.g. hardware.md). ``nbgrader`` prints the commands that grade with its sources
+(with the virtual environment activated: nbgrader runs ``alembic`` from PATH). ``progress`` reads the files
+without locking them (no ``.NAME.lock`` is made), names on stderr each file it leaves out, why, and what to
+do, and ``--csv`` creates the folder it writes to.
+
 In CI the instructor form is tested for all 42 exercises without extra runs: the second nbval pass (conftest.py,
 as another processor) runs each notebook's instructor form, ``assert check(...)`` in every exercise cell.
 """
@@ -165,6 +171,15 @@ SETTINGS = {"solutions": "off",
             "_about": "Read by course_lib: solution() prints no code in this folder (COURSE_SOLUTIONS=on overrides)."}
 
 
+def copy_pages(dst: pathlib.Path) -> list[pathlib.Path]:
+    """Copy every ``notebooks/*.md`` page (hardware.md, ...) into ``dst``: the lessons link to them by name."""
+    out = []
+    for page in sorted((ROOT / "notebooks").glob("*.md")):
+        shutil.copy(page, dst / page.name)
+        out.append(dst / page.name)
+    return out
+
+
 def student(dir_: str, lessons=()) -> list[pathlib.Path]:
     """Student copies in ``dir_``: exercise outputs cleared, stubs checked, solutions withheld there."""
     dst = _destination(dir_)
@@ -179,8 +194,7 @@ def student(dir_: str, lessons=()) -> list[pathlib.Path]:
         _write_nb(nb, dst / path.name)
         written.append(dst / path.name)
     (dst / "course_settings.json").write_text(json.dumps(SETTINGS, indent=1) + "\n")
-    for extra in (ROOT / "notebooks").glob("*.md"):
-        shutil.copy(extra, dst / extra.name)
+    copy_pages(dst)
     print(f"wrote {len(written)} student notebooks and course_settings.json (solutions off) to {dst}")
     return written
 
@@ -213,6 +227,7 @@ def passed_checks(nb) -> dict[str, bool]:
 def instructor(dir_: str, lessons=(), run: bool = True) -> int:
     """Instructor copies in ``dir_``; executed and verified unless ``run`` is False. Returns an exit status."""
     dst = _destination(dir_)
+    copy_pages(dst)
     failed = []
     total = 0
     for path in _lessons(lessons):
@@ -304,6 +319,22 @@ c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\\nraise NotImplemented
 '''
 
 
+def next_steps(dst: pathlib.Path, assignments: list[str]) -> str:
+    """The commands that grade with these sources. nbgrader runs ``alembic`` (its database tool) from PATH, so
+    the course's virtual environment must be activated: ``.venv/bin/nbgrader`` alone fails on FileNotFoundError."""
+    venv = pathlib.Path(sys.prefix)
+    one = assignments[0] if assignments else "lesson02"
+    return "\n".join([
+        "Next, in a shell (nbgrader finds its tools on PATH, so activate the environment first):",
+        f"  source {venv / 'bin' / 'activate'}",
+        f"  cd {dst}",
+        "  export JAX_NUM_CPU_DEVICES=8 JAX_PLATFORMS=cpu",
+        f"  nbgrader generate_assignment {one}     # release/{one}: the notebook to hand out",
+        f"  # collect each learner's notebook into submitted/<learner>/{one}/, then:",
+        f"  nbgrader autograde {one}",
+        "  nbgrader export                        # grades.csv"])
+
+
 def nbgrader_sources(dir_: str, lessons=()) -> list[pathlib.Path]:
     import nbformat
     dst = _destination(dir_)
@@ -313,9 +344,12 @@ def nbgrader_sources(dir_: str, lessons=()) -> list[pathlib.Path]:
         folder.mkdir(parents=True, exist_ok=True)
         nbformat.write(nbgrader_notebook(path), folder / path.name)
         (folder / "course_settings.json").write_text(json.dumps(SETTINGS, indent=1) + "\n")
+        # nbgrader copies every file of the source folder into release/lessonNN: the links work there too.
+        copy_pages(folder)
         written.append(folder / path.name)
     (dst / "nbgrader_config.py").write_text(NBGRADER_CONFIG)
     print(f"wrote {len(written)} nbgrader source notebooks under {dst / 'source'} and {dst / 'nbgrader_config.py'}")
+    print(next_steps(dst, [p.parent.name for p in written]))
     return written
 
 
@@ -332,11 +366,12 @@ def class_table(files) -> tuple[list[dict], list[str]]:
     for f in files:
         try:
             data = progress.load(pathlib.Path(f)) if pathlib.Path(f).is_file() else None
-        except ValueError as e:
-            problems.append(str(e))
+        except ValueError:
+            problems.append(_why_skipped(pathlib.Path(f)))
             continue
         if data is None:
-            problems.append(f"{f}: no such file")
+            problems.append(f"{f}: left out of the table: there is no such file. Check the name on the command line "
+                            "(a learner's file is course_progress.json unless you renamed it).")
             continue
         row = {"learner": data.get("learner") or pathlib.Path(f).stem, "file": pathlib.Path(f).name}
         for lesson in lessons:
@@ -346,6 +381,28 @@ def class_table(files) -> tuple[list[dict], list[str]]:
                            sum(int(v.get("hints", 0)) for v in entries))
         rows.append(row)
     return rows, problems
+
+
+ASK = ("Ask that learner for their course_progress.json again (it sits in the folder their notebooks run in, "
+       "or where their COURSE_PROGRESS points), or leave this file off the command line.")
+
+
+def _why_skipped(f: pathlib.Path) -> str:
+    """Why a file handed in is not in the class table, and what the instructor can do: for the instructor."""
+    from course_lib import progress
+    try:
+        data = json.loads(f.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return f"{f}: left out of the table: it is not JSON (damaged, cut short, or another kind of file). {ASK}"
+    if not isinstance(data, dict) or data.get("format") != progress.FORMAT:
+        return f"{f}: left out of the table: it is JSON but not a course progress file (no \"format\": " \
+               f"\"{progress.FORMAT}\"), so perhaps the wrong file was handed in. {ASK}"
+    if data.get("version") != progress.VERSION:
+        return (f"{f}: left out of the table: a progress file of version {data.get('version')!r}, and this "
+                f"course_lib reads version {progress.VERSION}. Run the table with the course_lib the learner used, "
+                "or update yours (git pull, then ./course.sh setup).")
+    return (f"{f}: left out of the table: a course progress file whose contents are damaged (its \"exercises\" or "
+            f"\"learner\" field is not what course_lib writes). {ASK}")
 
 
 def format_table(rows) -> str:
@@ -364,6 +421,15 @@ def format_table(rows) -> str:
 
 
 def write_csv(rows, out) -> None:
+    """Write the table as CSV to ``out``, creating its folder if needed."""
+    out = pathlib.Path(out)
+    if out.is_dir():
+        raise SystemExit(f"--csv {out}: that is a folder; give a file name, e.g. --csv {out / 'class.csv'}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"--csv {out}: cannot create the folder {out.parent} ({e.strerror}); give a path in a "
+                         "folder you can write to, e.g. --csv class.csv") from None
     lessons = [k for k in rows[0] if k not in ("learner", "file")] if rows else []
     with open(out, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
@@ -400,7 +466,7 @@ def main(argv=None) -> int:
             write_csv(rows, args.csv)
             print(f"wrote {args.csv}")
         for p in problems:
-            print(f"skipped: {p}", file=sys.stderr)
+            print(p, file=sys.stderr)
         return 1 if problems else 0
     return 0
 

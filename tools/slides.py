@@ -15,14 +15,21 @@ The rule, cell by cell (``metadata.slideshow.slide_type``):
   slide holds 17 lines. A cell larger than that on its own gets its own sub-slide, which RISE scrolls
   (``"scroll": true`` in the notebook's ``rise`` metadata).
 
-Only metadata changes (the notebook's ``rise`` settings and each cell's ``slideshow``): sources and outputs stay.
+Before assigning slides, ``--apply`` splits every markdown cell at each ``## `` heading that is not its first
+line (outside code fences), so that each section starts a cell, and so a slide: the text before the heading stays
+in the cell, each heading and what follows it becomes a new markdown cell (a new cell id, nbformat 4.5; the
+cell's tags kept). Code cells are never split. ``--check`` names a markdown cell with a ``## `` heading in its
+middle. Otherwise only metadata changes (the notebook's ``rise`` settings and each cell's ``slideshow``): the
+text, the code and the outputs stay.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import pathlib
+import re
 import sys
 
 import nbformat
@@ -66,6 +73,61 @@ def _heading(cell) -> str | None:
     return first if first.startswith("#") else None
 
 
+SECTION = re.compile(r"^## ")
+FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+def mid_cell_sections(cell) -> list[int]:
+    """Line numbers (0-based) of the ``## `` headings in a markdown cell that are not its first line, outside
+    fenced code; ``[]`` for code cells and for cells that only start with one."""
+    if cell.cell_type != "markdown":
+        return []
+    found, fenced, seen_text = [], False, False
+    for n, line in enumerate(cell.source.splitlines()):
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and SECTION.match(line) and seen_text:
+            found.append(n)
+        seen_text = seen_text or bool(line.strip())
+    return found
+
+
+def _new_id(taken: set[str]) -> str:
+    from nbformat.corpus.words import generate_corpus_id
+    while True:
+        cid = generate_corpus_id()
+        if cid not in taken:
+            taken.add(cid)
+            return cid
+
+
+def split_sections(nb) -> int:
+    """Split every markdown cell at its mid-cell ``## `` headings (``mid_cell_sections``); returns how many new
+    cells were made. Each new cell gets a fresh id and the original's metadata without its ``slideshow``."""
+    taken = {c.get("id") for c in nb.cells if c.get("id")}
+    cells, made = [], 0
+    for cell in nb.cells:
+        cuts = mid_cell_sections(cell)
+        if not cuts:
+            cells.append(cell)
+            continue
+        lines = cell.source.splitlines()
+        bounds = [0] + cuts + [len(lines)]
+        for k, (a, b) in enumerate(zip(bounds, bounds[1:])):
+            text = "\n".join(lines[a:b]).strip("\n").rstrip()
+            part = cell if k == 0 else copy.deepcopy(cell)
+            part.source = text
+            if k:
+                part.metadata.pop("slideshow", None)
+                part.pop("attachments", None)
+                if "id" in cell or nb.nbformat_minor >= 5:
+                    part["id"] = _new_id(taken)
+                made += 1
+            cells.append(part)
+    nb.cells = cells
+    return made
+
+
 def is_install_cell(cell) -> bool:
     return cell.cell_type == "code" and cell.source.lstrip().startswith("# @title")
 
@@ -92,8 +154,10 @@ def slide_types(nb) -> list[str]:
 
 
 def apply(nb) -> bool:
-    """Write the slide metadata into ``nb``; returns whether anything changed."""
-    changed = nb.metadata.get("rise") != RISE
+    """Split markdown cells at mid-cell sections, then write the slide metadata into ``nb``; returns whether
+    anything changed."""
+    changed = split_sections(nb) > 0
+    changed = nb.metadata.get("rise") != RISE or changed
     nb.metadata["rise"] = dict(RISE)
     for cell, kind in zip(nb.cells, slide_types(nb)):
         if cell.metadata.get("slideshow", {}).get("slide_type") != kind:
@@ -105,6 +169,10 @@ def apply(nb) -> bool:
 def stale(nb) -> list[str]:
     """What differs from the rule: ``[]`` when the notebook's slide metadata is up to date."""
     problems = [] if nb.metadata.get("rise") == RISE else ["the notebook's rise settings"]
+    for i, cell in enumerate(nb.cells):
+        for n in mid_cell_sections(cell):
+            problems.append(f"cell {i}: a section heading in the middle of a markdown cell (line {n + 1}: "
+                            f"{cell.source.splitlines()[n][:60]!r}), so no slide starts there")
     for i, (cell, kind) in enumerate(zip(nb.cells, slide_types(nb))):
         have = cell.metadata.get("slideshow", {}).get("slide_type")
         if have != kind:
@@ -140,6 +208,7 @@ def main(argv=None) -> int:
         nb = nbformat.read(path, as_version=4)
         if args.apply:
             if apply(nb):
+                nbformat.validate(nb)
                 nbformat.write(nb, path)
             shape = slides(nb)
             print(f"{path.name}: {len(shape)} slides, {sum(len(s) for s in shape)} with sub-slides")

@@ -274,19 +274,29 @@ _record_problems: set[str] = set()
 def hint(id: str) -> None:
     """Print the next hint for exercise ``id``: a nudge, then the API or cell to read, then the steps in words;
     ``solution(id)`` comes after. Hints are shown even where solutions are withheld (``COURSE_SOLUTIONS=off``)."""
+    from course_lib import solutions as _solutions
     ex = _get(id)
     shown = _hints_shown[id]
+    # Where the instructor withheld the solutions, no message points to solution() (it would print none) or to
+    # the file that holds the reference solutions: the lesson's own cells are where to look.
+    withheld = _solutions.withheld()
+    lesson = id.split(".")[0]
     if shown >= len(ex.hints):
-        from course_lib import solutions as _solutions
-        after = ("The instructor has withheld the solutions: ask them, or read the checker's source in "
-                 f"course_lib/exercises/lesson{id.split('.')[0]}.py." if _solutions.withheld()
-                 else f"Next step: solution({id!r}) prints a reference solution.")
+        after = (f"The instructor has withheld the solutions in this class: reread the cells of lesson {lesson} "
+                 "that the hints name, run check again to see what differs, or ask the instructor."
+                 if withheld else f"Next step: solution({id!r}) prints a reference solution.")
         print(f"[{id}] No hints left ({len(ex.hints)} shown). {after}")
         return
     _hints_shown[id] = shown + 1
     _record(id, "hint")
     last = shown + 1 == len(ex.hints)
-    after = f" That was the last one: solution({id!r}) is next." if last else f" Run hint({id!r}) again for more."
+    if last and withheld:
+        after = (f" That was the last one; the instructor has withheld the solutions in this class, so the "
+                 f"lesson {lesson} cells these hints name, and check's message, are what to work from.")
+    elif last:
+        after = f" That was the last one: solution({id!r}) is next."
+    else:
+        after = f" Run hint({id!r}) again for more."
     print(f"[{id}] Hint {shown + 1} of {len(ex.hints)}: {ex.hints[shown]}{after}")
 
 
