@@ -67,3 +67,26 @@ def test_without_a_gpu_it_says_so_and_exits_0():
 def test_bad_calls_is_refused_naming_the_argument():
     r = run("--platform", "cpu", "--calls", "1")
     assert r.returncode == 2 and "--calls 1" in r.stderr
+
+
+class _NoisyJax:
+    """Writes to file descriptor 2 as libtpu does from C++ when JAX starts its backends."""
+
+    def __init__(self, found):
+        self.found = found
+
+    def devices(self, platform):
+        os.write(2, b"Failed to find host bounds for accelerator type\n")
+        if not self.found:
+            raise RuntimeError(f"Unknown backend: '{platform}' requested\nPlatforms present are: cpu")
+        return [f"{platform} device 0"]
+
+
+def test_backend_start_up_noise_is_held_back_when_there_is_no_gpu(capfd):
+    assert mh._start_backends(_NoisyJax(found=False), "gpu") == (None, "Unknown backend: 'gpu' requested")
+    assert capfd.readouterr().err == "", "the 'No GPU here' message stands alone"
+
+
+def test_backend_start_up_output_is_shown_when_the_gpu_is_found(capfd):
+    assert mh._start_backends(_NoisyJax(found=True), "gpu") == ("gpu device 0", None)
+    assert "host bounds" in capfd.readouterr().err

@@ -331,6 +331,30 @@ def table(header, rows):
         print("| " + " | ".join(str(c) for c in row) + " |")
 
 
+def _start_backends(jax, platform):
+    """``(first device of platform, None)``, or ``(None, why not)``.
+
+    JAX starts every backend it finds on its first use. Where libtpu is installed but there is no TPU, that
+    writes lines of start-up noise to file descriptor 2 (from C++, past ``sys.stderr``). They are held back
+    here, and shown only when the platform was found (they may then say something about it)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            device, said = jax.devices(platform)[0], None
+        except RuntimeError as e:
+            device, said = None, str(e).splitlines()[0]
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        if device is not None:
+            held.seek(0)
+            sys.stderr.write(held.read().decode(errors="replace"))
+    return device, said
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.platform == "cpu":  # before JAX starts: only the CPU backend, with 8 devices for section 3
@@ -341,10 +365,9 @@ def main(argv=None) -> int:
     import jax
 
     warnings.filterwarnings("ignore", category=DeprecationWarning)  # ProfileData's stats types say so
-    try:
-        device = jax.devices(args.platform)[0]
-    except RuntimeError as e:
-        print(f"No {args.platform.upper()} here ({str(e).splitlines()[0]}), so nothing was measured. "
+    device, said = _start_backends(jax, args.platform)
+    if device is None:
+        print(f"No {args.platform.upper()} here ({said}), so nothing was measured. "
               "Run this on a machine with a GPU, or with --platform cpu to try the script "
               "on the CPU backend. "
               "notebooks/hardware.md holds one H200's figures.")
