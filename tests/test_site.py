@@ -501,7 +501,7 @@ def test_in_a_browser_a_search_result_opens_at_the_match_and_the_contents_follow
     errors = []
     page = new_page(browser, 1680, errors)
     try:
-        page.goto(f"{served}search.html?q=psum_scatter", wait_until="load")
+        page.goto(f"{served}search.html?q=all_gather", wait_until="load")
         result = page.locator("#search-results ul.search li a", has_text="12 ·").first   # far down the page
         result.wait_for(timeout=60_000)
         result.click()
