@@ -155,6 +155,19 @@ def test_stored_outputs_of_state_beyond_parameters():
     assert "data vs None" in out
     assert "dot_general requires lhs batch dimensions and rhs batch dimensions to have the same sharding" in out
     assert "crop, fixed: float32[32@data,4]" in out and "mix, fixed: float32[32@data,8]" in out
+    # drawn split with out_sharding=: the replicated draw's numbers, 1/8 of reshard's temporaries
+    assert "noise, fixed: float32[32@data,8]" in out and "None vs data" in out
+    assert "times the batch: float32[32@data,8]" in out
+    assert "drawn split equals drawn replicated: True" in out
+    temps = dict(re.findall(r"mask drawn with (\S+): (\d+) MiB of temporaries", out))
+    assert int(temps["reshard"]) >= 4 * int(temps["out_sharding="]), temps
+    # inside shard_map: one key repeats on every device; slicing the global draw matches sharded jit
+    assert "same_key : the same on every device: True | equal to sharded jit's: False" in out
+    assert "global_rows: the same on every device: False | equal to sharded jit's: True" in out
+    assert "folded : the same on every device: False" in out
+    # BatchNorm without pmean, returned as P(): the replication error
+    assert "no pmean, out_specs=P(): ValueError: shard_map applied to the function" in out
+    assert "require replication which can't be statically inferred" in out
     # two meshes: refused, then compared on the host or on one mesh; the same numbers on 4 and 8 devices
     assert "out[8] - out[4]: ValueError: Mesh for all inputs should be equal" in out
     assert "the crops on 4 and 8 devices are equal: True" in out
