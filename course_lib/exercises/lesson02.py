@@ -51,9 +51,7 @@ def check_split_batch(split_batch):
             x = (np.arange(np.prod(shape), dtype=np.int32).reshape(shape) * 7) % 11
         cases.append(Case((x, n), f"split_batch(x {shape} {x.dtype.name}, n={n})", n=n))
     hints = {"cannot be interpreted as an integer": "A shape needs whole numbers, and B / n is a float even when n "
-                                                    "divides B: divide with integer division.",
-             "cannot reshape": "Keep each axis after the batch axis as it is, after the device axis and the rows "
-                               "of a block."}
+                                                    "divides B: divide with integer division."}
     diagnose(split_batch, cases, solution=solution_split_batch, mistakes=MISTAKES_02_1,
              run=lambda fn, case: call(fn, *case.args, name="split_batch", hints=hints))
     return "each device's block is B // n consecutive rows, and the device axis comes first."
