@@ -130,11 +130,12 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
         raise type(error)(f"{case.label}: {text}{'' if text.endswith(('.', '?', '!')) else '.'}{where}") from None
     _, expected, got, diff = next(r for r in rows if r[0] is case)
     named = [] if any(e is not None for _, e in failed) else _confirmed(mistakes, rows, run, opts)
-    evidence = f"{case.label}: expected {_show(expected)}, got {_show(got)}"
+    shown = f"expected {_show(expected)}, got {_show(got)}"
+    evidence = f"{case.label}: {shown if len(shown) <= 240 else diff}"    # a long structure: where it differs
     if len(named) == 1:
         fields = _Fields(n=case.n, label=case.label)
         raise Mismatch(f"{evidence}. {named[0].feedback.format_map(fields)}")
-    if diff.startswith("expected "):        # a structure or a kind of value: the diff says both sides
+    if diff.startswith("expected ") or len(shown) > 240:   # the diff says both sides
         raise Mismatch(f"{case.label}: {diff}.{where}")
     raise Mismatch(f"{evidence}: {diff}.{where}")
 

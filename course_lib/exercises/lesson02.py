@@ -79,10 +79,8 @@ MISTAKES_02_2 = [
 @exercise("02.2", "Per-device sums of squares with pmap", solution=solution_sum_of_squares,
           returns="a jax.Array of shape (n,), device i's sum of squares of xs[i], spread over the n devices",
           hints=["Write what ONE device does with its block (b, d): one number. pmap does the rest.",
-                 "`jnp.sum` with no axis argument sums a whole array; `jax.pmap` (section 1) runs the per-block "
-                 "function on every device.",
-                 "In words: a function of one block that squares and sums everything in it, mapped with jax.pmap "
-                 "over xs."])
+                 "Section 1 of the lesson: `jax.pmap`; and `jnp.sum`'s documentation, for what it sums when "
+                 "given no axis."])
 def check_sum_of_squares(sum_of_squares):
     devices = jax.devices()
     cases = [Case((jnp.asarray(_data((n, b, d), seed=n * 100 + b * 10 + d)),), f"sum_of_squares(xs {(n, b, d)})",
