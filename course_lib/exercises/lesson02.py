@@ -37,12 +37,9 @@ MISTAKES_02_1 = [
 @exercise("02.1", "Reshape a batch for pmap: (B, ...) -> (n, B // n, ...)", solution=solution_split_batch,
           returns="an array of shape (n, B // n, ...) with x's values, device i's block the rows "
                   "i * B // n to (i + 1) * B // n",
-          hints=["Only the shape changes, not the order of the values: no transpose, no copy by hand.",
-                 "One `reshape` does it (section 5, \"By hand\"). The new shape is built from n, B // n and the "
-                 "sizes of all of x's axes after the first (its `shape` attribute holds them), whatever their "
-                 "number.",
-                 "In words: the new shape is the device axis first, then the rows of each block, then every other "
-                 "axis of x unchanged; reshape x to it and return it."])
+          hints=["Only the shape changes, not the order of the values: no transpose, no copy by hand. And x "
+                 "may have any number of axes after the batch axis.",
+                 "Section 4, \"By hand\": one `reshape`; x's `shape` attribute holds the sizes of its axes."])
 def check_split_batch(split_batch):
     cases = []
     for shape, n in [((16, 3), 8), ((12, 2, 2), 4), ((6,), 3), ((8, 5), 1), ((10, 3, 1), 5)]:

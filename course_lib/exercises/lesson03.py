@@ -315,10 +315,10 @@ def _split(spec) -> bool:
           returns='a jax.Array of shape (B, k), x @ w, split over the axis "i" of the mesh given',
           hints=["smap works on blocks that keep their rank, so no reshape is needed; but it does not move an "
                  "input for you, and it needs to know which mesh its axis name belongs to.",
-                 "Lesson 07, Going further, section \"jax.smap\": the paragraph \"jax.smap keeps pmap's argument "
-                 "names, not its semantics\" says what smap needs around the call and in what state a mapped "
-                 "input must arrive; the `block_matmul` cell after it runs smap both ways. Use the mesh you were "
-                 "given, not one of your own."])
+                 "Lesson 07, Going further, the section on `jax.smap`: the paragraph that begins 'jax.smap keeps "
+                 "pmap's argument names, not its semantics' says what smap needs around the call and in what "
+                 "state a mapped input must arrive; the `block_matmul` cell after it runs smap both ways. Use the "
+                 "mesh you were given, not one of your own."])
 def check_smap_predict(smap_predict):
     devices = jax.devices()
     name = getattr(smap_predict, "__name__", "smap_predict")

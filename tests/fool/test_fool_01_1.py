@@ -28,7 +28,7 @@ WRONG = [
                                                 for p, d in zip(np.split(x, len(devs)), devs)], "dtype float16"),
     ("piece size from jax.devices()", lambda x, devs: [
         jax.device_put(x[i * (len(x) // len(jax.devices())):(i + 1) * (len(x) // len(jax.devices()))], d)
-        for i, d in enumerate(devs)], "expected ("),
+        for i, d in enumerate(devs)], "where (3, 2) was expected"),
     ("all on the first device", lambda x, devs: [jax.device_put(p, devs[0]) for p in np.split(x, len(devs))],
      "expected on device 1, got on device 0"),
 ]
