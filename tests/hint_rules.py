@@ -68,3 +68,17 @@ def lines_spelled_by_the_ladder(id_: str) -> list[str]:
 def assert_no_combination_of_rungs_spells_the_solution(id_: str) -> None:
     spelled = lines_spelled_by_the_ladder(id_)
     assert not spelled, f"{id_}: the hints, read together, spell the solution's lines {spelled}"
+
+
+STEPS_WORDS = re.compile(r"^\s*(In words|The steps|Steps)\b", re.I)
+
+
+def rungs_that_list_the_steps(id_: str) -> list[str]:
+    """Rungs that walk through the solution step by step ("In words: ..."): read with the API rung, they are the
+    answer. A ladder ends at the API or the cell to read."""
+    return [h for h in exercises()[id_].hints if STEPS_WORDS.search(h)]
+
+
+def assert_the_ladder_ends_at_the_api(id_: str) -> None:
+    steps = rungs_that_list_the_steps(id_)
+    assert not steps, f"{id_}: a rung walks through the steps of the solution: {steps}"

@@ -87,7 +87,8 @@ def test_a_mistake_that_raises_is_not_named_and_an_answer_that_raises_says_where
 
     with pytest.raises(Mismatch) as e:
         run(fixed_shape)
-    assert "raised TypeError" in str(e.value) and "It was right in 1 earlier case: on 8 devices." in str(e.value)
+    assert "raised TypeError" in str(e.value) and "It is right in the other 1 case; wrong also in: on 2 devices." in str(e.value)
+    assert "It is right only on the cases with all 8 devices" in str(e.value)
 
 
 @pytest.mark.parametrize("got, expected, words", [

@@ -10,30 +10,33 @@ from course_lib.exercises.lesson00 import solution_device_ids, solution_on_devic
 def test_00_1_on_device_3():
     assert check("00.1", solution_on_device_3)
     default = check("00.1", jnp.asarray)
-    assert not default and "lives on the default device, device 0" in default.message and "Expected device 3 only" in default.message
+    assert not default and "The result lives where converting an array leaves it" in default.message
+    assert "got ([0.12573, -0.132105, 0.640423, 0.1049], on device 0)" in default.message
     fb = check("00.1", lambda x: jax.device_put(x, 3))
     assert not fb and "on_device_3(ndarray float32[4]) raised ValueError" in fb.message
     fb = check("00.1", lambda x: jax.devices()[3])
-    assert not fb and "returned the device itself (cpu:3)" in fb.message
+    assert not fb and "expected an array of shape (4,), got Device" in fb.message
     fb = check("00.1", lambda x: (jax.device_put(x, jax.devices()[3]), jax.devices()[3]))
-    assert not fb and "should be an array of shape (4,), got tuple(Array float32[4], Device)" in fb.message
+    assert not fb and "expected Array float32[4], got tuple(Array float32[4], Device)" in fb.message
     fb = check("00.1", lambda x: x)
-    assert not fb and "still in host memory" in fb.message
+    assert not fb and "expected on device 3, got on the host" in fb.message
     fb = check("00.1", lambda x: jax.device_put(jnp.zeros_like(x), jax.devices()[3]))
-    assert not fb and "values differ" in fb.message
+    assert not fb and "all zeros" in fb.message
+    fb = check("00.1", lambda x: jax.device_put(x, jax.devices()[2]))
+    assert not fb and "expected on device 3, got on device 2." in fb.message
 
 
 def test_00_2_device_ids():
     assert check("00.2", solution_device_ids)
     fb = check("00.2", lambda a: a.devices())
-    assert not fb and "returned the Devices themselves (set of 1)" in fb.message and "[3]" in fb.message
+    assert not fb and "got set" in fb.message
     fb = check("00.2", lambda a: [a.device.id])
     assert not fb and "raised AttributeError" in fb.message and "a.devices() is the set of devices" in fb.message
     fb = check("00.2", lambda a: list(range(len(a.devices()))))
-    assert not fb and "returned [0]; expected [3]" in fb.message
+    assert not fb and "expected [3], got [0]" in fb.message
     fb = check("00.2", lambda a: list(a.devices())[0].id)
-    assert not fb and "returned one int, 3; expected a list of ids, [3]" in fb.message
+    assert not fb and "expected [3], got 3: one number where shape (1,) was expected" in fb.message
     fb = check("00.2", lambda a: {d.id: d for d in a.devices()})
-    assert not fb and "should be a list of device ids like [3]; got dict{3: Device}" in fb.message
+    assert not fb and "got dict{3: Device}" in fb.message
     fb = check("00.2", lambda a: sorted((d.id for d in a.devices()), reverse=True))
-    assert not fb and "not sorted" in fb.message
+    assert not fb and "the expected values in reverse order" in fb.message

@@ -11,13 +11,13 @@ from course_lib.exercises.lesson01 import solution_batched_norms, solution_norms
 def test_01_1_split_across():
     assert check("01.1", solution_split_across)
     strided = check("01.1", lambda x, ds: [jax.device_put(x[i::len(ds)], d) for i, d in enumerate(ds)])
-    assert "every n-th row" in strided.message and "a run of 2 consecutive rows" in strided.message
+    assert "every n-th row" in strided.message and "a run of consecutive rows" in strided.message
     on_host = check("01.1", lambda x, ds: list(np.split(x, len(ds))))
-    assert "still in host memory" in on_host.message
+    assert "The pieces are NumPy arrays in host memory" in on_host.message
     all_on_one = check("01.1", lambda x, ds: [jax.device_put(p, ds[0]) for p in np.split(x, len(ds))])
-    assert "piece 1 of split_across(x (16, 3), devices with ids [0, 1, 2, 3, 4, 5, 6, 7]) lives on device(s) [0]; expected device 1" in all_on_one.message
+    assert "split_across(x (16, 3), devices with ids [0, 1, 2, 3, 4, 5, 6, 7]): expected on device 1, got on device 0" in all_on_one.message
     too_few = check("01.1", lambda x, ds: [jax.device_put(x, ds[0])])
-    assert "returned 1 pieces; expected 8, one per device" in too_few.message
+    assert "expected a list of 8" in too_few.message
     hard_coded = check("01.1", lambda x, ds: [jax.device_put(x[2 * i:2 * i + 2], d) for i, d in enumerate(ds)])
     assert not hard_coded, "a split that only works for 2 rows per device must fail on other sizes"
 
@@ -44,10 +44,9 @@ def test_01_1_raises_or_wrong_structure():
     fb = check("01.1", lambda x, ds: [jax.device_put(x[i], d) for i, d in enumerate(ds[:100])][len(ds)])
     assert not fb and "split_across(ndarray float32[16, 3], list) raised IndexError" in fb.message
     fb = check("01.1", lambda x, ds: {d.id: x for d in ds})
-    assert not fb and "should return a list of 8 arrays, got dict{" in fb.message
+    assert not fb and "got dict{" in fb.message
     fb = check("01.1", lambda x, ds: [(p, d) for p, d in zip(np.split(x, len(ds)), ds)])
-    assert not fb and "piece 0 of split_across(x (16, 3), devices with ids [0, 1, 2, 3, 4, 5, 6, 7]) should be an array of shape (2, 3), got tuple(" in (
-        fb.message)
+    assert not fb and "expected Array float32[2, 3], got tuple(ndarray float32[2, 3], Device)" in fb.message
 
 
 def test_01_2_needs_vmap_not_only_the_numbers():

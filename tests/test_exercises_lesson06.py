@@ -26,7 +26,7 @@ def test_06_1_place():
 def test_06_2_out_specs():
     assert check("06.2", solution_stats_out_specs)
     assert "check_vma rejects P() for the per-device sums" in check("06.2", lambda: (P(), P())).message
-    assert "returns the total 8 times" in check("06.2", lambda: (P("i"), P("i"))).message
+    assert "naming 'i' for it stacks 8 copies of one value" in check("06.2", lambda: (P("i"), P("i"))).message
     assert "a pair of PartitionSpecs" in check("06.2", lambda: P("i")).message
 
 
@@ -44,7 +44,7 @@ def test_06_1_swapped_or_wrong_structure_or_raises():
 
 def test_06_2_raises_or_wrong_structure():
     fb = check("06.2", lambda: (P("j"), P()))
-    assert not fb and "out_specs (P('j',), P()) names a mesh axis that the mesh does not have" in fb.message
+    assert not fb and "out_specs (P('j',), P()): it names a mesh axis that the mesh does not have" in fb.message
     assert "its only axis is 'i'" in fb.message
     fb = check("06.2", lambda: {"local": P("i"), "total": P()})
     assert not fb and "a pair of PartitionSpecs" in fb.message and "got dict{'local'" in fb.message

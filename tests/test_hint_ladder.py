@@ -159,3 +159,25 @@ def test_the_combination_rule_finds_a_line_spelled_across_rungs(monkeypatch):
     assert hint_rules.lines_spelled_by_the_ladder("99.9") == ["n jax_lax_axis_size axis_name"]
     fake["99.9"] = ex.Exercise("99.9", "t", None, solution, hints=("Ask the axis for its size.", "Return it."))
     assert hint_rules.lines_spelled_by_the_ladder("99.9") == []
+
+
+# The exercises whose last rung used to walk through the solution in words (issue 44): their ladders end at the
+# API or the cell to read.
+NO_STEPS = ["00.1", "00.2", "01.1", "01.2", "01.3", "02.2", "06.1", "06.2"]
+
+
+@pytest.mark.parametrize("id_", NO_STEPS)
+def test_the_ladder_ends_at_the_api_not_the_steps(id_):
+    from hint_rules import assert_the_ladder_ends_at_the_api
+
+    assert_the_ladder_ends_at_the_api(id_)
+
+
+def test_the_steps_rule_finds_a_rung_in_words(monkeypatch):
+    import hint_rules
+
+    class Fake:
+        hints = ["A nudge.", "In words: reshape x and return it."]
+
+    monkeypatch.setattr(hint_rules, "exercises", lambda: {"99.9": Fake()})
+    assert hint_rules.rungs_that_list_the_steps("99.9") == ["In words: reshape x and return it."]

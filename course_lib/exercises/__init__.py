@@ -655,4 +655,4 @@ def vmap_calls(fn, *args) -> int | None:
     return count[0]
 
 
-from ._diagnose import Case, Mistake, diagnose, difference, relation, same  # noqa: E402  (uses the names above)
+from ._diagnose import Case, Mistake, Said, diagnose, difference, placement, relation, same  # noqa: E402  (uses the names above)

@@ -44,7 +44,19 @@ import numpy as np
 
 from . import Mismatch, _last_call, call, describe_tree
 
-__all__ = ["Mistake", "Case", "diagnose", "difference", "relation", "same"]
+__all__ = ["Mistake", "Case", "Said", "diagnose", "difference", "relation", "same", "placement"]
+
+
+class Said(str):
+    """A fact about a result in words ("on device 3", "on the host"): compared as text, shown as it is."""
+
+
+def placement(x) -> Said:
+    """Where ``x`` lives, in words: ``on device 3``, ``on devices [0, 1]``, ``on the host``."""
+    if not isinstance(x, jax.Array):
+        return Said("on the host" if hasattr(x, "shape") else "not an array")
+    ids = sorted(d.id for d in x.devices())
+    return Said(f"on device {ids[0]}" if len(ids) == 1 else f"on devices {ids}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +103,7 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
     if run is None:
         run = lambda fn, case: _default_run(fn, case, name)  # noqa: E731
     opts = dict(rtol=rtol, atol=atol, dtype=dtype, strict=strict_containers)
-    rows, results, right_on = [], [], []
+    rows, results, right_on, failed = [], [], [], []
     for case in cases:
         saved = dict(_last_call)
         expected = run(solution, case)
@@ -99,35 +111,49 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
         _last_call.update(saved)
         try:
             got = run(answer, case)
-        except Mismatch as e:
-            if len(right_on) < len(rows):       # an earlier case already differs: report that one
-                break
-            if right_on:
-                raise type(e)(f"{case.label}: {e} (It was right in {len(right_on)} earlier case"
-                              f"{'s' * (len(right_on) != 1)}: {_join(right_on[:2])}{', ...' * (len(right_on) > 2)}.)"
-                              ) from None
-            raise
+        except Mismatch as e:               # the other cases still run: where it fails is evidence too
+            failed.append((case, e))
+            continue
         diff = difference(got, expected, n=case.n, **opts)
         rows.append((case, expected, got, diff))
         results.append(got)
         if diff is None:
             right_on.append(case.label)
-    wrong = [r for r in rows if r[3] is not None]
-    if not wrong:
+        else:
+            failed.append((case, None))
+    if not failed:
         return results
-    case, expected, got, diff = wrong[0]
-    named = _confirmed(mistakes, rows, run, opts)
-    evidence = f"{case.label}: expected {_show(expected)}, got {_show(got)}"
+    where = _where(cases, right_on, failed)
+    case, error = failed[0]
+    if error is not None:
+        text = str(error).rstrip()
+        raise type(error)(f"{case.label}: {text}{'' if text.endswith(('.', '?', '!')) else '.'}{where}") from None
+    _, expected, got, diff = next(r for r in rows if r[0] is case)
+    named = [] if any(e is not None for _, e in failed) else _confirmed(mistakes, rows, run, opts)
+    shown = f"expected {_show(expected)}, got {_show(got)}"
+    evidence = f"{case.label}: {shown if len(shown) <= 240 else diff}"    # a long structure: where it differs
     if len(named) == 1:
         fields = _Fields(n=case.n, label=case.label)
         raise Mismatch(f"{evidence}. {named[0].feedback.format_map(fields)}")
-    where = ""
-    if right_on:
-        where = f" It is right in the other {len(right_on)} case{'s' * (len(right_on) != 1)}"
-        where += "." if len(wrong) == 1 else f"; wrong also in: {_join([r[0].label for r in wrong[1:]])}."
-    if diff.startswith("expected "):        # a structure or a kind of value: the diff says both sides
+    if diff.startswith("expected ") or len(shown) > 240:   # the diff says both sides
         raise Mismatch(f"{case.label}: {diff}.{where}")
     raise Mismatch(f"{evidence}: {diff}.{where}")
+
+
+def _where(cases, right_on, failed) -> str:
+    """Where the answer is right and where it fails; and when that splits by device count, the count."""
+    if not right_on:
+        return ""
+    k = len(right_on)
+    text = f" It is right in the other {k} case{'s' * (k != 1)}"
+    text += "." if len(failed) == 1 else f"; wrong also in: {_join([c.label for c, _ in failed[1:]])}."
+    total = len(jax.devices())
+    good = [c.n for c in cases if c.label in right_on]
+    bad = [c.n for c, _ in failed]
+    if all(n == total for n in good) and all(n is not None and n != total for n in bad):
+        text += (f" It is right only on the cases with all {total} devices and fails on every case with fewer: "
+                 f"the answer does not follow the device count it is given.")
+    return text
 
 
 class _Fields(dict):
@@ -243,11 +269,13 @@ def difference(got, expected, *, n: int | None = None, rtol: float = 1e-5, atol:
     for path, g, e in pairs:
         text = _leaf_difference(g, e, n, rtol, atol, dtype)
         if text is not None:
-            return f"{path}: {text}" if path else text
+            return f"{path}: {text}" if path and not isinstance(e, Said) else text
     return None
 
 
 def _leaf_difference(g, e, n, rtol, atol, dtype) -> str | None:
+    if isinstance(e, Said):
+        return None if g == e else f"expected {e}, got {g if isinstance(g, str) else describe_tree(g)}"
     ev = _numbers(e)
     if ev is None:                                      # a non-numeric expected value: compare as it is
         try:
@@ -392,6 +420,8 @@ def _num(v) -> str:
 
 def _show(x) -> str:
     """A value as feedback shows it: a number, a small array in full, or its description."""
+    if isinstance(x, Said):
+        return str(x)
     if isinstance(x, (tuple, list)) and len(x) <= 4 and all(_leaf(v) for v in x):
         inner = ", ".join(_show(v) for v in x)
         return f"({inner})" if isinstance(x, tuple) else f"[{inner}]"

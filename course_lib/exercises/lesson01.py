@@ -4,9 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import (Case, Mismatch, Mistake, as_array, call, describe_tree, diagnose, exercise, expect_array,
-               expect_placed_on, pmap_specs, vmap_calls)
-from .lesson00 import expect_dtype
+from . import (Case, Mismatch, Mistake, call, diagnose, exercise, expect_placed_on, placement, pmap_specs,
+               vmap_calls)
 
 
 def _batch(b, d, seed):
@@ -33,52 +32,39 @@ def solution_split_across(x, devices):
     return [jax.device_put(x[i * size:(i + 1) * size], d) for i, d in enumerate(devices)]
 
 
+def _pieces_and_places(fn, case):
+    pieces = call(fn, *case.args, name="split_across", hints={
+        "incompatible devices": "The pieces already live on different devices, so one operation (a stack, a "
+                                "concatenate) cannot combine them: return them as they are, in a list."})
+    return [(p, placement(p)) for p in pieces] if isinstance(pieces, (list, tuple)) else pieces
+
+
+MISTAKES_01_1 = [
+    Mistake("every n-th row", "Piece i holds rows i, i + n, i + 2n, ...: every n-th row, where each device's piece "
+            "is a run of consecutive rows.",
+            lambda x, devs: [jax.device_put(x[i::len(devs)], d) for i, d in enumerate(devs)]),
+    Mistake("left on the host", "The pieces are NumPy arrays in host memory: they never reached a device.",
+            lambda x, devs: np.split(x, len(devs))),
+]
+
+
 @exercise("01.1", "Split a batch across devices by hand", solution=solution_split_across,
           returns="a list of len(devices) jax.Arrays, piece i of shape (B // n, d) on devices[i]",
           hints=["Each of the n devices gets B // n consecutive rows. Work out, for piece i, the first row and "
-                 "the row after the last.",
-                 "Section 2 of the lesson does it in two steps, Split (slicing rows) and Place "
-                 "(`jax.device_put`). Use the devices you are given, in their order: they need not start at 0.",
-                 "In words: for each position i in the device list, slice the i-th run of B // n rows and put it "
-                 "on the i-th device; return the pieces as a list."])
+                 "the row after the last; and use the devices you are given, in their order: they need not start "
+                 "at 0.",
+                 "Section 2 of the lesson does it in two steps, Split and Place: read its cells, and what "
+                 "`jax.device_put` takes as a target."])
 def check_split_across(split_across):
     devices = jax.devices()
     n_all = len(devices)
+    cases = []
     for devs, b, d in [(devices, 2 * n_all, 3), (devices[:4], 12, 2), (devices[:2], 2, 5),
                        (devices[n_all // 2:], 2 * (n_all - n_all // 2), 2)]:
-        n = len(devs)
-        x = _batch(b, d, seed=n + b)
-        ids = [dev.id for dev in devs]
-        label = f"split_across(x {x.shape}, devices with ids {ids})"
-        pieces = call(split_across, x.copy(), list(devs), name="split_across", hints={
-            "incompatible devices": "The pieces already live on different devices, so one operation (a stack, a "
-                                    "concatenate) cannot combine them: return them as they are, in a list.",
-            "equal division": f"This call gives {n} devices (the checker also tries fewer than JAX has): the "
-                              "number of pieces is the length of the devices argument.",
-            "cannot reshape": f"This call gives {n} devices (the checker also tries fewer than JAX has): the "
-                              "number of pieces is the length of the devices argument."})
-        if not isinstance(pieces, (list, tuple)):
-            raise Mismatch(f"{label} should return a list of {n} arrays, got {describe_tree(pieces)}.")
-        if len(pieces) != n:
-            raise Mismatch(f"{label} returned {len(pieces)} pieces; expected {n}, one per device given: count "
-                           "the devices argument, not every device JAX has.")
-        size = b // n
-        for i, (piece, dev) in enumerate(zip(pieces, devs)):
-            what = f"piece {i} of {label}"
-            expect_dtype(piece, x.dtype, what=what)
-            as_array(piece, what=what, expected_shape=(size, d))
-            if size > 1 and np.shape(piece) == (size, d) and np.allclose(np.asarray(piece), x[i::n]):
-                raise Mismatch(f"{what} holds rows {i}, {i + n}, {i + 2 * n}, ...: every n-th row, where each "
-                               f"device's piece is a run of {size} consecutive rows.")
-            expect_array(piece, x[i * size:(i + 1) * size], what=what)
-            if not isinstance(piece, jax.Array):
-                raise Mismatch(f"{what} is a {type(piece).__name__}, still in host memory: place it on its device "
-                               "(section 2, Place).")
-            if piece.devices() != {dev}:
-                got_ids = sorted(g.id for g in piece.devices())
-                raise Mismatch(f"{what} lives on device(s) {got_ids}; expected device {dev.id}, the device at "
-                               f"position {i} of the list given. Piece i goes to the i-th device of the devices "
-                               "argument, whatever its id.")
+        x = _batch(b, d, seed=len(devs) + b)
+        cases.append(Case((x, list(devs)), f"split_across(x {x.shape}, devices with ids {[v.id for v in devs]})",
+                          n=len(devs)))
+    diagnose(split_across, cases, solution=solution_split_across, mistakes=MISTAKES_01_1, run=_pieces_and_places)
     return "each device holds its own consecutive slice of the batch."
 
 
@@ -96,12 +82,9 @@ def solution_batched_norms(x):
 @exercise("01.2", "Batch a per-example function with vmap", solution=solution_batched_norms,
           returns="an array of shape (B,), one norm per row of x (B, d)",
           hints=["Write the norm of ONE row first, a function of a vector of shape (d,); do not think about "
-                 "the batch yet.",
-                 "`jax.vmap` (section 3) turns that one-row function into a function of a batch, mapped over "
-                 "axis 0.",
-                 "In words: define the one-row norm (square, sum, square root), wrap it with jax.vmap, and call "
-                 "the wrapped function on x. A norm over axis 1 of the whole batch gets the numbers without the "
-                 "point of the exercise."])
+                 "the batch yet. A norm over axis 1 of the whole batch gets the numbers without the point of the "
+                 "exercise.",
+                 "Section 3 of the lesson: `jax.vmap`, and what the function it returns takes."])
 def check_batched_norms(batched_norms):
     probe = jnp.asarray(_batch(7, 13, seed=713))  # first, and a shape no earlier call is likely to have cached
     vmaps = vmap_calls(batched_norms, probe)
@@ -138,11 +121,9 @@ def solution_norms_on_devices(x):
 
 @exercise("01.3", "The same function on every device, with pmap", solution=solution_norms_on_devices,
           returns="a jax.Array of shape (n,), one norm per row, spread over the n devices (row i on device i)",
-          hints=["The same per-row function as in 01.2; only the transformation changes.",
-                 "`jax.pmap` (section 4) has vmap's meaning but runs row i on device i; x's leading axis must be "
-                 "at most the number of devices.",
-                 "In words: define the one-row norm, wrap it with jax.pmap instead of jax.vmap, call it on x, and "
-                 "return the result as it comes back."])
+          hints=["The same per-row function as in 01.2; only the transformation changes, and the result "
+                 "stays where it was computed.",
+                 "Section 4 of the lesson: `jax.pmap`, and how long x's leading axis may be."])
 def check_norms_on_devices(norms_on_devices):
     devices = jax.devices()
     cases = [Case((jnp.asarray(_batch(n, d, seed=n + d)),), f"norms_on_devices(x {(n, d)})", n=n)

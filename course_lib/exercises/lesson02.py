@@ -37,12 +37,9 @@ MISTAKES_02_1 = [
 @exercise("02.1", "Reshape a batch for pmap: (B, ...) -> (n, B // n, ...)", solution=solution_split_batch,
           returns="an array of shape (n, B // n, ...) with x's values, device i's block the rows "
                   "i * B // n to (i + 1) * B // n",
-          hints=["Only the shape changes, not the order of the values: no transpose, no copy by hand.",
-                 "One `reshape` does it (section 5, \"By hand\"). The new shape is built from n, B // n and the "
-                 "sizes of all of x's axes after the first (its `shape` attribute holds them), whatever their "
-                 "number.",
-                 "In words: the new shape is the device axis first, then the rows of each block, then every other "
-                 "axis of x unchanged; reshape x to it and return it."])
+          hints=["Only the shape changes, not the order of the values: no transpose, no copy by hand. And x "
+                 "may have any number of axes after the batch axis.",
+                 "Section 4, \"By hand\": one `reshape`; x's `shape` attribute holds the sizes of its axes."])
 def check_split_batch(split_batch):
     cases = []
     for shape, n in [((16, 3), 8), ((12, 2, 2), 4), ((6,), 3), ((8, 5), 1), ((10, 3, 1), 5)]:
@@ -51,9 +48,7 @@ def check_split_batch(split_batch):
             x = (np.arange(np.prod(shape), dtype=np.int32).reshape(shape) * 7) % 11
         cases.append(Case((x, n), f"split_batch(x {shape} {x.dtype.name}, n={n})", n=n))
     hints = {"cannot be interpreted as an integer": "A shape needs whole numbers, and B / n is a float even when n "
-                                                    "divides B: divide with integer division.",
-             "cannot reshape": "Keep each axis after the batch axis as it is, after the device axis and the rows "
-                               "of a block."}
+                                                    "divides B: divide with integer division."}
     diagnose(split_batch, cases, solution=solution_split_batch, mistakes=MISTAKES_02_1,
              run=lambda fn, case: call(fn, *case.args, name="split_batch", hints=hints))
     return "each device's block is B // n consecutive rows, and the device axis comes first."
@@ -81,10 +76,8 @@ MISTAKES_02_2 = [
 @exercise("02.2", "Per-device sums of squares with pmap", solution=solution_sum_of_squares,
           returns="a jax.Array of shape (n,), device i's sum of squares of xs[i], spread over the n devices",
           hints=["Write what ONE device does with its block (b, d): one number. pmap does the rest.",
-                 "`jnp.sum` with no axis argument sums a whole array; `jax.pmap` (section 1) runs the per-block "
-                 "function on every device.",
-                 "In words: a function of one block that squares and sums everything in it, mapped with jax.pmap "
-                 "over xs."])
+                 "Section 1 of the lesson: `jax.pmap`; and `jnp.sum`'s documentation, for what it sums when "
+                 "given no axis."])
 def check_sum_of_squares(sum_of_squares):
     devices = jax.devices()
     cases = [Case((jnp.asarray(_data((n, b, d), seed=n * 100 + b * 10 + d)),), f"sum_of_squares(xs {(n, b, d)})",

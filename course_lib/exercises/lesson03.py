@@ -79,6 +79,21 @@ def _unmapped(specs) -> int:
     return max((sum(len(tuple(s)) == 0 for s in ins) for ins, _ in specs), default=0)
 
 
+def _blocks(x, s):
+    return jax.pmap(lambda b, f: b * f, in_axes=(0, None), devices=jax.devices()[:2])(
+        x.reshape(2, x.shape[0] // 2, *x.shape[1:]), s)
+
+
+MISTAKES_03_1 = [
+    Mistake("blocks not put back", "That is the per-device blocks as pmap stacks them, shape (2, B // 2, ...): x "
+            "had shape (B, ...).", _blocks),
+    Mistake("rows interleaved", "The rows are out of order: rows 0, 2, 4, ... first, then 1, 3, ...: the rows were "
+            "interleaved over the two devices (every second row to a device, a swap of axes as in exercise 02.1) "
+            "and never put back in order.",
+            lambda x, s: (x.reshape(-1, 2, *x.shape[1:]).swapaxes(0, 1) * s).reshape(x.shape)),
+]
+
+
 @exercise("03.1", "Scale a batch by a shared scalar on 2 devices", solution=solution_scale_on_two,
           returns="an array of x's shape (B, d), x * s, computed with pmap on the first 2 devices",
           hints=["pmap gives each device one slice of the leading axis, so the leading axis must be 2 here; and "
@@ -89,28 +104,17 @@ def _unmapped(specs) -> int:
                  "the first two devices with the scalar broadcast, and reshape the result back to x's shape."])
 def check_scale_on_two(scale_on_two):
     two = jax.devices()[:2]
-    for shape, s in [((4, 3), 2.0), ((8, 2), -0.5), ((6, 5), 3.0)]:
-        x = jnp.asarray(_data(shape, seed=shape[0] * shape[1]))
-        got = _quiet_call(scale_on_two, x, s, name="scale_on_two",
-                          hints=dict([SCALAR_MAPPED, TOO_MANY_SLICES, DEVICE_IDS]),
-                          summaries={"rank at least 1": "pmap was asked to split a scalar (rank 0) over the "
-                                                        "devices.",
-                                     DEVICE_IDS[0]: "pmap looked for a Device and found an int.",
-                                     "is partitioned": "pmap could not cut an argument's mapped axis into equal "
-                                                       "blocks, one per device."})
-        what = f"scale_on_two(x {shape}, {s})"
-        expect_dtype(got, x.dtype, what=what)
-        as_array(got, what=what, expected_shape=shape)
-        if tuple(np.shape(got)) == (2, shape[0] // 2) + shape[1:]:
-            raise Mismatch(f"{what} has shape {np.shape(got)}: the per-device blocks as pmap stacks them, where "
-                           f"x had shape {shape}.")
-        interleaved = (np.asarray(x).reshape(-1, 2, *shape[1:]).swapaxes(0, 1) * s).reshape(shape)
-        if tuple(np.shape(got)) == shape and np.allclose(as_array(got, what=what), interleaved):
-            raise Mismatch(f"{what} holds x * s with its rows out of order: rows 0, 2, 4, ... first, then 1, 3, "
-                           "...: the rows were interleaved over the two devices (every second row to a device, a "
-                           "swap of axes as in exercise 02.1) and never put back in order.")
-        expect_array(got, np.asarray(x) * s, what=what)
-        expect_placed_on(got, two, what=what + " (computed with pmap on the first 2 devices)")
+    cases = [Case((jnp.asarray(_data(shape, seed=shape[0] * shape[1])), s), f"scale_on_two(x {shape}, {s})")
+             for shape, s in [((4, 3), 2.0), ((8, 2), -0.5), ((6, 5), 3.0)]]
+    summaries = {"rank at least 1": "pmap was asked to split a scalar (rank 0) over the devices.",
+                 DEVICE_IDS[0]: "pmap looked for a Device and found an int.",
+                 "is partitioned": "pmap could not cut an argument's mapped axis into equal blocks, one per device."}
+    results = diagnose(scale_on_two, cases, solution=solution_scale_on_two, mistakes=MISTAKES_03_1,
+                       run=lambda fn, case: _quiet_call(fn, *case.args, name="scale_on_two", summaries=summaries,
+                                                        hints=dict([SCALAR_MAPPED, TOO_MANY_SLICES, DEVICE_IDS])))
+    for case, got in zip(cases, results):
+        expect_placed_on(got, two, what=case.label + " (computed with pmap on the first 2 devices)")
+    x, s = cases[-1].args
     specs = pmap_specs(scale_on_two, x, s, name="scale_on_two")
     if not specs:
         raise Mismatch("scale_on_two has the right values on 2 devices, but its program has no jax.pmap: the "
@@ -132,6 +136,14 @@ def solution_predict(params, xs):
     return jax.pmap(predict_block, in_axes=({"w": None, "b": None}, 0))(params, xs)
 
 
+MISTAKES_03_2 = [
+    Mistake("transposed", "That is each block's predictions transposed: a column, not a row, is one example (the "
+            "product taken the other way round).", lambda p, xs: jnp.swapaxes(solution_predict(p, xs), 1, 2)),
+    Mistake("no bias", "That is xs @ w: the bias b is missing.",
+            lambda p, xs: solution_predict({"w": p["w"], "b": jnp.zeros_like(p["b"])}, xs)),
+]
+
+
 @exercise("03.2", "Broadcast the parameters, map the batch", solution=solution_predict,
           returns="a jax.Array of shape (n, b, k), xs[i] @ w + b for each device i, spread over the n devices",
           hints=["The parameters are the same for every device: they must not be split, nor copied by hand "
@@ -144,39 +156,32 @@ def solution_predict(params, xs):
 def check_predict(predict):
     devices = jax.devices()
     name = getattr(predict, "__name__", "predict")
+    cases = []
     for n, b, d, k in [(len(devices), 2, 3, 2), (4, 3, 2, 5), (2, 4, 5, 3)]:
         params = {"w": jnp.asarray(_data((d, k), seed=d * k)), "b": jnp.asarray(_data((k,), seed=k))}
         xs = jnp.asarray(_data((n, b, d), seed=n * b))
-        got = _quiet_call(predict, dict(params), xs, name=name, hints=dict([PARAMS_MAPPED, SCALAR_MAPPED, LEAF_MAPPED]),
-                          summaries={"is partitioned": f"pmap tried to cut axis 0 of every mapped argument into {n} "
-                                                       f"equal blocks, one per device, and could not (params: "
-                                                       f"{_leading_sizes(params)}; xs {tuple(xs.shape)}).",
-                                     "rank at least 1": "pmap was asked to split a scalar (rank 0) over the "
-                                                        "devices.",
-                                     "squeeze out": "a mapped argument was cut into blocks of more than one "
-                                                    "slice each."})
-        what = f"{name}(params w {params['w'].shape} b {params['b'].shape}, xs {xs.shape})"
-        if isinstance(got, (tuple, list, dict)):
-            raise Mismatch(f"{what} should return one array of shape {(n, b, k)}, the predictions; got "
-                           f"{type(got).__name__}.")
-        expect_dtype(got, xs.dtype, what=what)
-        expected = np.asarray(xs) @ np.asarray(params["w"]) + np.asarray(params["b"])
-        if (tuple(np.shape(got)) == (n, k, b) and (k != b or not np.allclose(as_array(got, what=what), expected,
-                                                                             rtol=1e-4, atol=1e-5))
-                and np.allclose(as_array(got, what=what), expected.swapaxes(1, 2), rtol=1e-4, atol=1e-5)):
-            shapes = f", shape {(n, k, b)} where {(n, b, k)} is expected" if k != b else ""
-            raise Mismatch(f"{what} holds each block's predictions transposed{shapes}: the product was taken the "
-                           "other way round (the weight first, the block transposed), so a column, not a row, is "
-                           "one example.")
-        as_array(got, what=what, expected_shape=(n, b, k))
-        if tuple(np.shape(got)) == expected.shape and np.allclose(np.asarray(got), np.asarray(xs) @ params["w"],
-                                                                  atol=1e-5):
-            raise Mismatch(f"{what} is xs @ w: the bias b is missing.")
-        expect_array(got, expected, what=what, rtol=1e-4, atol=1e-5)
+        cases.append(Case((params, xs), f"{name}(params w {(d, k)} b {(k,)}, xs {(n, b, d)})", n=n))
+
+    def run(fn, case):
+        params, xs = case.args
+        return _quiet_call(fn, dict(params), xs, name=name, hints=dict([PARAMS_MAPPED, SCALAR_MAPPED, LEAF_MAPPED]),
+                           summaries={"is partitioned": f"pmap tried to cut axis 0 of every mapped argument into "
+                                                        f"{case.n} equal blocks, one per device, and could not "
+                                                        f"(params: {_leading_sizes(params)}; xs {tuple(xs.shape)}).",
+                                      "rank at least 1": "pmap was asked to split a scalar (rank 0) over the "
+                                                         "devices.",
+                                      "squeeze out": "a mapped argument was cut into blocks of more than one "
+                                                     "slice each."})
+
+    results = diagnose(predict, cases, solution=solution_predict, mistakes=MISTAKES_03_2, run=run, rtol=1e-4,
+                       atol=1e-5)
+    for case, got in zip(cases, results):
         if isinstance(got, jax.Array) and len(got.devices()) == 1:
-            raise Mismatch(f"{what} has the right values but lives on one device: the exercise is jax.pmap, "
+            raise Mismatch(f"{case.label} has the right values but lives on one device: the exercise is jax.pmap, "
                            "the parameters broadcast and the batch mapped.")
-        expect_placed_on(got, devices[:n], what=what)
+        expect_placed_on(got, devices[:case.n], what=case.label)
+    params, xs = cases[-1].args
+    what = cases[-1].label
     specs = pmap_specs(predict, params, xs, name=name, untraceable=(
         "It seems to copy the parameters once per device first (sharding.replicate, np.stack): the copies that "
         "in_axes=None makes unnecessary."))
@@ -310,11 +315,10 @@ def _split(spec) -> bool:
           returns='a jax.Array of shape (B, k), x @ w, split over the axis "i" of the mesh given',
           hints=["smap works on blocks that keep their rank, so no reshape is needed; but it does not move an "
                  "input for you, and it needs to know which mesh its axis name belongs to.",
-                 "The lesson's last section (Going further: jax.smap), item 1 of its list: what smap needs "
-                 "around the call, and in what state its mapped input must arrive.",
-                 "The cells after that list do section 1's prediction with smap, first with an input that is not "
-                 "placed and then with one that is: compare the two, and use the mesh you were given, not one "
-                 "of your own."])
+                 "Lesson 07, Going further, the section on `jax.smap`: the paragraph that begins 'jax.smap keeps "
+                 "pmap's argument names, not its semantics' says what smap needs around the call and in what "
+                 "state a mapped input must arrive; the `block_matmul` cell after it runs smap both ways. Use the "
+                 "mesh you were given, not one of your own."])
 def check_smap_predict(smap_predict):
     devices = jax.devices()
     name = getattr(smap_predict, "__name__", "smap_predict")
@@ -354,9 +358,12 @@ def check_smap_predict(smap_predict):
                 message += (" That is NumPy refusing to treat an array of Devices as true or false: pmap's devices "
                             "argument wants a list of Devices, not a NumPy array of them. And the exercise is "
                             "jax.smap on the mesh given, not pmap.")
+            elif "PartitionSpec is passed to device_put" in original:
+                message += (" A PartitionSpec alone names mesh axes, and this device_put ran with no mesh in "
+                            "context to say which mesh.")
             elif any(s in original for s in ("mesh context", "Auto or Manual", "empty mesh", "set a mesh")):
-                message += (" A PartitionSpec names mesh axes, and this call ran outside the context of any "
-                            "mesh.")
+                message += (" smap's axis_name names an axis of the mesh in context, and this call ran with no "
+                            "mesh in context: smap takes its mesh from jax.set_mesh.")
             raise Mismatch(message) from None
         print(out.getvalue(), end="")
         expect_dtype(got, jnp.float32, what=what)

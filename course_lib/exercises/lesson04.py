@@ -208,10 +208,11 @@ _COLLECTIVES = ("psum", "all_gather", "reduce_scatter", "all_to_all")
 
 
 def _no_collectives(fn, xs, banned=_COLLECTIVES, readable=False) -> None:
-    for name in banned:
-        if (_uses(fn, xs, name) if not readable else _uses_if_readable(fn, xs, name)):
-            shown = "psum_scatter" if name == "reduce_scatter" else name
-            raise Mismatch(f"the program uses {shown}: the sum must be built from jax.lax.ppermute alone (and +).")
+    seen = [{"reduce_scatter": "psum_scatter"}.get(name, name) for name in banned
+            if (_uses(fn, xs, name) if not readable else _uses_if_readable(fn, xs, name))]
+    if seen:
+        raise Mismatch(f"the program uses {' and '.join(seen)}: the sum must be built from jax.lax.ppermute alone "
+                       "(and +).")
     if not readable and not _uses(fn, xs, "ppermute"):
         raise Mismatch("right values, but the program has no ppermute: build it from jax.lax.ppermute (and +).")
 

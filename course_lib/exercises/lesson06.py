@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import Mismatch, call, describe_tree, exercise, expect_array, expect_structure
+from . import Case, Mismatch, Mistake, call, describe_tree, diagnose, exercise, expect_array, expect_structure
 
 AXIS = "i"
 
@@ -51,10 +51,8 @@ def _leaves(tree):
           hints=["On a mesh nothing is stacked or reshaped: you only say, for each array, how it is laid out "
                  "over the mesh axis 'i'. Which of the two inputs is the same on every device, and which is "
                  "divided between them?",
-                 "Lesson 06, section 1: jax.device_put with a NamedSharding, which pairs the mesh with a "
-                 "PartitionSpec. device_put accepts a whole pytree (a dict of arrays) at once.",
-                 "In words: put the parameters on the given mesh with a spec that splits nothing; put the batch "
-                 "on the same mesh with a spec whose first entry is the axis name 'i'. Return the pair."])
+                 "Lesson 06, section 1: `jax.device_put` with a `NamedSharding`, and the cells that print a "
+                 "PartitionSpec's layout. device_put accepts a whole pytree (a dict of arrays) at once."])
 def check_place(place):
     for n, params, batch in _place_cases(len(jax.devices())):
         mesh = _mesh(n)
@@ -152,47 +150,48 @@ def solution_stats_out_specs():
     return (P("i"), P())
 
 
-@exercise("06.2", "Choose the out_specs that check_vma accepts", solution=solution_stats_out_specs,
-          returns="a pair of PartitionSpecs (spec of the per-device sums, spec of the total)",
-          hints=["Ask of each output: is it the same on every device, and can check_vma SEE that it is? Only a "
-                 "value that came out of a collective like psum is known to be the same everywhere.",
-                 "Lesson 06, section 3 ('What check_vma checks'): an out_specs entry that names the axis stacks "
-                 "the per-device values; an empty PartitionSpec returns one copy and claims they are all equal.",
-                 "In words: the first output differs per device, so its spec names the axis 'i'; the second "
-                 "came out of psum, so its spec names no axis."])
-def check_stats_out_specs(stats_out_specs):
-    specs = call(stats_out_specs, name="stats_out_specs")
+def _run_stats(fn, case):
+    """The out_specs ``fn()`` returns, applied: ``stats`` under ``shard_map`` on the case's mesh."""
+    specs = call(fn, name="stats_out_specs")
     if not isinstance(specs, (tuple, list)) or len(specs) != 2 or not all(isinstance(s, P) for s in specs):
         raise Mismatch(f"stats_out_specs() should return a pair of PartitionSpecs, one per output of stats; got "
                        f"{describe_tree(specs)}.")
-    rng = np.random.default_rng(62)
-    for n in (len(jax.devices()), 4, 2):
-        mesh = _mesh(n)
-        x = jax.device_put(rng.normal(size=(2 * n, 3)).astype(np.float32), NamedSharding(mesh, P(AXIS)))
-        try:
-            local, total = jax.shard_map(stats, mesh=mesh, in_specs=P(AXIS), out_specs=tuple(specs))(x)
-        except Exception as e:
-            if "can't be statically inferred" in str(e):
-                label = "P()" if specs[0] == P() else f"{specs[0]} (it names no mesh axis: the same as P())"
-                raise Mismatch(f"out_specs {tuple(specs)}: check_vma rejects {label} for the per-device sums, which "
-                               "differ from device to device. Only the psum total is known to be the same "
-                               "everywhere.") from None
-            if "marked as manual" in str(e) or "not found in mesh" in str(e):
-                raise Mismatch(f"out_specs {tuple(specs)} names a mesh axis that the mesh does not have: its only axis "
-                               f"is {AXIS!r}.") from None
-            first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-            raise Mismatch(f"out_specs {tuple(specs)} raised {type(e).__name__}: {first}. Each spec names, per axis "
-                           f"of that output, the mesh axis it is split over: {AXIS!r} or nothing.") from None
-        expected_local = np.asarray(x).reshape(n, 6).sum(axis=1, keepdims=True)
-        if np.shape(total) == (n, 1):
-            raise Mismatch(f"out_specs {tuple(specs)} runs, but returns the total {n} times, once per device, shape "
-                           f"({n}, 1). It is the same on every device, and check_vma knows it: stacking it repeats one "
-                           "value.")
-        if np.shape(local) == (1, n):
-            raise Mismatch(f"out_specs {tuple(specs)} stacks the per-device sums along axis 1, shape (1, {n}): the "
-                           "devices' values come one per row of the blocks' first axis, so name 'i' for axis 0.")
-        expect_array(local, expected_local, what=f"the per-device sums on {n} devices, stacked", rtol=1e-5,
-                     atol=1e-5)
-        expect_array(total, [[np.asarray(x).sum()]], what="the total", rtol=1e-4, atol=1e-4)
+    mesh = _mesh(case.n)
+    x = jax.device_put(np.random.default_rng(62 + case.n).normal(size=(2 * case.n, 3)).astype(np.float32),
+                       NamedSharding(mesh, P(AXIS)))
+    try:
+        return jax.shard_map(stats, mesh=mesh, in_specs=P(AXIS), out_specs=tuple(specs))(x)
+    except Exception as e:
+        text = str(e).strip()
+        if "can't be statically inferred" in text:
+            label = "P()" if specs[0] == P() else f"{specs[0]} (it names no mesh axis: the same as P())"
+            why = (f"check_vma rejects {label} for the per-device sums, which differ from device to device. Only "
+                   "the psum total is known to be the same everywhere.")
+        elif "marked as manual" in text or "not found in mesh" in text:
+            why = f"it names a mesh axis that the mesh does not have: its only axis is {AXIS!r}."
+        else:
+            why = (f"shard_map raised {type(e).__name__}: {text.splitlines()[0][:200] if text else ''}. Each spec "
+                   f"names, per axis of that output, the mesh axis it is split over: {AXIS!r} or nothing.")
+        raise Mismatch(f"out_specs {tuple(specs)}: {why}") from None
+
+
+MISTAKES_06_2 = [
+    Mistake("total stacked", "The total is the same on every device, and check_vma knows it (it came out of "
+            "psum): naming 'i' for it stacks {n} copies of one value.", lambda: (P(AXIS), P(AXIS))),
+    Mistake("sums along axis 1", "The per-device sums were stacked along axis 1: each device's value is a row of "
+            "the blocks' first axis, so 'i' belongs to axis 0.", lambda: (P(None, AXIS), P())),
+]
+
+
+@exercise("06.2", "Choose the out_specs that check_vma accepts", solution=solution_stats_out_specs,
+          returns="a pair of PartitionSpecs (spec of the per-device sums, spec of the total)",
+          hints=["Ask of each output: is it the same on every device, and can check_vma SEE that it is? Only a "
+                 "value that came out of a collective is known to be the same everywhere.",
+                 "Lesson 06, section 3 ('What check_vma checks'): read what an out_specs entry that names an axis "
+                 "does, and what an empty one claims."])
+def check_stats_out_specs(stats_out_specs):
+    cases = [Case((), f"out_specs on a mesh of {n} devices", n=n) for n in (len(jax.devices()), 4, 2)]
+    diagnose(stats_out_specs, cases, solution=solution_stats_out_specs, mistakes=MISTAKES_06_2, run=_run_stats,
+             rtol=1e-4, atol=1e-4)
     return ("P('i') for values that differ per device; P() for the psum, which check_vma can see is replicated "
             "(on 8, 4 and 2 devices).")

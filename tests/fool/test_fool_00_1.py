@@ -12,16 +12,16 @@ ID = "00.1"
 D3 = jax.devices()[3]
 
 WRONG = [
-    ("default device", lambda x: jnp.asarray(x), "the default device, device 0"),
+    ("default device", lambda x: jnp.asarray(x), "The result lives where converting an array leaves it"),
     ("device number", lambda x: jax.device_put(x, 3), "wants a Device object"),
-    ("off by one", lambda x: jax.device_put(x, jax.devices()[2]), "device 2 (which entry of jax.devices()"),
-    ("the device itself", lambda x: D3, "returned the device itself"),
-    ("left on the host", lambda x: np.asarray(x), "still in host memory"),
-    ("cast to float32", lambda x: jax.device_put(jnp.asarray(x, jnp.float32), D3), "dtype float32; expected int32"),
+    ("off by one", lambda x: jax.device_put(x, jax.devices()[2]), "expected on device 3, got on device 2"),
+    ("the device itself", lambda x: D3, "got Device"),
+    ("left on the host", lambda x: np.asarray(x), "The result is a NumPy array in host memory"),
+    ("cast to float32", lambda x: jax.device_put(jnp.asarray(x, jnp.float32), D3), "dtype float32 where int32 was expected"),
     ("on every device", lambda x: jax.device_put(x, NamedSharding(Mesh(np.array(jax.devices()), "d"), P())),
-     "it should be on one device only"),
+     "got on devices [0, 1, 2, 3, 4, 5, 6, 7]"),
     ("device picked from the shape", lambda x: jax.device_put(x, jax.devices()[x.shape[0] - 1]),
-     "which entry of jax.devices()"),
+     "expected on device 3, got on device 1"),
 ]
 RIGHT = [
     ("by id", lambda x: jax.device_put(jnp.asarray(x), next(d for d in jax.devices() if d.id == 3))),

@@ -10,15 +10,15 @@ from fooling import fool_tests
 ID = "00.2"
 
 WRONG = [
-    ("the Devices themselves", lambda a: sorted(a.devices(), key=lambda d: d.id), "returned the Devices themselves"),
+    ("the Devices themselves", lambda a: sorted(a.devices(), key=lambda d: d.id), "Those are the Devices themselves"),
     (".device of one device", lambda a: [a.device.id], "a.devices() is the set of devices for any array"),
-    ("counted, not asked", lambda a: list(range(len(a.devices()))), "Ask the array itself"),
-    ("every device JAX has", lambda a: sorted(d.id for d in jax.devices()), "Ask the array itself"),
-    ("not sorted", lambda a: sorted((d.id for d in a.devices()), reverse=True), "not sorted"),
-    ("ids as text", lambda a: sorted(str(d.id) for d in a.devices()), "holds str values"),
-    ("one int", lambda a: min(d.id for d in a.devices()), "returned one int"),
-    ("one Device", lambda a: next(iter(a.devices())), "returned one Device"),
-    ("one id picked from the set", lambda a: [next(iter(a.devices())).id], "kept only part of the set"),
+    ("counted, not asked", lambda a: list(range(len(a.devices()))), "expected [3], got [0]"),
+    ("every device JAX has", lambda a: sorted(d.id for d in jax.devices()), "Those are the ids of every device JAX has"),
+    ("in reverse order", lambda a: sorted((d.id for d in a.devices()), reverse=True), "in reverse order"),
+    ("ids as text", lambda a: sorted(str(d.id) for d in a.devices()), "got list[str '3']"),
+    ("one int", lambda a: min(d.id for d in a.devices()), "one number where shape (1,) was expected"),
+    ("one Device", lambda a: next(iter(a.devices())), "got Device"),
+    ("one id picked from the set", lambda a: [next(iter(a.devices())).id], "expected [0, 1, 2, 3, 4, 5, 6, 7], got ["),
     ("one id popped from JAX's own set", lambda a: [a.devices().pop().id], "changed the set that a.devices()"),
 ]
 RIGHT = [

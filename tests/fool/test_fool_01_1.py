@@ -16,21 +16,21 @@ def pieces(x, devices, rows):
 
 WRONG = [
     ("every device JAX has", lambda x, devs: pieces(x, jax.devices(), np.split(np.arange(len(x)), len(jax.devices()))),
-     "the number of pieces is the length of the devices argument"),
+     "the answer does not follow the device count it is given"),
     ("interleaved rows", lambda x, devs: [jax.device_put(x[i::len(devs)], d) for i, d in enumerate(devs)],
      "every n-th row"),
-    ("not placed", lambda x, devs: list(np.split(x, len(devs))), "still in host memory"),
+    ("not placed", lambda x, devs: list(np.split(x, len(devs))), "The pieces are NumPy arrays in host memory"),
     ("device by position in jax.devices()",
      lambda x, devs: [jax.device_put(p, jax.devices()[i]) for i, p in enumerate(np.split(x, len(devs)))],
-     "the device at position"),
-    ("stacked", lambda x, devs: jnp.stack(np.split(x, len(devs))), "should return a list"),
+     "expected on device 4, got on device 0"),
+    ("stacked", lambda x, devs: jnp.stack(np.split(x, len(devs))), "expected a list of 8"),
     ("cast to half precision", lambda x, devs: [jax.device_put(p.astype(np.float16), d)
                                                 for p, d in zip(np.split(x, len(devs)), devs)], "dtype float16"),
     ("piece size from jax.devices()", lambda x, devs: [
         jax.device_put(x[i * (len(x) // len(jax.devices())):(i + 1) * (len(x) // len(jax.devices()))], d)
-        for i, d in enumerate(devs)], "expected ("),
+        for i, d in enumerate(devs)], "where (3, 2) was expected"),
     ("all on the first device", lambda x, devs: [jax.device_put(p, devs[0]) for p in np.split(x, len(devs))],
-     "the device at position 1"),
+     "expected on device 1, got on device 0"),
 ]
 RIGHT = [
     ("np.split", lambda x, devs: [jax.device_put(p, d) for p, d in zip(np.split(x, len(devs)), devs)]),

@@ -35,7 +35,7 @@ WRONG = [
                                                       in_axes=(None, 0))(p, xs), "predictions transposed"),
     ("weight transposed", lambda p, xs: jax.pmap(lambda q, x: (q["w"].T @ x.T).T + q["b"], in_axes=(None, 0))(p, xs)
      if p["w"].shape[0] == p["w"].shape[1] else jax.pmap(block, in_axes=(None, 0))(
-        jax.tree.map(lambda v: v * 1.01, p), xs), "values differ"),
+        jax.tree.map(lambda v: v * 1.01, p), xs), "the largest difference is 1% of the largest value"),
 ]
 RIGHT = [
     ("None for the whole pytree", lambda p, xs: jax.pmap(block, in_axes=(None, 0))(p, xs)),

@@ -93,7 +93,7 @@ WRONG = [
     ("blocks joined along axis 1", joined_along_1, "joined along axis 1"),
     ("input not placed", not_placed, "x reached it unsplit"),
     ("weight mapped", w_mapped, "w was mapped over \"i\" too"),
-    ("no mesh context", lambda x, w, mesh: smap(matmul)(jax.device_put(x, P("i")), w), "outside the context"),
+    ("no mesh context", lambda x, w, mesh: smap(matmul)(jax.device_put(x, P("i")), w), "ran with no mesh in context"),
     ("a mesh of its own", own_mesh, "the answer used a mesh of its own"),
     ("out_axes=None", out_axes_none, "each device holds a different block of rows"),
     ("pmap, then placed", with_pmap, "that is pmap's program"),

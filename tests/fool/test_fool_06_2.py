@@ -9,13 +9,13 @@ from course_lib.exercises import check
 
 WRONG = {
     "both replicated": (lambda: (P(), P()), ["check_vma rejects P() for the per-device sums"]),
-    "both stacked": (lambda: (P("i"), P("i")), ["returns the total 8 times"]),
+    "both stacked": (lambda: (P("i"), P("i")), ["naming 'i' for it stacks 8 copies of one value"]),
     "swapped": (lambda: (P(), P("i")), ["check_vma rejects P()"]),
     "P(None) for the sums": (lambda: (P(None), P()), ["it names no mesh axis: the same as P()"]),
     "the lesson's axis name": (lambda: (P("data"), P()), ["its only axis is 'i'"]),
     "strings, not specs": (lambda: ("i", None), ["a pair of PartitionSpecs"]),
     "one spec": (lambda: P("i"), ["a pair of PartitionSpecs"]),
-    "sums stacked along axis 1": (lambda: (P(None, "i"), P()), ["along axis 1"]),
+    "sums stacked along axis 1": (lambda: (P(None, "i"), P()), ["stacked along axis 1"]),
 }
 
 
