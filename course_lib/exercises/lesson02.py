@@ -39,7 +39,7 @@ MISTAKES_02_1 = [
                   "i * B // n to (i + 1) * B // n",
           hints=["Only the shape changes, not the order of the values: no transpose, no copy by hand. And x "
                  "may have any number of axes after the batch axis.",
-                 "Section 4, \"By hand\": one `reshape`; x's `shape` attribute holds the sizes of its axes."])
+                 "Section 5, \"By hand\": one `reshape`; x's `shape` attribute holds the sizes of its axes."])
 def check_split_batch(split_batch):
     cases = []
     for shape, n in [((16, 3), 8), ((12, 2, 2), 4), ((6,), 3), ((8, 5), 1), ((10, 3, 1), 5)]:
