@@ -98,3 +98,15 @@ def test_every_declared_mistake_is_named_and_a_near_miss_is_not():
     off_by_one = _answer(lambda n, k, i, o, r: n * (2 * (k + i) + o) + 1 if r else n * (k + i + o))
     message = check("12.3", off_by_one).message
     assert "all-gather (too many)" in message and not any(m.feedback in message for m in L.MISTAKES_12_3)
+
+
+@pytest.mark.parametrize("answer", [a for a, _ in WRONG[:9]], ids=[f"wrong-{i}" for i in range(9)])
+def test_feedback_never_prints_the_compiled_counts(answer):
+    from course_lib.exercises.lesson12 import _CASES, measured_collectives
+    message = check("12.3", answer).message
+    for case in _CASES:
+        right = measured_collectives(*case)
+        mine = answer(*case)
+        for kind, count in right.items():        # a right count shows only where the learner predicted it
+            if mine[kind] != count:
+                assert f"'{kind}': {count}" not in message, message
