@@ -138,7 +138,8 @@ MISTAKES_10_1 = [
     Mistake("fsdp keeps params whole", "fsdp splits the parameters too: that is what makes it FSDP rather than "
             "zero2; this answer keeps params whole.", _table({**_SPLIT, "fsdp": _SPLIT["zero2"]})),
     Mistake("n written in", "On every case these are the numbers for all of jax.devices(), whatever n_devices "
-            "says: divide by the argument n_devices.", lambda p, n, s: solution_zero_bytes(p, len(jax.devices()), s)),
+            "says: divide by the argument n_devices.",
+            lambda p, n, s: solution_zero_bytes(p, len(jax.devices()), s)),
     Mistake("zero2 splits params", "zero2 keeps the whole params on every device; only fsdp splits them.",
             _table({**_SPLIT, "zero2": _SPLIT["fsdp"]})),
 ]

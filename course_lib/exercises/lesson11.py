@@ -144,7 +144,9 @@ def _check_restore_onto_run(restore_onto, directory, saved, steps, counts, devs,
                 raise Mismatch(f"{what} returned an array that cannot be read ({type(e).__name__}).") from None
             if a.tobytes() != np.asarray(b).tobytes():
                 older = (f": they are step {steps[0]}'s; the newest step in the directory is {steps[-1]}."
-                         if len(steps) > 1 and np.all(a == 7) else ": restore the checkpoint, not like=.")
+                         if len(steps) > 1 and np.all(a == 7)
+                         else ": like='s values (zeros): restore the checkpoint, not like=."
+                         if np.all(a == 0) and np.any(np.asarray(b) != 0) else ".")
                 raise Mismatch(f"{what} returned values that differ from the saved ones, e.g. {a.reshape(-1)[:4]} "
                                f"instead of {np.asarray(b).reshape(-1)[:4]}{older}")
         elsewhere = [r for r in reads if r == "host" or r is None or set(r.device_set) != set(target)]
