@@ -159,8 +159,8 @@ def _port_runner(fn, case):
                  "everywhere? shard_map works on the global shapes: no reshape to (n, b, ...).",
                  "Lesson 07's migration table: row 2 (in_axes=None), row 3 (out_axes=None and the collective that "
                  "makes it checkable) and row 1 (the axis name). The per-device body needs no change.",
-                 "The API to read: help(jax.shard_map), what in_specs and out_specs say about an input every device "
-                 "needs whole and about an output that is the same on every device."])
+                 "The API to read: jax.shard_map's documentation, what in_specs and out_specs say about an input "
+                 "every device needs whole and about an output that is the same on every device."])
 def check_ported(ported):
     rng = np.random.default_rng(6)
     cases = []
@@ -318,9 +318,9 @@ def _cases_with_references():
                  "Lesson 07, section 2: the jit(shard_map) step (with SGD by hand) and, at the end of the section, "
                  "the optax step with donate_argnums; lesson 06, section 3, for the two gradient idioms. The "
                  "optimizer state is one more replicated argument and output.",
-                 "The APIs to read: help(jax.lax.pcast), help(jax.lax.pmean) and jax.jit's donate_argnums; "
-                 "lesson 07, section 2, \"Your own step, start to finish\", makes the optax calls (under sharded "
-                 "jit)."])
+                 "The APIs to read: the documentation of jax.lax.pcast, jax.lax.pmean and jax.jit's "
+                 "donate_argnums; lesson 07, section 2, \"Your own step, start to finish\", makes the optax calls "
+                 "(under sharded jit)."])
 def check_make_sharded_step(make_sharded_step):
     for (n, loss_fn, params0, batches, tx, label), ref in _cases_with_references():
         mesh = _mesh(n)

@@ -25,7 +25,7 @@ def solution_process_rows(global_batch, num_processes, process_id):
                  "Python's built-in slice(start, stop) selects rows start to stop - 1. How many rows does each "
                  "process get, and how many rows come before process process_id's block?",
                  "The cell to read: lesson 08, section 1, \"Each process loads its own part of the batch\"; "
-                 "help(slice) for what stop means."])
+                 "Python's slice documentation for what stop means."])
 def check_process_rows(process_rows):
     cases = [Case((batch, procs, pid), f"process_rows({batch}, {procs}, {pid})")
              for batch, procs in [(64, 2), (96, 4), (30, 3), (8, 8), (48, 12)] for pid in range(procs)]
@@ -227,7 +227,8 @@ def _patched(recorder, process=None, processes=1, devices=None):
                  "Its shape is the global one, as in lessons 06 and 07: no (n, B // n) stacking.",
                  "jax.make_array_from_process_local_data takes a sharding, this process's rows and the global "
                  "shape (lesson 08, section 1). jax.process_count says how many processes feed rows.",
-                 "The API to read: help(jax.make_array_from_process_local_data), its global_shape argument; and "
+                 "The API to read: jax.make_array_from_process_local_data's documentation, its global_shape "
+                 "argument; and "
                  "lesson 08, section 1, \"Each process loads its own part of the batch\"."])
 def check_global_batch(global_batch):
     real = jax.make_array_from_process_local_data
