@@ -216,12 +216,19 @@ def test_the_lessons_reader_is_the_checkers_reader():
     notebook = pathlib.Path(__file__).resolve().parent.parent / "notebooks" / "12_capstone_transformer.ipynb"
     nb = json.loads(notebook.read_text())
     source = next("".join(c["source"]) for c in nb["cells"] if "def collectives_per_step" in "".join(c["source"]))
-    source = source[: source.index("with jax.set_mesh")]
-    namespace = {}
-    exec("import collections, re\nimport numpy as np\n" + source, namespace)
+    read = _lessons_reader(source)
     text = L._bias_stack_text(2, 2, 1, 1, True, 8)
-    assert namespace["collectives_per_step"](GPU_HLO) == L.compiled_collectives(GPU_HLO)
-    assert namespace["collectives_per_step"](text) == L.compiled_collectives(text)
+    assert read(GPU_HLO) == L.compiled_collectives(GPU_HLO)
+    assert read(text) == L.compiled_collectives(text)
+
+
+def _lessons_reader(source):
+    """The lesson's reader: collectives_per_step (section 3), after Going further's as_sync for async ops."""
+    namespace = {}
+    exec("import collections, re\nimport numpy as np\n" + source[: source.index("with jax.set_mesh")], namespace)
+    sync = _notebook_cell("def as_sync")
+    exec(sync[: sync.index("\nslices = ")], namespace)
+    return lambda text: namespace["collectives_per_step"](namespace["as_sync"](text))
 
 
 # Forms the expert review found miscounted: the dedicated -start ops typed flat (operand, result, u32[], u32[]),
@@ -255,10 +262,7 @@ def _notebook_cell(marker):
 
 
 def test_the_lessons_reader_reads_flat_start_ops_like_the_checkers():
-    source = _notebook_cell("def collectives_per_step")
-    namespace = {}
-    exec("import collections, re\nimport numpy as np\n" + source[: source.index("with jax.set_mesh")], namespace)
-    assert namespace["collectives_per_step"](FLAT_HLO) == L.compiled_collectives(FLAT_HLO)
+    assert _lessons_reader(_notebook_cell("def collectives_per_step"))(FLAT_HLO) == L.compiled_collectives(FLAT_HLO)
 
 
 SCAN_BODY_GATHER = ("  %all-gather.3 = f32[16,16]{1,0} all-gather(%p), channel_id=4, "

@@ -159,9 +159,8 @@ def _port_runner(fn, case):
                  "everywhere? shard_map works on the global shapes: no reshape to (n, b, ...).",
                  "Lesson 07's migration table: row 2 (in_axes=None), row 3 (out_axes=None and the collective that "
                  "makes it checkable) and row 1 (the axis name). The per-device body needs no change.",
-                 "In words: one shard_map on the given mesh; the in_specs split x's rows over 'i' and leave w "
-                 "whole; the out_specs are a pair, the first output split over 'i' like x, the second naming no "
-                 "axis, because after the collective it is the same on every device."])
+                 "The API to read: jax.shard_map's documentation, what in_specs and out_specs say about an input "
+                 "every device needs whole and about an output that is the same on every device."])
 def check_ported(ported):
     rng = np.random.default_rng(6)
     cases = []
@@ -319,10 +318,9 @@ def _cases_with_references():
                  "Lesson 07, section 2: the jit(shard_map) step (with SGD by hand) and, at the end of the section, "
                  "the optax step with donate_argnums; lesson 06, section 3, for the two gradient idioms. The "
                  "optimizer state is one more replicated argument and output.",
-                 "In words: the per-device function marks the parameters as varying over 'i', takes the value "
-                 "and gradient of the loss on its rows, averages both over 'i', then calls the given optimizer's "
-                 "update and applies it. shard_map it with the state replicated and the batch split, and jit it "
-                 "with the state donated."])
+                 "The APIs to read: the documentation of jax.lax.pcast, jax.lax.pmean and jax.jit's "
+                 "donate_argnums; lesson 07, section 2, \"Your own step, start to finish\", makes the optax calls "
+                 "(under sharded jit)."])
 def check_make_sharded_step(make_sharded_step):
     for (n, loss_fn, params0, batches, tx, label), ref in _cases_with_references():
         mesh = _mesh(n)

@@ -24,8 +24,8 @@ def solution_process_rows(global_batch, num_processes, process_id):
           hints=["Every process loads the same number of rows, one contiguous block, in process order.",
                  "Python's built-in slice(start, stop) selects rows start to stop - 1. How many rows does each "
                  "process get, and how many rows come before process process_id's block?",
-                 "In words: divide the batch by the number of processes to get the rows per process; process p's "
-                 "block starts at p times that and ends where process p + 1's block starts."])
+                 "The cell to read: lesson 08, section 1, \"Each process loads its own part of the batch\"; "
+                 "Python's slice documentation for what stop means."])
 def check_process_rows(process_rows):
     cases = [Case((batch, procs, pid), f"process_rows({batch}, {procs}, {pid})")
              for batch, procs in [(64, 2), (96, 4), (30, 3), (8, 8), (48, 12)] for pid in range(procs)]
@@ -122,8 +122,8 @@ MISTAKES_08_2 = [
                  "process owns it.",
                  "Every jax.Device has a process_index attribute (lesson 08, section 1). NumPy indexing with a "
                  "list of positions picks those rows, in the list's order.",
-                 "In words: walk through the devices with their positions, keep the positions whose device "
-                 "belongs to the given process, and return the rows of batch at those positions."])
+                 "The API to read: jax.Device's process_index and NumPy's integer-array indexing; lesson 08, "
+                 "section 1, \"Processes and devices, local and global\"."])
 def check_local_part(local_part):
     def job(owners):
         """Devices with ids as the CPU backend numbers them (lesson 08): process p's k-th device has id 2048 p + k."""
@@ -227,10 +227,9 @@ def _patched(recorder, process=None, processes=1, devices=None):
                  "Its shape is the global one, as in lessons 06 and 07: no (n, B // n) stacking.",
                  "jax.make_array_from_process_local_data takes a sharding, this process's rows and the global "
                  "shape (lesson 08, section 1). jax.process_count says how many processes feed rows.",
-                 "In words: make a NamedSharding on the given mesh whose spec splits axis 0 over 'data'; the "
-                 "global shape is this process's row count times the number of processes, followed by the other "
-                 "axes unchanged; pass the sharding, the local rows and that shape to "
-                 "jax.make_array_from_process_local_data and return what it gives."])
+                 "The API to read: jax.make_array_from_process_local_data's documentation, its global_shape "
+                 "argument; and "
+                 "lesson 08, section 1, \"Each process loads its own part of the batch\"."])
 def check_global_batch(global_batch):
     real = jax.make_array_from_process_local_data
     _Recorder.last_bad_shape = None

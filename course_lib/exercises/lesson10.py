@@ -137,6 +137,9 @@ MISTAKES_10_1 = [
             "it whole, as zero1 does.", _table({**_SPLIT, "zero2": _SPLIT["zero1"]})),
     Mistake("fsdp keeps params whole", "fsdp splits the parameters too: that is what makes it FSDP rather than "
             "zero2; this answer keeps params whole.", _table({**_SPLIT, "fsdp": _SPLIT["zero2"]})),
+    Mistake("n written in", "On every case these are the numbers for all of jax.devices(), whatever n_devices "
+            "says: divide by the argument n_devices.",
+            lambda p, n, s: solution_zero_bytes(p, len(jax.devices()), s)),
     Mistake("zero2 splits params", "zero2 keeps the whole params on every device; only fsdp splits them.",
             _table({**_SPLIT, "zero2": _SPLIT["fsdp"]})),
 ]
@@ -238,7 +241,15 @@ def _zero2_runner(answer):
             _none_returned(answer, "zero2_sgd(params, grads, lr)", "its result")
         except Exception:  # noqa: BLE001: reported with the inputs by call() below
             pass
-        out = call(f, whole, grads, name=f"zero2_sgd on {mesh.size} devices", hints=_scatter_hints())
+        try:
+            out = call(f, whole, grads, name="zero2_sgd", hints=_scatter_hints())
+        except Mismatch as e:               # name what one device's function received, not the global arrays
+            from . import _argument
+            rows, cols = grads.shape[0] // mesh.size, grads.shape[1]
+            received = (f"zero2_sgd(params float32{list(whole.shape)} (whole, on every device), grads "
+                        f"float32[{rows}, {cols}] (this device's own gradient), lr={lr!r}) on each of {mesh.size} "
+                        "devices")
+            raise Mismatch(str(e).replace(f"zero2_sgd({_argument(whole)}, {_argument(grads)})", received)) from None
         if out.shape[1:] != whole.shape or out.dtype != whole.dtype:
             return out
         return out - whole[None]               # the update each device made: a factor shows in it

@@ -144,7 +144,9 @@ def _check_restore_onto_run(restore_onto, directory, saved, steps, counts, devs,
                 raise Mismatch(f"{what} returned an array that cannot be read ({type(e).__name__}).") from None
             if a.tobytes() != np.asarray(b).tobytes():
                 older = (f": they are step {steps[0]}'s; the newest step in the directory is {steps[-1]}."
-                         if len(steps) > 1 and np.all(a == 7) else ": restore the checkpoint, not like=.")
+                         if len(steps) > 1 and np.all(a == 7)
+                         else ": like='s values (zeros): restore the checkpoint, not like=."
+                         if np.all(a == 0) and np.any(np.asarray(b) != 0) else ".")
                 raise Mismatch(f"{what} returned values that differ from the saved ones, e.g. {a.reshape(-1)[:4]} "
                                f"instead of {np.asarray(b).reshape(-1)[:4]}{older}")
         elsewhere = [r for r in reads if r == "host" or r is None or set(r.device_set) != set(target)]
@@ -333,10 +335,22 @@ MISTAKES_11_3 = [
     # (device 1's longest dispatch is the longest summed over the devices, by the cases' construction)
     Mistake("device 0's longest dispatch", _FROM_DEVICES, lambda t: _step_of_longest(t, _dispatch_durations(t, 0))),
     Mistake("devices' summed dispatches", _FROM_DEVICES, lambda t: _step_of_longest(t, _dispatch_durations(t))),
+    Mistake("one after", "That is the number of the step after the stalled one, on every case: the marker of the "
+            "longest step carries its own number (no +1).", lambda t: solution_stalled_step(t) + 1),
+    Mistake("one before", "That is the number of the step before the stalled one, on every case: the marker of the "
+            "longest step carries its own number (no -1).", lambda t: solution_stalled_step(t) - 1),
     Mistake("start to next start", "You measured each step from its start to the next step's start, and the "
             "last step has no next one: each marker carries its own duration.",
             lambda t: _step_of_longest(t, np.diff([m.start_us for m in t.markers]))),
 ]
+
+
+def _no_bool(got, label):
+    """A bool is not a step number, though NumPy would count True as 1."""
+    if isinstance(got, (bool, np.bool_)) or (hasattr(got, "dtype") and np.dtype(got.dtype) == bool):
+        raise Mismatch(f"{label} returned {got!r}, a bool (a yes/no); expected a step number, an int such as the "
+                       "markers' .step.")
+    return got
 
 
 def _stall_trace(stalled, first, count, stall_us):
@@ -364,7 +378,7 @@ def check_stalled_step(stalled_step):
     cases = [Case((_stall_trace(*args),), f"stalled_step(trace of {args[2]} steps from step {args[1]})")
              for args in [(3, 100, 8, 5000.0), (6, 40, 8, 1700.0), (11, 7, 12, 2600.0), (0, 1000, 5, 1800.0)]]
     diagnose(stalled_step, cases, solution=solution_stalled_step, mistakes=MISTAKES_11_3, name="stalled_step",
-             run=_trace_runner("stalled_step"))
+             run=lambda fn, case: _no_bool(_trace_runner("stalled_step")(fn, case), case.label))
     return "the longest host step, named by its own step number."
 
 

@@ -25,7 +25,8 @@ AXIS = "data"
 HINTS = {
     "12.1": ["FSDP here is a sharding of each array and nothing else. For every array: which of its axes can the "
              "'fsdp' axis divide evenly? And which mesh axis should no parameter be split over in hybrid sharding?",
-             "Lesson section 5: CNN_SPECS, and the 2-D mesh cell that turns it into SPECS_2D. A PartitionSpec names, "
+             "Going further, \"Your own layers on an Explicit mesh\" (CNN_SPECS) and \"A 2-D mesh: data parallelism "
+             "across groups, FSDP within them\" (SPECS_2D). A PartitionSpec names, "
              "per array axis, the mesh axis it is split over (None: not split); mesh.shape gives each axis's size.",
              "What the checker reads: the bytes of state per device (every array that can be split over 'fsdp' is "
              "split) and the mesh axes that each all-gather of the compiled step runs over (only 'fsdp', the fast "
@@ -39,8 +40,9 @@ HINTS = {
              "gather's transpose, a reduce-scatter, so no stop on the gradient path."],
     "12.3": ["Count one layer first, then multiply: a scan over n_layers runs its body n_layers times. Which passes "
              "over a layer need its whole weights, and which of its arrays does each pass need?",
-             "Lesson section 4: the cell that counts the all-gathers of each array of one layer (with a bias inside "
-             "and a bias at the end of the layer), and the jax.checkpoint bullet above the FSDP step.",
+             "Going further, \"Which arrays the backward gathers again\": its cell counts the all-gathers of each "
+             "array of one layer (a bias inside and a bias at the end of the layer); and section 4's jax.checkpoint "
+             "bullet.",
              "The mechanism: without jax.checkpoint, the backward pass reads what the forward pass saved; with it, "
              "the backward runs the layer's forward again, but only the operations that its gradients need. Each "
              "all-gather has a transpose in the backward pass, and the loss is averaged over the devices."],
@@ -263,6 +265,12 @@ def _check_specs(specs, shapes, mesh, where, names_only=False):
         raise whole_leaf
 
 
+_NESTED = {"'dict' object has no attribute": "The params given are a nested pytree, not a flat dict of arrays: "
+           "params['conv'] is itself a dict, {'w': array, 'b': array}, so a loop over params.items() meets a dict "
+           "where it expects an array. jax.tree.map(f, params) calls f on every array, however deep, and returns "
+           "the same nesting."}
+
+
 @exercise("12.1", "FSDP specs for a 2-D mesh: hybrid sharding, checked by running a step",
           solution=solution_fsdp_specs,
           returns="a dict like params of PartitionSpecs, split over 'fsdp' only")
@@ -272,14 +280,15 @@ def check_fsdp_specs(fsdp_specs):
     passed = []
     for case, (mesh_shape, shapes, optimizer) in enumerate(_hybrid_cases()):      # the axes named, on every mesh
         mesh = jax.make_mesh(mesh_shape, MESH_AXES, devices=jax.devices()[:mesh_shape[0] * mesh_shape[1]])
-        specs = call(fsdp_specs, jax.tree.map(jnp.asarray, _cnn_params(shapes, 40 + case)), mesh, name="fsdp_specs")
+        specs = call(fsdp_specs, jax.tree.map(jnp.asarray, _cnn_params(shapes, 40 + case)), mesh, name="fsdp_specs",
+                     hints=_NESTED)
         _check_specs(specs, shapes, mesh, f"on a {mesh_shape[0]} x {mesh_shape[1]} mesh", names_only=True)
     for case, (mesh_shape, shapes, optimizer) in enumerate(_hybrid_cases()):
         mesh = jax.make_mesh(mesh_shape, MESH_AXES, devices=jax.devices()[:mesh_shape[0] * mesh_shape[1]])
         where = f"on a {mesh_shape[0]} x {mesh_shape[1]} mesh"
         host = _cnn_params(shapes, 40 + case)
         given = jax.tree.map(jnp.asarray, host)
-        specs = call(fsdp_specs, given, mesh, name="fsdp_specs")
+        specs = call(fsdp_specs, given, mesh, name="fsdp_specs", hints=_NESTED)
         _check_specs(specs, shapes, mesh, where)
         rng = np.random.default_rng(50 + case)
         batch = 4 * mesh_shape[0] * mesh_shape[1]
@@ -462,14 +471,16 @@ def check_gather_layer(gather_layer):
                            f"(it holds {', '.join(found) or 'no collectives'}): the slices were combined another "
                            "way, which moves more data. FSDP gathers each layer's weights with an all-gather.")
         if "reduce-scatter" not in found:
-            raise Mismatch(f"{where}: the compiled program has no reduce-scatter: each device receives the whole "
-                           "gradient and keeps a slice. With the gather written as an all-gather, its gradient is a "
-                           "reduce-scatter by itself.")
-    gathers, scatters = found["all-gather"][0], found["reduce-scatter"][0]
-    return (f"each layer is gathered whole inside the scan; on {n} devices the compiled step runs {gathers} "
-            f"all-gathers (forward, and again in the checkpointed backward for the weights it needs) and {scatters} "
-            "reduce-scatters per step, "
-            "and the loss and gradients match the unsharded model.")
+            invariant = "all_gather_invariant" in str(jax.make_jaxpr(f)(params, xs, ts))
+            raise Mismatch(f"{where}: loss and gradients are right, but the compiled program has no reduce-scatter "
+                           f"(it holds {', '.join(found)}): each device receives the whole summed gradient and keeps "
+                           "a slice. " + (
+                               "Your gather is declared the same on every device (all_gather with "
+                               "to=\"invarying\"): jax.grad then sums its gradient everywhere before each device "
+                               "keeps its slice. A plain all_gather's transpose is a reduce-scatter."
+                               if invariant else "FSDP hands each device only its slice of the summed gradient."))
+    return ("each layer is gathered whole inside the scan, the compiled step holds all-gathers and their transposes, "
+            "reduce-scatters, and the loss and gradients match the unsharded model.")
 
 
 

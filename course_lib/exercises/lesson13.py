@@ -29,10 +29,10 @@ HINTS = {
              "state's parts are arguments, and which are made inside the step and freed again?",
              "Lesson 10 counts the bytes per parameter that Adam's training state needs; section 1 of this lesson "
              "(abstract_state) shows which arrays FSDP splits over the chips and which stay whole on every chip.",
-             "In words: count the parameters of each array from init_params' shapes for this config; split them "
-             "into the stacked layers and the rest; give each group its bytes per parameter in the step's "
-             "arguments; divide only what the mesh splits by the number of chips; add the optimizer's step "
-             "counter."],
+             "Read it from a compile: section 1's abstract_state gives the step's arguments as ShapeDtypeStructs "
+             "(jax.tree.leaves and each leaf's .size and .dtype.itemsize count them, and each leaf's sharding names "
+             "what is split), and a compiled step's memory_analysis().argument_size_in_bytes is what the checker "
+             "compares with."],
 }
 
 # The checker's configurations: none is one the lesson shows. Shapes are multiples of the TPU's tiles (8 x 128)

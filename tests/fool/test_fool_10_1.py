@@ -27,7 +27,7 @@ WRONG = [
     ("text", lambda p, n, s: {k: f"{v:.0f} bytes" for k, v in table(p, n, s).items()}, "got str"),
     ("n - 1 devices", lambda p, n, s: {k: v * (n / (n - 1) if k in SPLIT[s] else 1)
                                        for k, v in table(p, n, s).items()}, "the device count over itself minus one"),
-    ("devices written in as 8", lambda p, n, s: table(p, 8, s), "a factor"),
+    ("devices written in as 8", lambda p, n, s: table(p, 8, s), "whatever n_devices says"),
     ("the library's formula", lambda p, n, s: __import__("course_lib.sharded_state").sharded_state.formula_bytes(
         p, n, s), "sharded_state.formula_bytes"),
 ]
@@ -42,3 +42,8 @@ RIGHT = [
 
 verdict, test_a_wrong_answer_fails_and_its_feedback_names_the_mistake, \
     test_a_right_answer_written_another_way_passes = fool_tests(ID, WRONG, RIGHT)
+
+
+def test_devices_written_in_is_not_told_adam_has_one_moment():
+    message = verdict(lambda p, n, s: table(p, 8, s)).message
+    assert "Adam keeps" not in message, message

@@ -115,7 +115,7 @@ WRONG = [
     ("plain SGD, no optimizer call", plain_sgd_no_optimizer, "never calls the update of the optimizer"),
     ("divided by n twice (4x too small on 4 devices)", lambda l, o: fsdp(l, o, divide=lambda n: n * n),
      "too small, a factor of the device count"),
-    ("divided by a written-in 8", lambda l, o: fsdp(l, o, divide=lambda n: 8), "the first step's update"),
+    ("divided by a written-in 8", lambda l, o: fsdp(l, o, divide=lambda n: 8), "a factor 2/8"),
     ("two things back", lambda l, o: (lambda p, s, b: (p, s)), "expected three things"),
 ]
 RIGHT = [("reduce-scatter by hand", scatters_itself), ("loss divided inside, psum of it", mean_loss_inside)]

@@ -58,3 +58,15 @@ def test_every_declared_mistake_is_named():
     for m in L.MISTAKES_10_5:
         feedback = verdict(m.fn)
         assert not feedback and m.feedback in feedback.message, (m.name, feedback.message)
+
+
+def test_feedback_never_prints_the_compiled_counts():
+    from course_lib.exercises.lesson10 import _compiled_counts
+    counts = _compiled_counts()
+    for name, answer, _ in WRONG[:6]:
+        message = verdict(answer).message
+        for (stage, k), (right, _) in counts.items():
+            mine = answer(stage, k)
+            for op, count in right.items():
+                if mine.get(op) != count:
+                    assert f"'{op}': {count}" not in message, (name, message)

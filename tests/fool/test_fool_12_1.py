@@ -75,6 +75,10 @@ def axis_names_as_strings(params, mesh):
     return jax.tree.map(lambda a: "fsdp", params)
 
 
+def flat_items(params, mesh):
+    return {k: P(*[None] * (v.ndim - 1), "fsdp") for k, v in params.items()}
+
+
 WRONG = [
     (always_axis_0, "do not divide"),                          # a conv kernel's axis 0 is 3
     (nothing_split, "stays whole on every device"),
@@ -86,6 +90,7 @@ WRONG = [
     (named_shardings, "NamedSharding"),
     (flat_list, "shaped like params"),
     (axis_names_as_strings, "not a PartitionSpec"),
+    (flat_items, "nested pytree"),                             # a learner's loop over a flat dict
 ]
 
 

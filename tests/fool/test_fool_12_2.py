@@ -51,6 +51,10 @@ def matrices_only(layer):
     return {k: jax.lax.all_gather(w, "data", axis=1, tiled=True) if w.ndim == 2 else w for k, w in layer.items()}
 
 
+def gathered_invarying(layer):           # right values; its transpose is an all-reduce
+    return jax.tree.map(lambda w: jax.lax.all_gather(w, "data", axis=w.ndim - 1, tiled=True, to="invarying"), layer)
+
+
 WRONG = [
     (gather_axis_0, "whole leaf"),
     (not_tiled, "stacked along a new axis"),
@@ -60,6 +64,7 @@ WRONG = [
     (reversed_slices, "in device order"),
     (in_bfloat16, "bfloat16"),
     (matrices_only, "still split over the devices"),
+    (gathered_invarying, 'to="invarying"'),
 ]
 
 
@@ -96,3 +101,10 @@ def test_reshard_inside_shard_map_is_named():
     assert not feedback, feedback.message
     assert "still split over the devices" in feedback.message and "jax.reshard" in feedback.message
     assert "does nothing there" in feedback.message, feedback.message
+
+
+def test_success_gives_no_counts_away():          # 12.3 asks for these counts
+    from course_lib.exercises.lesson12 import solution_gather_layer
+    feedback = check("12.2", solution_gather_layer)
+    assert feedback, feedback.message
+    assert not any(ch.isdigit() for ch in feedback.message), feedback.message

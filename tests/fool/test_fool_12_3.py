@@ -98,3 +98,15 @@ def test_every_declared_mistake_is_named_and_a_near_miss_is_not():
     off_by_one = _answer(lambda n, k, i, o, r: n * (2 * (k + i) + o) + 1 if r else n * (k + i + o))
     message = check("12.3", off_by_one).message
     assert "all-gather (too many)" in message and not any(m.feedback in message for m in L.MISTAKES_12_3)
+
+
+@pytest.mark.parametrize("answer", [a for a, _ in WRONG[:9]], ids=[f"wrong-{i}" for i in range(9)])
+def test_feedback_never_prints_the_compiled_counts(answer):
+    import ast
+    import re
+    from course_lib.exercises.lesson12 import _CASES
+    message = check("12.3", answer).message
+    printed = [ast.literal_eval(d) for d in re.findall(r"\{[^{}]*\}", message)]
+    assert printed, message
+    for counts in printed:                   # every count shown is the learner's own prediction
+        assert counts in [answer(*case) for case in _CASES], message
