@@ -185,3 +185,28 @@ def test_every_declared_mistake_is_named_when_submitted(id_, mistake):
     fb = ex.check(id_, mistake.fn)
     assert not fb and fb.started, fb.message
     assert mistake.feedback.split("{")[0] in fb.message, fb.message
+
+
+def test_a_bool_where_a_number_is_expected_is_a_type_not_a_factor():
+    from course_lib.exercises._diagnose import _leaf_difference
+    said = _leaf_difference(True, 103, None, 1e-6, 0.0, False)
+    assert "bool" in said and "too small" not in said
+
+
+def test_a_result_one_percent_off_is_not_called_a_half_precision_rounding():
+    import numpy as np
+    from course_lib.exercises._diagnose import relation
+    e = np.linspace(1.0, 2.0, 7, dtype=np.float32)
+    said = relation(e * np.float32(1.01), e, n=None, rtol=1e-6, atol=0.0)
+    assert "bfloat16" not in said and "float16" not in said, said
+    rounded = np.asarray(e.astype(np.float16).astype(np.float32) * np.float32(1.001), np.float16).astype(np.float32)
+    assert "float16" in relation(rounded, e, n=None, rtol=1e-6, atol=0.0)
+
+
+def test_byte_counts_beyond_float16_compare_without_a_warning():
+    import warnings
+    import numpy as np
+    from course_lib.exercises._diagnose import relation
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        relation(np.array([3e9, 4e9]), np.array([1e9, 2e9]), n=None, rtol=1e-6, atol=0.0)
