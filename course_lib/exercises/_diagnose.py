@@ -42,7 +42,7 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from . import Mismatch, _last_call, call, describe_tree
+from . import Mismatch, _NotStarted, _last_call, call, describe_tree
 
 __all__ = ["Mistake", "Case", "Said", "diagnose", "difference", "relation", "same", "placement"]
 
@@ -125,7 +125,7 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
         return results
     where = _where(cases, right_on, failed)
     case, error = failed[0]
-    if error is not None and type(error).__name__ == "_NotStarted":
+    if error is not None and isinstance(error, _NotStarted):
         raise error                         # a placeholder: the same 'no answer yet' words everywhere
     if error is not None:
         text = str(error).rstrip()
