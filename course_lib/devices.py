@@ -129,6 +129,23 @@ def _fall_back_to_cpu(n: int) -> None:
     jax.config.update("jax_platforms", "cpu")
 
 
+def _only_a_cpu() -> bool:
+    """True where no platform is chosen and no TPU or GPU is attached: JAX would end on the CPU anyway.
+
+    With libtpu installed (lesson 13's TPU compiler), JAX otherwise also tries to start a TPU that is
+    not there, and libtpu prints warnings about TPU hostnames on stderr before JAX moves on.
+    """
+    if _platforms_setting():
+        return False
+    try:
+        from jax._src import hardware_utils  # JAX's own PCI checks; no public name
+        tpus = hardware_utils.num_available_tpu_chips_and_device_id()[0]
+        gpus = hardware_utils.has_visible_nvidia_gpu() or hardware_utils.num_available_amd_gpus(stop_at=1)
+    except Exception:  # another JAX version: let JAX look for itself
+        return False
+    return not tpus and not gpus
+
+
 def lesson_devices(n: int = 8, *, verbose: bool = True) -> list[jax.Device]:
     """The ``n`` devices a multi-device lesson runs on, wherever it runs.
 
@@ -146,6 +163,8 @@ def lesson_devices(n: int = 8, *, verbose: bool = True) -> list[jax.Device]:
     started_before = backends_started()
     if not started_before:
         jax.config.update("jax_num_cpu_devices", n)
+        if _only_a_cpu():
+            jax.config.update("jax_platforms", "cpu")
     found = _devices_or_explain(n)
     platform_name = found[0].platform
     if platform_name != "cpu" and len(found) >= n:

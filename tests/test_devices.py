@@ -103,6 +103,32 @@ def test_lesson_devices_on_a_cpu_only_machine_uses_simulated_devices():
     assert lines[1] == "8 8 cpu"
 
 
+def test_lesson_devices_with_libtpu_installed_but_no_tpu_prints_nothing_on_stderr():
+    """libtpu (lesson 13's compiler) makes JAX try a TPU that is not there; its hostname warnings on
+    stderr would greet every lesson. Where no TPU or GPU is attached, lesson_devices asks for the CPU."""
+    import importlib.util
+    if importlib.util.find_spec("libtpu") is None:
+        pytest.skip("libtpu is not installed here (./course.sh tpu installs it)")
+    from jax._src import hardware_utils
+    if hardware_utils.num_available_tpu_chips_and_device_id()[0] or hardware_utils.has_visible_nvidia_gpu():
+        pytest.skip("this machine has an accelerator attached")
+    for _ in range(2):  # the warnings come from a thread: look twice
+        r = run_python(accelerators=True, code="""
+            from course_lib.devices import lesson_devices
+            import jax
+            lesson_devices(8, verbose=False)
+            print(jax.config.jax_platforms, jax.device_count())
+        """)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == ["cpu", "8"]
+        assert r.stderr == ""
+
+
+def test_lesson_devices_leaves_a_chosen_platform_alone(monkeypatch):
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    assert cdev._only_a_cpu() is False
+
+
 # A stand-in for an accelerator this test machine does not have: lesson_devices only reads these fields.
 FAKE_ACCELERATOR = """
     import jax
@@ -116,6 +142,7 @@ FAKE_ACCELERATOR = """
             return [FakeDevice(i, "{platform}") for i in range({count})]
         return real_devices(backend)
     jax.devices = fake_devices
+    cd._only_a_cpu = lambda: False                   # the stand-in counts as attached
 """
 
 
