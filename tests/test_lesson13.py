@@ -45,6 +45,13 @@ def test_lines_fit_about_100_characters():
             assert len(line) <= 110, (i, line)
 
 
+def test_code_lines_read_whole_on_a_tablet():
+    """Issue 43: code lines of at most 80 characters (the shared install cell is generated elsewhere)."""
+    long = [(i, line) for i, cell in enumerate(code_cells()[1:], start=1)
+            for line in "".join(cell["source"]).splitlines() if len(line) > 80]
+    assert not long, long
+
+
 def test_the_tpu_cells_ran_when_the_outputs_were_stored():
     text = "".join(output_text(c) for c in code_cells())
     assert "skipped:" not in text and "TPU compiler: libtpu 0.0.50.1" in text
