@@ -33,10 +33,10 @@ TPU_NOTEBOOK = "13_compile_for_a_tpu_pod.ipynb"
 
 def test_the_cell_installs_from_the_one_ref_in_pyproject():
     assert REF == install_cell.PYPROJECT["tool"]["course"]["ref"]
-    assert f'git+{{url}}@{REF}", "course_lib from {REF}")' in install_cell.source()
+    assert f'git+{{url}}@{REF}",\n                "course_lib from {REF}")' in install_cell.source()
     assert f'url = "{install_cell.REPOSITORY}"' in install_cell.source()
-    assert install_cell.source().splitlines()[0].endswith(f"install course_lib from {REF} (./course.sh installs it "
-                                                          "elsewhere)"), "the title says which commit it installs"
+    assert install_cell.source().splitlines()[0].endswith(f"install course_lib from {REF}"), \
+        "the title says which commit it installs"
     if install_cell.is_tag(REF):
         assert REF == f"v{course_lib.__version__}", "a tag ref is this version's release tag"
 
@@ -73,10 +73,10 @@ def test_every_notebook_has_the_install_cell_as_cell_1_tagged_for_the_site_and_f
     assert install_cell.differs(path) is None, f"{path.name}: {install_cell.differs(path)}; {fix}"
 
 
-@pytest.mark.parametrize("notebook, most", [(None, 30), (TPU_NOTEBOOK, 37)])
+@pytest.mark.parametrize("notebook, most", [(None, 42), (TPU_NOTEBOOK, 53)])
 def test_the_cell_is_short_to_read_and_folded(notebook, most):
     lines = install_cell.source(notebook).splitlines()
-    assert len(lines) <= most and max(map(len, lines)) <= 100, (len(lines), max(map(len, lines)))
+    assert len(lines) <= most and max(map(len, lines)) <= 80, (len(lines), max(map(len, lines)))
     assert lines[0].startswith("# @title Colab and Kaggle only: install course_lib"), "Colab shows this line"
     assert ("libtpu" in install_cell.source(notebook)) == (notebook == TPU_NOTEBOOK), "lesson 13's variant only"
     assert install_cell.CELL_METADATA == {"jupyter": {"source_hidden": True}, "cellView": "form"}

@@ -18,7 +18,7 @@ why: JAX missing or too old, no network (on Kaggle: Internet switched off in the
 or else pip's own error lines. Inside a notebook kernel pip writes in colour (ipykernel sets FORCE_COLOR), so the
 cell drops the colour codes before it reads pip's words.
 
-It is at most 30 lines (lesson 13's 37) of at most 100 characters, folded where the platform can fold it: its
+It is at most 42 lines (lesson 13's 53) of at most 80 characters, folded where the platform can fold it: its
 metadata (``CELL_METADATA``) hides the code in JupyterLab (``jupyter.source_hidden``) and in Colab (``cellView:
 form``, which shows the ``@title`` line), and tags it ``remove-cell`` (``SITE_TAGS``): the course's website
 (tools/site) leaves it out of the lesson pages, where it does nothing; the notebooks keep it.
@@ -56,44 +56,58 @@ def is_tag(ref: str) -> bool:
 
 # The cell's code, with @REF@, @KIND@, @LIST@, @REPOSITORY@, @MIN@, @MIN_TUPLE@ and @TPU@ filled in by source().
 # Plain Python, no `%pip` magic: the magic only prints pip's failure and carries on; this raises.
-TEMPLATE = r'''# @title Colab and Kaggle only: install course_lib from @REF@ (./course.sh installs it elsewhere)
-# It keeps the platform's JAX (the course needs >= @MIN@). When it cannot install, it says why.
+TEMPLATE = r'''# @title Colab and Kaggle only: install course_lib from @REF@
+# Elsewhere ./course.sh installs it. This cell keeps the platform's JAX (the
+# course needs >= @MIN@); when it cannot install, it says why.
 import os, re, subprocess, sys
 from importlib.metadata import distributions
-if "google.colab" in sys.modules or "KAGGLE_KERNEL_RUN_TYPE" in os.environ:
+on_kaggle = "KAGGLE_KERNEL_RUN_TYPE" in os.environ
+if "google.colab" in sys.modules or on_kaggle:
     jax = next((d.version for d in distributions(name="jax")), "no JAX")
     if tuple(int(p) for p in re.findall(r"\d+", jax)[:2]) < @MIN_TUPLE@:
-        raise RuntimeError(f"This course needs JAX >= @MIN@; this runtime has {jax}. Upgrade JAX:\n"
-                           '  %pip install -U "jax[cuda12]"  (GPU; "jax[tpu]": TPU; jax: CPU)\n'
-                           "then restart the runtime (the kernel) and run this cell again.")
+        raise RuntimeError(
+            f"This course needs JAX >= @MIN@; this runtime has {jax}.\n"
+            'Upgrade JAX: %pip install -U "jax[cuda12]" (GPU; "jax[tpu]":'
+            " TPU; jax: CPU),\nthen restart the runtime and run this cell"
+            " again.")
     url = "@REPOSITORY@"
     def pip_install(what, name):
         print(f"installing {name} ...")
-        pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", what],
-                             capture_output=True, text=True)
-        said = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", pip.stderr + pip.stdout)  # no colour codes
+        pip = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", what],
+            capture_output=True, text=True)
+        # no colour codes
+        said = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", pip.stderr + pip.stdout)
         why = "pip failed"
         if re.search("unable to access|resolve host|connect to", said):
-            on_kaggle = "KAGGLE_KERNEL_RUN_TYPE" in os.environ
-            why = "no network" + (": turn Internet on in the notebook's settings" * on_kaggle)
+            why = "no network" + on_kaggle * (
+                ": turn Internet on in the notebook's settings")
         if "did not match any" in said:
             why = f"there is no @KIND@ @REF@ (see {url}/@LIST@)"
-        cause = [s.strip() for s in said.splitlines() if re.match(r"\s*(fatal|error|ERROR):", s)]
-        cause = [s for s in cause if "subprocess-exited" not in s] or said.strip().splitlines()[-2:]
+        lines = said.strip().splitlines()
+        cause = [s.strip() for s in lines
+                 if re.match(r"\s*(fatal|error|ERROR):", s)
+                 and "subprocess-exited" not in s] or lines[-2:]
         if pip.returncode != 0:
-            raise RuntimeError(f"Could not install {name}: {why}.\npip said: "
-                               + "\n  ".join(dict.fromkeys(cause)) + "\nThen run this cell again.")
+            raise RuntimeError(
+                f"Could not install {name}: {why}.\npip said: "
+                + "\n  ".join(dict.fromkeys(cause))
+                + "\nThen run this cell again.")
         print(f"installed {name}")
-    pip_install(f"course_lib @ git+{url}@@REF@", "course_lib from @REF@")@TPU@'''
+    pip_install(f"course_lib @ git+{url}@@REF@",
+                "course_lib from @REF@")@TPU@'''
 
 # Lesson 13's variant adds this: on Linux x86-64 (Colab, Kaggle), the TPU compiler where it is missing.
 TPU_PART = r'''
     import platform
     from importlib.metadata import requires
     from importlib.util import find_spec
-    if sys.platform == "linux" and platform.machine() == "x86_64" and not find_spec("libtpu"):
-        # lesson 13's compiler: the libtpu this JAX pins (its extra "tpu"), else the course's pin
-        pin = [r.split(";")[0] for r in requires("jax") or [] if re.match(r"libtpu\W.*tpu", r)]
+    if (sys.platform == "linux" and platform.machine() == "x86_64"
+            and not find_spec("libtpu")):
+        # lesson 13's compiler: the libtpu this JAX pins (its extra
+        # "tpu"), else the course's pin
+        pin = [r.split(";")[0] for r in requires("jax") or []
+               if re.match(r"libtpu\W.*tpu", r)]
         tpu = (pin + ["@LIBTPU@"])[0].replace(" ", "")
         pip_install(tpu, f"{tpu} (lesson 13's TPU compiler)")'''
 
