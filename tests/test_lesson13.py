@@ -102,7 +102,9 @@ def test_reviewed_claims_are_printed_by_cells():
     assert "reduce-scatter: 1" in text
     assert "not compiled" in text and "v5p" in text
     assert "sequences per chip" in text and "(*) less than one sequence per chip" in text
-    assert "over {'fsdp'}" in text and "over {'data'}" in text
+    assert "over {'fsdp'}" in text and "all-reduce over {'data','fsdp'}" in text
+    # the 1-D FSDP mesh's one axis is named fsdp too: no span over 'data' alone to read as cross-group traffic
+    assert "FSDP over 16" in text and "over {'data'}" not in text
 
 
 def test_expert_items_of_2026_11_29_are_printed_and_cited():
