@@ -86,7 +86,32 @@ def isa_flags(xla_flags: str, isa: str) -> str:
     return " ".join(kept + [f"{ISA_FLAG}={isa}"])
 
 
+# Slowest first. `./course.sh test` runs `--dist loadfile --no-loadscope-reorder`: xdist hands out whole files (each
+# notebook pass is one) in collection order, so the order below decides how the two workers finish: longest first,
+# the many short unit-test files filling in at the end (otherwise one long notebook can start last and run alone
+# while the other worker idles). Rough seconds per notebook pass and per slow file on 2 cores; only the order
+# matters, and an estimate that is off costs time, never a result.
+SECONDS_GUESS = {"13": 180, "12": 170, "11": 120, "10": 110, "09": 90, "04": 60, "05": 60, "07": 60, "08": 50,
+                 "06": 40, "03": 40, "02": 40, "01": 30, "00": 25,
+                 "test_lesson13.py": 120, "test_site.py": 120, "test_colab_runtime.py": 70,
+                 "test_lab_browser.py": 60, "test_slides.py": 60, "test_distributed.py": 60,
+                 "test_setup_check.py": 40, "test_copies.py": 40, "test_checkpoint.py": 40, "test_isa_pass.py": 40,
+                 "test_lesson12.py": 30, "test_faults_processes.py": 30, "test_wheel.py": 30}
+
+
+def _schedule_rank(nodeid: str) -> int:
+    """Sort key of a test file or notebook pass: its guessed seconds, longest first (0 when unknown)."""
+    name = nodeid.split("::")[0].split("/")[-1]
+    lesson = re.match(r"(\d\d)_.*\.ipynb", name)
+    return -SECONDS_GUESS.get(lesson.group(1) if lesson else name, 0)
+
+
 def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: _schedule_rank(item.nodeid))  # stable: each file keeps its own order
+    _skip_lesson13_without_libtpu(items)
+
+
+def _skip_lesson13_without_libtpu(items):
     """Lesson 13 compiles for TPUs with libtpu, which has wheels for Linux x86-64 only: elsewhere its stored
     outputs cannot be reproduced, so its nbval cells skip and say why (tests/test_lesson13.py still runs the
     notebook there, without libtpu, to the end)."""

@@ -182,7 +182,7 @@ case "$CMD" in
       *" -n"*|*" --numprocesses"*|*" -p no:xdist "*) ;;
       *) n=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
          [ "$n" -gt 4 ] && n=4
-         [ "$n" -gt 1 ] && workers=(-n "$n" --dist loadfile) ;;
+         [ "$n" -gt 1 ] && workers=(-n "$n" --dist loadfile --no-loadscope-reorder) ;;
     esac
     exec "$VENV/bin/python" -m pytest ${workers[@]+"${workers[@]}"} "$@"
     ;;
