@@ -71,9 +71,9 @@ def _own_adam(loss_fn, optimizer, mesh):                         # the lesson's 
 
 
 WRONG = {
-    "pmean without pcast (8x)": (_sm(pcast=False), ["8x too large, a factor of the device count", "already summed"]),
-    "psum without pcast (64x)": (_sm(pcast=False, reduce="psum"), ["64x too large"]),
-    "psum with pcast (8x)": (_sm(reduce="psum"), ["8x too large", "a psum sums too"]),
+    "pmean without pcast (8x)": (_sm(pcast=False), ["8 times the mean gradient", "already summed"]),
+    "psum without pcast (64x)": (_sm(pcast=False, reduce="psum"), ["summed twice", "(8 x 8 times"]),
+    "psum with pcast (8x)": (_sm(reduce="psum"), ["8 times the mean gradient", "a psum (it sums)"]),
     "SGD by hand, optimizer ignored": (_sm(own_update=0.1), ["never calls the optimizer it was given"]),
     "sharded jit, no shard_map": (_sharded_jit, ["no jax.shard_map"]),
     "no donation": (_sm(donate=False), ["does not donate"]),
@@ -102,7 +102,7 @@ def test_the_lessons_adam_instead_of_the_given_optimizer_fails():
 
 def test_old_optimizer_state_returned():
     fb = check("07.2", _sm(keep_state=True))
-    assert not fb and "(params, opt_state, loss) differ" in fb.message and ": [1]" in fb.message, fb.message
+    assert not fb and "the one that came in" in fb.message and "[1]" in fb.message, fb.message
 
 
 def _grad_outside(loss_fn, optimizer, mesh):                     # lesson 06's idiom 2: grad of a pmean-ed loss

@@ -39,7 +39,7 @@ WRONG = {
                                      ["number of processes (not of devices)"]),
     "two processes hard-coded": (_make(shape=lambda r: r.shape[0] * 2), ["not be a fixed number"]),
     "the shape as a list": (_list_shape, ["a tuple of ints"]),
-    "a cast to float16": (lambda r, m: _make()(r.astype(np.float16), m), ["float16", "Keep their dtype"]),
+    "a cast to float16": (lambda r, m: _make()(r.astype(np.float16), m), ["dtype float16 where float32"]),
     "the stacked pmap layout": (lambda r, m: jax.make_array_from_process_local_data(
         NamedSharding(m, P("data")), r.reshape(m.size, -1, r.shape[1]),
         (m.size, r.shape[0] * jax.process_count() // m.size, r.shape[1])), ["stacked (n, B // n, ...) layout"]),
