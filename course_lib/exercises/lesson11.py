@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import checkpoint, profile
-from . import Case, Mismatch, Mistake, call, describe, describe_tree, diagnose, exercise
+from . import Case, Mismatch, Mistake, Said, call, describe, describe_tree, diagnose, exercise, placement
 
 # Graded hints, weakest first (the exercise framework shows them one at a time).
 HINTS = {
@@ -75,11 +75,51 @@ def _watch(module, attribute, calls):
         setattr(module, attribute, original)
 
 
+def _orbax_as_saved(directory, like, devices):
+    import orbax.checkpoint as ocp
+    with ocp.CheckpointManager(directory) as manager:
+        return manager.restore(manager.latest_step())["state"]
+
+
+_LIKE = "like='s values (zeros): restore the checkpoint, not like=."
+MISTAKES_11_1 = [
+    Mistake("state and extra", "It returned (state, extra); return only the state.",
+            lambda d, like, devs: checkpoint.restore(d, like, devices=devs)),
+    Mistake("like's devices", "Those are the devices of like='s arrays: given like= alone, the restore puts each "
+            "array where like='s array is. Pass the devices to the restore.",
+            lambda d, like, devs: checkpoint.restore(d, like)[0]),
+    Mistake("the first devices", "Those are the first {n} device(s), not the ones you were given (the checker "
+            "gives you the last ones): use the devices argument itself.",
+            lambda d, like, devs: checkpoint.restore(d, like, devices=jax.devices()[:len(devs)])[0]),
+    Mistake("where it was saved", "Those are all the devices it was saved from: with no placement asked for, the "
+            "restore puts each array back where it was saved.", _orbax_as_saved),
+    Mistake("like, not restored", "These are " + _LIKE, lambda d, like, devs: jax.device_put(
+        like, checkpoint.replicated_on(devs))),
+    Mistake("the oldest step", "These are the oldest step's values; restore the newest step in the directory "
+            "(where steps 9 and 10 are saved, 10: numbers, not text, decide).",
+            lambda d, like, devs: checkpoint.restore(d, like, step=checkpoint.steps(d)[0], devices=devs)[0]),
+]
+
+
+def _onto_runner(seen):
+    """(the state, where each leaf lives); what the restore was asked for and where Orbax read, kept in seen."""
+    def run(fn, case):
+        directory, like, target = case.args
+        restores, reads = [], []
+        with _watch(checkpoint, "restore", restores), _watch(checkpoint.Checkpoints, "restore", restores), \
+                _orbax_reads(reads) as watching:
+            got = call(fn, directory, like, target, name="restore_onto")
+        seen[case.label] = (restores, reads, watching)
+        where = lambda a: Said(placement(a) + ("" if not isinstance(a, jax.Array)
+                                               or a.sharding.is_fully_replicated else ", split"))
+        return got, jax.tree.map(where, got)
+    return run
+
+
 @exercise("11.1", "Restore a checkpoint saved from 8 devices onto the devices you are given",
           solution=solution_restore_onto)
 def check_restore_onto(restore_onto):
     devs = jax.devices()
-    on_all = checkpoint.replicated_on(devs)
     rng = np.random.default_rng(3)
     # two runs: another structure, other dtypes, steps past 9 (the newest is 10, after 9), other device counts
     runs = [({"params": {"w": jnp.arange(4.0), "b": jnp.float32(0.5)}, "step": jnp.int32(100)}, [100],
@@ -88,81 +128,30 @@ def check_restore_onto(restore_onto):
                "b": jnp.asarray(rng.standard_normal(5), jnp.bfloat16)},
               (jnp.asarray(rng.integers(0, 9, 6), jnp.int32), jnp.float32(-2.5))], [9, 10],
              [min(2, len(devs))])]
+    seen, cases = {}, []
     with tempfile.TemporaryDirectory() as tmp:
         for run, (saved, steps, counts) in enumerate(runs):
-            _check_restore_onto_run(restore_onto, pathlib.Path(tmp) / f"run{run}", saved, steps, counts, devs,
-                                    on_all)
-    return "the saved state came back bit for bit, whole on each of the devices you were given."
-
-
-def _check_restore_onto_run(restore_onto, directory, saved, steps, counts, devs, on_all):
-    like = jax.tree.map(jnp.zeros_like, saved)
-    for step in steps:     # older steps hold other values: only the newest is right
-        values = saved if step == steps[-1] else jax.tree.map(lambda a: (a * 0 + 7).astype(a.dtype), saved)
-        checkpoint.save(directory, step, jax.device_put(values, on_all), {"position": step})
-    for count in counts:
-        target = devs[len(devs) - count:]   # the last devices, so "the first n" or "all" is caught
-        restores, reads = [], []
-        with _watch(checkpoint, "restore", restores), _watch(checkpoint.Checkpoints, "restore", restores), \
-                _orbax_reads(reads) as watching:
-            got = call(restore_onto, directory, like, target, name="restore_onto")
-        what = f"restore_onto(directory, like, devices={count} device(s))"
-        if isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], dict):
-            raise Mismatch(f"{what} returned (state, extra); return only the state.")
-        if not _same_structure(got, saved):
-            raise Mismatch(f"{what} should return the whole state with the saved structure "
-                           f"{jax.tree.structure(saved)}; got {describe_tree(got)}.")
-        for path, leaf in jax.tree_util.tree_flatten_with_path(got)[0]:
-            name = jax.tree_util.keystr(path)
-            if not isinstance(leaf, jax.Array):
-                raise Mismatch(f"{what}: leaf {name} is {describe(leaf)}, not a jax.Array on the devices.")
-            if set(leaf.devices()) != set(target):
-                ids = sorted(d.id for d in leaf.devices())
-                like_devices = {d for x in jax.tree.leaves(like) for d in x.devices()}
-                if set(leaf.devices()) == like_devices and like_devices != set(target):
-                    why = (" Those are the devices of like='s arrays: given like= alone, the restore puts each "
-                           "array where like='s array is. Pass the devices to the restore.")
-                elif set(leaf.devices()) == set(devs) and count < len(devs):
-                    why = (" Those are all the devices it was saved from: with no placement asked for, the "
-                           "restore puts each array back where it was saved.")
-                elif ids == sorted(d.id for d in devs[:count]) and set(devs[:count]) != set(target):
-                    why = (f" Those are the first {count} device(s), not the ones you were given (the checker "
-                           "gives you the last ones): use the devices argument itself.")
-                else:
-                    why = " Put every leaf on exactly the devices you were given, all of them."
-                raise Mismatch(f"{what}: leaf {name} lives on devices {ids}; expected ids "
-                               f"{[d.id for d in target]}.{why}")
-            if not leaf.sharding.is_fully_replicated:
-                raise Mismatch(f"{what}: leaf {name} is split over the devices; the saved state is replicated.")
-        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(saved)):
-            if a.dtype != b.dtype:
-                raise Mismatch(f"{what} returned a {a.dtype} leaf where the checkpoint holds {b.dtype}: restore "
-                               "into the saved dtypes, and cast only if you mean to change the numbers.")
-            try:
-                a = np.asarray(a)
-            except Exception as e:  # e.g. an array that was deleted or donated
-                raise Mismatch(f"{what} returned an array that cannot be read ({type(e).__name__}).") from None
-            if a.tobytes() != np.asarray(b).tobytes():
-                older = (f": they are step {steps[0]}'s; the newest step in the directory is {steps[-1]}."
-                         if len(steps) > 1 and np.all(a == 7)
-                         else ": like='s values (zeros): restore the checkpoint, not like=."
-                         if np.all(a == 0) and np.any(np.asarray(b) != 0) else ".")
-                raise Mismatch(f"{what} returned values that differ from the saved ones, e.g. {a.reshape(-1)[:4]} "
-                               f"instead of {np.asarray(b).reshape(-1)[:4]}{older}")
-        elsewhere = [r for r in reads if r == "host" or r is None or set(r.device_set) != set(target)]
-        if restores and not any(k.get("devices") is not None or k.get("sharding") is not None
-                                for k in restores) or watching and elsewhere:
-            if watching and elsewhere and any(k.get("devices") is not None or k.get("sharding") is not None
-                                              for k in restores) or not restores:
-                where = "the host" if "host" in elsewhere else "other devices than the ones you were given"
-                raise Mismatch(f"{what}: the values and devices are right, but Orbax read the arrays onto {where} "
-                               "and they were moved afterwards: a second copy, and on a large model a second trip "
-                               "through memory. Ask the restore itself for the devices you were given, so that "
-                               "each array is read straight onto them.")
-            raise Mismatch(f"{what}: the values and devices are right, but checkpoint.restore read the arrays "
-                           "onto the devices of like= and they were moved afterwards: a second copy, and on "
-                           "a large model a second trip through device memory. Pass devices= to "
-                           "checkpoint.restore, so that Orbax reads each array straight onto those devices.")
+            directory = pathlib.Path(tmp) / f"run{run}"
+            for step in steps:     # older steps hold other values: only the newest is right
+                values = saved if step == steps[-1] else jax.tree.map(lambda a: (a * 0 + 7).astype(a.dtype), saved)
+                checkpoint.save(directory, step, jax.device_put(values, checkpoint.replicated_on(devs)),
+                                {"position": step})
+            cases += [Case((directory, jax.tree.map(jnp.zeros_like, saved), devs[len(devs) - count:]),
+                           f"restore_onto(directory of steps {steps}, like, devices={count} device(s))", n=count)
+                      for count in counts]      # the last devices, so "the first n" or "all" is caught
+        diagnose(restore_onto, cases, solution=solution_restore_onto, mistakes=MISTAKES_11_1,
+                 run=_onto_runner(seen), name="restore_onto")
+    for case in cases:          # the mechanism: read straight onto the devices, not read elsewhere and moved
+        restores, reads, watching = seen[case.label]
+        elsewhere = [r for r in reads if r == "host" or r is None or set(r.device_set) != set(case.args[2])]
+        asked = any(k.get("devices") is not None or k.get("sharding") is not None for k in restores)
+        if watching and elsewhere or restores and not asked:
+            raise Mismatch(f"{case.label}: the values and devices are right, but the restore read the arrays onto "
+                           f"{'the host' if 'host' in elsewhere else 'other devices than the ones you were given'} "
+                           "and they were moved afterwards: a second copy, and on a large model a second trip "
+                           "through memory. Ask the restore itself for the devices you were given: Pass devices= "
+                           "to checkpoint.restore, so that each array is read straight onto them.")
+    return "the saved state came back, its values and dtypes, whole on each of the devices you were given."
 
 
 # ----------------------------------------------------------------------------------------------

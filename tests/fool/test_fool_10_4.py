@@ -110,7 +110,7 @@ WRONG = [
     ("the local loss", lambda l, o: fsdp(l, o, pmean_loss=False), "average it over the mesh axis"),
     ("bfloat16 compute", lambda l, o: fsdp(l, o, dtype=jnp.bfloat16), "bfloat16"),
     ("its own SGD, another learning rate", own_sgd(0.1), "5x too small"),
-    ("its own SGD, the first case's rate", own_sgd(0.5), "the first step's update"),
+    ("its own SGD, the first case's rate", own_sgd(0.5), "['first update']"),
     ("no step", lambda l, o: "step", "expected the step function"),
     ("plain SGD, no optimizer call", plain_sgd_no_optimizer, "never calls the update of the optimizer"),
     ("divided by n twice (4x too small on 4 devices)", lambda l, o: fsdp(l, o, divide=lambda n: n * n),

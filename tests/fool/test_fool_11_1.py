@@ -70,11 +70,11 @@ WRONG = {
     "the first n devices": (_first_devices, "the first 4 device(s), not the ones you were given"),
     "restored, then moved": (_restore_then_move, "Pass devices= to checkpoint.restore"),
     "like moved, not restored": (_like_moved, "restore the checkpoint, not like="),
-    "an older step": (_oldest_step, "the newest step in the directory is 10"),
+    "an older step": (_oldest_step, "restore the newest step in the directory"),
     "float16 target": (_half_precision, "float16"),
-    "only the params": (_params_only, "whole state with the saved structure"),
+    "only the params": (_params_only, "expected dict{'params'"),
     "Orbax with no target": (_orbax_without_target, "all the devices it was saved from"),
-    "one device of those given": (_one_device, "exactly the devices you were given"),
+    "one device of those given": (_one_device, "expected on devices [4, 5, 6, 7], got on device 4"),
 }
 
 
