@@ -88,9 +88,9 @@ def _arrays_only(d, like, mesh):               # drops the scalar leaves
 WRONG = {
     "no target": (_no_target, "devices it was saved from"),
     "every leaf whole": (_all_whole, "Keep each leaf's PartitionSpec"),
-    "the first devices": (_first_devices, "the mesh you were given holds"),
+    "the first devices": (_first_devices, "over devices [4, 5, 6, 7], got split as"),
     "bfloat16 target": (_bfloat16, "bfloat16"),
-    "step 7 written in": (_step_seven, "values of step 7"),
+    "step 7 written in": (_step_seven, "expected the values of step 10, got the values of step 7"),
     "newest step by its name as text": (_newest_by_text, "compared as text"),
     "the oldest step": (_oldest_step, "You restored the oldest step"),
     "restored where saved, then moved": (_then_move, "onto the sharding stored in the checkpoint"),
@@ -98,7 +98,7 @@ WRONG = {
     "course_lib instead of Orbax": (_course_lib, "called course_lib's checkpoint.restore"),
     "the lesson's rule for every leaf": (_lesson_rule, "Keep each leaf's PartitionSpec"),
     "axis name 'data' written in": (_axis_data, "names its axis differently"),
-    "only the arrays": (_arrays_only, "whole saved state"),
+    "only the arrays": (_arrays_only, "expected dict{"),
 }
 
 
