@@ -18,7 +18,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import Mismatch, Mistake, _NotStarted, call, describe, describe_tree, difference, exercise, same
+from . import Case, Mismatch, Mistake, Said, _NotStarted, call, describe, describe_tree, diagnose, difference, exercise, same
 
 AXIS = "data"
 
@@ -212,57 +212,84 @@ def _spec_names(spec) -> list[str]:
     return names
 
 
-def _check_specs(specs, shapes, mesh, where, names_only=False):
-    """Every spec valid, on 'fsdp' only, on an axis the fsdp size divides, and on one wherever one exists.
-    With ``names_only``, only the structure and the mesh axes each spec names."""
-    size = mesh.shape["fsdp"]
-    if isinstance(specs, NamedSharding) or any(isinstance(s, NamedSharding) for s in jax.tree.leaves(
-            specs, is_leaf=lambda s: isinstance(s, NamedSharding))):
+def _kind(name, spec, shape, size) -> Said:
+    """What a spec does to one array, in words: the same words for every right spec of that array."""
+    leaf = f"params{name} {shape}"
+    if not isinstance(spec, P):
+        return Said(f"{leaf}: {spec!r:.60}, not a PartitionSpec (P from jax.sharding)")
+    names = _spec_names(spec)
+    unknown = [a for a in names if a not in MESH_AXES]
+    axis = next((i for i, entry in enumerate(spec) if entry is not None), None)
+    divisible = [i for i, length in enumerate(shape) if length % size == 0]
+    if unknown:
+        return Said(f"{leaf}: {spec} names {unknown[0]!r}, not an axis of the mesh (its axes are {MESH_AXES})")
+    if len(spec) > len(shape):
+        return Said(f"{leaf}: {spec} has {len(spec)} entries; the array has only {len(shape)} axes")
+    if "data" in names:
+        return Said(f"{leaf}: split over 'data' ({spec}), gathered across the groups, on the slow links")
+    if axis is None:
+        return Said(f"{leaf}: whole" if not divisible else f"{leaf}: stays whole on every device, although its "
+                    f"axis {divisible[0]} (length {shape[divisible[0]]}) splits over the {size} devices of 'fsdp'")
+    if names.count("fsdp") > 1 or shape[axis] % size:
+        return Said(f"{leaf}: {spec}, along axis {axis} of length {shape[axis]}, which the {size} devices of "
+                    "'fsdp' do not divide")
+    return Said(f"{leaf}: split over 'fsdp' along an axis it divides")
+
+
+def _specs_runner(fn, case):
+    """What each of ``fn``'s specs does, in words (the mesh axes named, the axis split, whether it divides)."""
+    mesh_shape, shapes, _ = _hybrid_cases()[case.args[0]]
+    mesh = jax.make_mesh(mesh_shape, MESH_AXES, devices=jax.devices()[:mesh_shape[0] * mesh_shape[1]])
+    specs = call(fn, jax.tree.map(jnp.asarray, _cnn_params(shapes, 40 + case.args[0])), mesh, name="fsdp_specs",
+                 hints=_NESTED)
+    if any(isinstance(s, NamedSharding) for s in jax.tree.leaves(specs, is_leaf=lambda s: isinstance(
+            s, NamedSharding))):
         raise Mismatch("fsdp_specs returned NamedShardings; return the PartitionSpecs themselves (the checker places "
                        "the arrays on its meshes with them).")
-    want_structure = jax.tree.structure(shapes, is_leaf=lambda s: isinstance(s, tuple))
-    got_structure = jax.tree.structure(specs, is_leaf=lambda s: isinstance(s, P))
-    if got_structure != want_structure:
+    if jax.tree.structure(specs, is_leaf=lambda s: isinstance(s, P)) != jax.tree.structure(
+            shapes, is_leaf=lambda s: isinstance(s, tuple)):
         raise Mismatch(f"fsdp_specs should return a dict shaped like params (one PartitionSpec per array, the same "
                        f"keys); got {describe_tree(specs)}.")
-    flat_specs = jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P))
-    whole_leaf = None
-    flat = zip(_leaf_names(jax.tree.map(lambda s: 0, shapes, is_leaf=lambda s: isinstance(s, tuple))), flat_specs,
-               jax.tree.leaves(shapes, is_leaf=lambda s: isinstance(s, tuple)))
-    for (name, _), spec, shape in flat:
-        leaf = f"params{name}, shape {shape},"
-        if not isinstance(spec, P):
-            raise Mismatch(f"{where}: the spec for {leaf} is {spec!r:.80}, not a PartitionSpec (P from "
-                           "jax.sharding).")
-        names = _spec_names(spec)
-        unknown = [a for a in names if a not in MESH_AXES]
-        if unknown:
-            raise Mismatch(f"{where}: the spec for {leaf} {spec}, names {unknown[0]!r}, which is not an axis of "
-                           f"the mesh (its axes are {MESH_AXES}).")
-        if "data" in names:
-            raise Mismatch(f"{where}: {leaf} is split over 'data' ({spec}). In hybrid sharding each 'data' group "
-                           "holds a whole copy of the parameters, split only within the group over 'fsdp': an "
-                           "array split over 'data' is gathered across the groups, on the slow links.")
-        if names_only:
-            continue
-        if len(spec) > len(shape):
-            raise Mismatch(f"{where}: the spec for {leaf} {spec}, has {len(spec)} entries; the array has only "
-                           f"{len(shape)} axes.")
-        if names.count("fsdp") > 1:
-            raise Mismatch(f"{where}: the spec for {leaf} {spec}, uses 'fsdp' twice; a mesh axis can split one "
-                           "array axis only.")
-        axis = next((i for i, entry in enumerate(spec) if entry is not None), None)
-        if axis is not None and shape[axis] % size:
-            raise Mismatch(f"{where}: {leaf} is split over 'fsdp' along axis {axis}, of length {shape[axis]}; on "
-                           f"this mesh 'fsdp' has {size} devices, which do not divide it. Choose, per array, an "
-                           "axis the mesh's 'fsdp' size divides (read the size from the mesh you are given).")
-        divisible = [i for i, length in enumerate(shape) if length % size == 0]
-        if axis is None and divisible and whole_leaf is None:      # reported after every leaf's axis is checked
-            whole_leaf = Mismatch(f"{where}: {leaf} stays whole on every device, although its axis {divisible[0]} "
-                           f"(length {shape[divisible[0]]}) splits over the {size} devices of 'fsdp'. FSDP splits "
-                           "every array it can: a whole copy per device is data parallelism's memory.")
-    if whole_leaf is not None:
-        raise whole_leaf
+    kinds = [_kind(name, spec, shape, mesh.shape["fsdp"]) for (name, _), spec, shape in zip(
+        _leaf_names(jax.tree.map(lambda s: 0, shapes, is_leaf=lambda s: isinstance(s, tuple))),
+        jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P)), jax.tree.leaves(
+            shapes, is_leaf=lambda s: isinstance(s, tuple)))]
+    axes = [k if "'data'" in k or "not " in k else Said("on 'fsdp' only, or whole") for k in kinds]
+    return axes, kinds                  # the mesh axes first: an array split over 'data' is the main error
+
+
+def _specs_as(axis_of, names=lambda mesh, a, i: "fsdp"):
+    """fsdp_specs with one mistake: ``axis_of(mesh, array)`` picks the axis to split (None: whole)."""
+    def fsdp_specs(params, mesh):
+        def spec(a):
+            i = axis_of(mesh, a)
+            return P() if i is None else P(*[None] * i, names(mesh, a, i))
+        return jax.tree.map(spec, params)
+    return fsdp_specs
+
+
+def _first(size):
+    return lambda mesh, a: next((i for i, n in enumerate(a.shape) if n % size(mesh) == 0), None)
+
+
+_HYBRID = ("In hybrid sharding each 'data' group holds a whole copy of the parameters, split only within the group "
+           "over 'fsdp': an array split over 'data' is gathered across the groups, on the slow links.")
+MISTAKES_12_1 = [
+    Mistake("over data", "Every array is split over 'data' where it can be. " + _HYBRID,
+            _specs_as(_first(lambda m: m.shape["data"]), lambda m, a, i: "data")),
+    Mistake("over both axes", "That is plain FSDP over all the devices where it fits. " + _HYBRID, _specs_as(
+        lambda m, a: _first(lambda m: m.size)(m, a) if _first(lambda m: m.size)(m, a) is not None else _first(
+            lambda m: m.shape["fsdp"])(m, a), lambda m, a, i: ("data", "fsdp") if a.shape[i] % m.size == 0
+        else "fsdp")),
+    Mistake("always axis 0", "Every array is split along its first axis, whatever its length. Choose, per array, "
+            "an axis the mesh's 'fsdp' size divides (read the size from the mesh you are given).",
+            _specs_as(lambda m, a: 0 if a.ndim else None)),
+    Mistake("always the last axis", "Every array is split along its last axis, whatever its length. Choose, per "
+            "array, an axis the mesh's 'fsdp' size divides (read the size from the mesh you are given).",
+            _specs_as(lambda m, a: a.ndim - 1 if a.ndim else None)),
+    Mistake("nothing split", "Every array stays whole on every device: that is data parallelism's memory. FSDP "
+            "splits every array it can.", _specs_as(lambda m, a: None)),
+]
 
 
 _NESTED = {"'dict' object has no attribute": "The params given are a nested pytree, not a flat dict of arrays: "
@@ -275,53 +302,33 @@ _NESTED = {"'dict' object has no attribute": "The params given are a nested pytr
           solution=solution_fsdp_specs,
           returns="a dict like params of PartitionSpecs, split over 'fsdp' only")
 def check_fsdp_specs(fsdp_specs):
-    if not callable(fsdp_specs):
-        raise Mismatch(f"expected a function fsdp_specs(params, mesh); got {describe_tree(fsdp_specs)}.")
+    cases = [Case((i,), f"on a {m[0]} x {m[1]} mesh", n=m[0] * m[1])       # the widest 'fsdp' first: all 8
+             for i, (m, _, _) in reversed(list(enumerate(_hybrid_cases())))]   # devices divide some axes
+    diagnose(fsdp_specs, cases, solution=solution_fsdp_specs, mistakes=MISTAKES_12_1, run=_specs_runner,
+             name="fsdp_specs")
     passed = []
-    for case, (mesh_shape, shapes, optimizer) in enumerate(_hybrid_cases()):      # the axes named, on every mesh
+    for case, (mesh_shape, shapes, optimizer) in enumerate(_hybrid_cases()):     # one step with the specs
         mesh = jax.make_mesh(mesh_shape, MESH_AXES, devices=jax.devices()[:mesh_shape[0] * mesh_shape[1]])
-        specs = call(fsdp_specs, jax.tree.map(jnp.asarray, _cnn_params(shapes, 40 + case)), mesh, name="fsdp_specs",
-                     hints=_NESTED)
-        _check_specs(specs, shapes, mesh, f"on a {mesh_shape[0]} x {mesh_shape[1]} mesh", names_only=True)
-    for case, (mesh_shape, shapes, optimizer) in enumerate(_hybrid_cases()):
-        mesh = jax.make_mesh(mesh_shape, MESH_AXES, devices=jax.devices()[:mesh_shape[0] * mesh_shape[1]])
-        where = f"on a {mesh_shape[0]} x {mesh_shape[1]} mesh"
         host = _cnn_params(shapes, 40 + case)
-        given = jax.tree.map(jnp.asarray, host)
-        specs = call(fsdp_specs, given, mesh, name="fsdp_specs", hints=_NESTED)
-        _check_specs(specs, shapes, mesh, where)
+        specs = fsdp_specs(jax.tree.map(jnp.asarray, host), mesh)
         rng = np.random.default_rng(50 + case)
-        batch = 4 * mesh_shape[0] * mesh_shape[1]
-        x = rng.normal(size=(batch, 4, 4, shapes["conv"]["w"][2])).astype(np.float32)
-        y = rng.integers(0, 10, batch).astype(np.int32)
+        x = rng.normal(size=(4 * mesh.size, 4, 4, shapes["conv"]["w"][2])).astype(np.float32)
+        y = rng.integers(0, 10, 4 * mesh.size).astype(np.int32)
         want = _jitted_update(case, False)(host, optimizer.init(host), x, y)
         with jax.set_mesh(mesh):
-            try:
-                params = jax.tree.map(lambda a, s: jax.device_put(a, NamedSharding(mesh, s)), host, specs,
-                                      is_leaf=lambda s: isinstance(s, P))
-            except Exception as e:
-                raise Mismatch(f"{where}: placing the arrays with your specs failed: {type(e).__name__}: "
-                               f"{_no_paths(e).splitlines()[0][:200]}") from None
-            opt_state = optimizer.init(params)
-            both = P(MESH_AXES)
-            xs, ys = jax.device_put(x, both), jax.device_put(y, both)
-            step = _jitted_update(case, True)
-            compiled = step.lower(params, opt_state, xs, ys).compile()
-            new_params, _, loss = step(params, opt_state, xs, ys)
-        if not np.isclose(float(loss), float(want[2]), rtol=1e-5, atol=1e-6):
-            raise Mismatch(f"{where}: the loss is {float(loss):.6f}, expected {float(want[2]):.6f}.")
-        for (name, got), w, spec in zip(_leaf_names(new_params), jax.tree.leaves(want[0]),
-                                        jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P))):
-            if not np.allclose(np.asarray(got), np.asarray(w), rtol=1e-4, atol=1e-5):
-                raise Mismatch(f"{where}: after one step params{name} differs from the single-device step.")
-            if got.sharding.spec != NamedSharding(mesh, spec).spec and \
-                    _spec_names(got.sharding.spec) != _spec_names(spec):
-                raise Mismatch(f"{where}: params{name} came back split as {got.sharding.spec}, not {spec}.")
-        text = compiled.as_text()
+            params = jax.tree.map(lambda a, s: jax.device_put(a, NamedSharding(mesh, s)), host, specs,
+                                  is_leaf=lambda s: isinstance(s, P))
+            args = (params, optimizer.init(params), *jax.device_put((x, y), P(MESH_AXES)))
+            text = _jitted_update(case, True).lower(*args).compile().as_text()
+            got = _jitted_update(case, True)(*args)
+        diff = difference((got[2], got[0]), (want[2], want[0]), rtol=1e-4, atol=1e-5)
+        if diff:
+            raise Mismatch(f"on a {mesh_shape[0]} x {mesh_shape[1]} mesh: after one step with your specs, (loss, "
+                           f"params) differ from the single-device step: {diff}.")
         axes = _gather_axes(text)
         if axes - {"fsdp"}:
-            raise Mismatch(f"{where}: the compiled step gathers over {sorted(axes)}; the parameters should be "
-                           "gathered over 'fsdp' only.")
+            raise Mismatch(f"on a {mesh_shape[0]} x {mesh_shape[1]} mesh: the compiled step gathers over "
+                           f"{sorted(axes)}; the parameters should be gathered over 'fsdp' only.")
         state = sum(int(np.prod(s)) * 4 // (mesh.shape["fsdp"] if _spec_names(spec) else 1) for s, spec in zip(
             jax.tree.leaves(shapes, is_leaf=lambda s: isinstance(s, tuple)),
             jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P))))

@@ -83,7 +83,7 @@ WRONG = [
     (always_axis_0, "do not divide"),                          # a conv kernel's axis 0 is 3
     (nothing_split, "stays whole on every device"),
     (over_data, "split over 'data'"),
-    (over_both_axes, "split over 'data'"),
+    (over_both_axes, "plain FSDP over all the devices"),
     (_first_divisible(lambda mesh: 4), "fsdp"),                  # a size written in: right on the 2 x 4 mesh only
     (matrices_only, "stays whole on every device"),              # biases left whole
     (last_axis_always, "do not divide"),
