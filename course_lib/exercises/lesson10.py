@@ -8,8 +8,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from . import (Case, Mismatch, Mistake, _NotStarted, call, describe, describe_tree, diagnose, difference, exercise,
-               expect_array)
+from . import Case, Mismatch, Mistake, _NotStarted, call, describe, describe_tree, diagnose, exercise
 
 AXIS = "data"
 

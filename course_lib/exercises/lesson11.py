@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import checkpoint, profile
-from . import Case, Mismatch, Mistake, Said, call, describe, describe_tree, diagnose, exercise, placement
+from . import Case, Mismatch, Mistake, Said, call, diagnose, exercise, placement
 
 # Graded hints, weakest first (the exercise framework shows them one at a time).
 HINTS = {

@@ -18,7 +18,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import Case, Mismatch, Mistake, Said, _NotStarted, call, describe, describe_tree, diagnose, difference, exercise, same
+from . import Case, Mismatch, Mistake, Said, call, describe, describe_tree, diagnose, difference, exercise, same
 
 AXIS = "data"
 
@@ -425,70 +425,65 @@ def _fsdp_grads(gather, mesh, specs=SPECS):
 
 def _fsdp_inputs(mesh, seed):
     rng = np.random.default_rng(seed)
-    x = rng.normal(size=(32, D)).astype(np.float32)
-    target = rng.normal(size=(32, D)).astype(np.float32)
-    host = _layer_params()
-    params = {k: jax.device_put(v, NamedSharding(mesh, SPECS[k])) for k, v in host.items()}
-    return host, params, jax.device_put(x, NamedSharding(mesh, P(AXIS))), \
-        jax.device_put(target, NamedSharding(mesh, P(AXIS))), x, target
+    put = lambda v, spec: jax.device_put(v, NamedSharding(mesh, spec))
+    return ({k: put(v, SPECS[k]) for k, v in _layer_params().items()},
+            *(put(rng.normal(size=(32, D)).astype(np.float32), P(AXIS)) for _ in range(2)))
+
+
+def _gather_runner(seen):
+    """(loss, gradients) of the checker's FSDP step with ``fn`` as its gather; its compiled text kept in seen."""
+    def run(fn, case):
+        f, args = _fsdp_grads(fn, _mesh(case.n)), _fsdp_inputs(_mesh(case.n), 200 + case.n)
+        try:
+            seen[case.label] = f.lower(*args).compile().as_text()
+        except _Bad as e:
+            raise Mismatch(_no_paths(e)) from None
+        except Mismatch:
+            raise
+        except Exception:
+            seen[case.label] = None                   # reported with the inputs by call() below
+        try:
+            return call(f, *args, name="the checker's FSDP step with your gather_layer", hints={
+                "unbound axis name": f"The mesh axis is named {AXIS!r}: use that name in the collective.",
+                "cannot reshape": f"Your gather assumes a number of devices; this run has {case.n}. Inside "
+                                  "shard_map, jax.lax.axis_size gives it, or let the collective join the slices "
+                                  "itself."})
+        except Mismatch as e:
+            raise type(e)(_no_paths(e)) from None
+    return run
+
+
+MISTAKES_12_2 = [
+    Mistake("slices reversed", "The slices were joined in reverse device order: the layers ran with other weights "
+            "than the model's. Join them in device order along the axis that was split (the last one).",
+            lambda layer: jax.tree.map(lambda w: jnp.concatenate(list(jax.lax.all_gather(w, AXIS)[::-1]), axis=-1),
+                                       layer)),
+    Mistake("gradient stopped", "No gradient reaches the slices: the gather's result was cut from the gradient path "
+            "(stop_gradient), so its transpose, the reduce-scatter, never runs.",
+            lambda layer: jax.tree.map(lambda w: jax.lax.stop_gradient(solution_gather_layer({"w": w})["w"]), layer)),
+]
 
 
 @exercise("12.2", "Gather one layer's weights inside the scan (FSDP)", solution=solution_gather_layer,
           returns="a dict like `layer`, each leaf whole (its last axis n_devices times longer)")
 def check_gather_layer(gather_layer):
-    if not callable(gather_layer):
-        raise Mismatch(f"expected a function gather_layer(layer); got {describe_tree(gather_layer)}.")
-    for n in _sizes():
-        mesh = _mesh(n)
-        where = f"on {n} devices"
-        host, params, xs, ts, x, target = _fsdp_inputs(mesh, 200 + n)
-        want_loss, want_grads = jax.jit(jax.value_and_grad(_stack_loss), static_argnums=3)(
-            host, x, target, lambda layer: layer)
-        f = _fsdp_grads(gather_layer, mesh)
-        try:
-            text = f.lower(params, xs, ts).compile().as_text()
-        except _NotStarted:
-            raise
-        except _Bad as e:
-            raise Mismatch(f"{where}: {_no_paths(e)}") from None
-        except Exception:
-            text = None
-        try:
-            got = call(f, params, xs, ts, name="the checker's FSDP step with your gather_layer", hints={
-                "unbound axis name": f"The mesh axis is named {AXIS!r}: use that name in the collective.",
-                "cannot reshape": f"Your gather assumes a number of devices; this run has {n}. Inside shard_map, "
-                                  "jax.lax.axis_size gives it, or let the collective join the slices itself.",
-            })
-        except _NotStarted:
-            raise
-        except Mismatch as e:
-            raise Mismatch(f"{where}: {_no_paths(e)}") from None
-        loss, grads = got
-        if not np.isclose(float(loss), float(want_loss), rtol=1e-5, atol=1e-6):
-            raise Mismatch(f"{where}: the loss is {float(loss):.6f}, expected {float(want_loss):.6f}: the layers ran "
-                           "with the wrong weights. The slices must be joined in device order along the axis that "
-                           "was split (the last one), so that each leaf comes back exactly as it was before "
-                           "sharding.")
-        diff = difference({k: grads[k] for k in host}, {k: want_grads[k] for k in host}, n=n, rtol=1e-4, atol=1e-6)
-        if diff:
-            raise Mismatch(f"{where}: the loss is right but the gradients are not: {diff}.")
-        found = compiled_collectives(text or "")
+    cases, seen = [Case((), f"on {n} devices", n=n) for n in _sizes()], {}
+    diagnose(gather_layer, cases, solution=solution_gather_layer, mistakes=MISTAKES_12_2, run=_gather_runner(seen),
+             name="gather_layer", rtol=1e-4, atol=1e-6)
+    for case in cases:
+        found = compiled_collectives(seen[case.label] or "")
         if "all-gather" not in found:
-            raise Mismatch(f"{where}: loss and gradients are right, but the compiled program has no all-gather "
+            raise Mismatch(f"{case.label}: loss and gradients are right, but the compiled program has no all-gather "
                            f"(it holds {', '.join(found) or 'no collectives'}): the slices were combined another "
                            "way, which moves more data. FSDP gathers each layer's weights with an all-gather.")
         if "reduce-scatter" not in found:
-            invariant = "all_gather_invariant" in str(jax.make_jaxpr(f)(params, xs, ts))
-            raise Mismatch(f"{where}: loss and gradients are right, but the compiled program has no reduce-scatter "
-                           f"(it holds {', '.join(found)}): each device receives the whole summed gradient and keeps "
-                           "a slice. " + (
-                               "Your gather is declared the same on every device (all_gather with "
-                               "to=\"invarying\"): jax.grad then sums its gradient everywhere before each device "
-                               "keeps its slice. A plain all_gather's transpose is a reduce-scatter."
-                               if invariant else "FSDP hands each device only its slice of the summed gradient."))
+            raise Mismatch(f"{case.label}: loss and gradients are right, but the compiled program has no "
+                           f"reduce-scatter (it holds {', '.join(found)}): each device receives the whole summed "
+                           "gradient and keeps a slice. If your gather is declared the same on every device "
+                           "(all_gather with to=\"invarying\"), jax.grad sums its gradient everywhere before each "
+                           "device keeps its slice; a plain all_gather's transpose is a reduce-scatter.")
     return ("each layer is gathered whole inside the scan, the compiled step holds all-gathers and their transposes, "
             "reduce-scatters, and the loss and gradients match the unsharded model.")
-
 
 
 # ----------------------------------------------------------------------------------------------
