@@ -91,7 +91,7 @@ MISTAKES_11_1 = [
     Mistake("the first devices", "Those are the first {n} device(s), not the ones you were given (the checker "
             "gives you the last ones): use the devices argument itself.",
             lambda d, like, devs: checkpoint.restore(d, like, devices=jax.devices()[:len(devs)])[0]),
-    Mistake("where it was saved", "Those are all the devices it was saved from: with no placement asked for, the "
+    Mistake("where it was saved", "Those are the devices it was saved from: with no placement asked for, the "
             "restore puts each array back where it was saved.", _orbax_as_saved),
     Mistake("like, not restored", "These are " + _LIKE, lambda d, like, devs: jax.device_put(
         like, checkpoint.replicated_on(devs))),
@@ -121,7 +121,8 @@ def _onto_runner(seen):
 def check_restore_onto(restore_onto):
     devs = jax.devices()
     rng = np.random.default_rng(3)
-    # two runs: another structure, other dtypes, steps past 9 (the newest is 10, after 9), other device counts
+    # two runs: another structure, other dtypes, steps past 9 (the newest is 10, after 9), other device counts;
+    # the second saved from half the devices (so that "where it was saved" and "all devices" part)
     runs = [({"params": {"w": jnp.arange(4.0), "b": jnp.float32(0.5)}, "step": jnp.int32(100)}, [100],
              sorted({min(4, len(devs)), 1}, reverse=True)),
             ([{"w": jnp.asarray(rng.standard_normal((3, 5)), jnp.float32),
@@ -134,8 +135,8 @@ def check_restore_onto(restore_onto):
             directory = pathlib.Path(tmp) / f"run{run}"
             for step in steps:     # older steps hold other values: only the newest is right
                 values = saved if step == steps[-1] else jax.tree.map(lambda a: (a * 0 + 7).astype(a.dtype), saved)
-                checkpoint.save(directory, step, jax.device_put(values, checkpoint.replicated_on(devs)),
-                                {"position": step})
+                checkpoint.save(directory, step, jax.device_put(values, checkpoint.replicated_on(
+                    devs[:len(devs) // 2 or 1] if run else devs)), {"position": step})
             cases += [Case((directory, jax.tree.map(jnp.zeros_like, saved), devs[len(devs) - count:]),
                            f"restore_onto(directory of steps {steps}, like, devices={count} device(s))", n=count)
                       for count in counts]      # the last devices, so "the first n" or "all" is caught
@@ -485,7 +486,7 @@ MISTAKES_11_4 = [
             lambda d, like, mesh: _orbax_restore(d, _onto(like, mesh, lambda x: jax.sharding.PartitionSpec(
                 *[mesh.axis_names[0]][:x.ndim and x.shape[0] % mesh.size == 0])))),
     Mistake("newest by text", "If you picked the step by the directories' names: compared as text, '8' comes after "
-            "'10' and '99' after '100' (the first characters decide); step numbers must be compared as numbers."
+            "'11' and '99' after '100' (the first characters decide); step numbers must be compared as numbers."
             + _NEWEST, lambda d, like, mesh: _orbax_restore(d, _onto(like, mesh), lambda steps: max(
                 steps, key=str))),
     Mistake("the oldest step", "You restored the oldest step the directory holds." + _NEWEST,
@@ -541,7 +542,7 @@ def check_restore_resharded(restore_resharded):
     smaller = [c for c in (4, 2) if c < n] or [n]
     # (case, devices it is saved from, the steps saved in order (the newest last, as Orbax requires), mesh sizes)
     plans = [(_case_a, devs, [7], [smaller[0]]),
-             (_case_a, devs, [7, 8, 10], smaller[1:] or smaller),  # as text "8" > "10"; 7 the oldest
+             (_case_a, devs, [7, 8, 10, 11], smaller[1:] or smaller),  # text: "8" > "11"; 7 the oldest; 10 next
              (_case_b, devs[:n // 2 or 1], [9, 99, 100], [n])]      # as text "99" > "100"; saved from fewer devices
     cases, seen = [], {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -250,11 +250,13 @@ def _specs_runner(fn, case):
             shapes, is_leaf=lambda s: isinstance(s, tuple)):
         raise Mismatch(f"fsdp_specs should return a dict shaped like params (one PartitionSpec per array, the same "
                        f"keys); got {describe_tree(specs)}.")
-    kinds = [_kind(name, spec, shape, mesh.shape["fsdp"]) for (name, _), spec, shape in zip(
-        _leaf_names(jax.tree.map(lambda s: 0, shapes, is_leaf=lambda s: isinstance(s, tuple))),
-        jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P)), jax.tree.leaves(
-            shapes, is_leaf=lambda s: isinstance(s, tuple)))]
-    axes = [k if "'data'" in k or "not " in k else Said("on 'fsdp' only, or whole") for k in kinds]
+    named = list(zip(_leaf_names(jax.tree.map(lambda s: 0, shapes, is_leaf=lambda s: isinstance(s, tuple))),
+                     jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P)),
+                     jax.tree.leaves(shapes, is_leaf=lambda s: isinstance(s, tuple))))
+    kinds = [_kind(name, spec, shape, mesh.shape["fsdp"]) for (name, _), spec, shape in named]
+    axes = [k if any(w in k for w in ("'data'", "not a PartitionSpec", "not an axis")) else
+            Said(f"params{name} {shape}: split over 'fsdp' only, or whole") for k, ((name, _), _, shape) in
+            zip(kinds, named)]
     return axes, kinds                  # the mesh axes first: an array split over 'data' is the main error
 
 

@@ -152,3 +152,41 @@ RIGHT = {
 def test_right_answer_passes(name):
     fb = check("07.2", RIGHT[name])
     assert fb, (name, fb.message)
+
+
+# ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
+# where the numbers confirm it); each right one in another form passes.
+import pytest as _pytest  # noqa: E402
+from course_lib.exercises import check as _check  # noqa: E402
+
+import optax as _optax  # noqa: E402
+
+
+def _step(scale=1.0, loss_red="pmean", two=False):
+    def make(loss_fn, optimizer, mesh):
+        def per(params, opt_state, x, y):
+            local = jax.tree.map(lambda p: jax.lax.pcast(p, "i", to="varying"), params)
+            loss, g = jax.value_and_grad(loss_fn)(local, x, y)
+            g = jax.tree.map(lambda a: a * scale, jax.lax.pmean(g, "i"))
+            u, s = optimizer.update(g, opt_state, params)
+            out = (_optax.apply_updates(params, u), s, getattr(jax.lax, loss_red)(loss, "i"))
+            return out[:2] if two else out
+        return jax.jit(jax.shard_map(per, mesh=mesh, in_specs=SPECS["in_specs"],
+                                     out_specs=SPECS["out_specs"][:2 if two else 3]), donate_argnums=(0, 1))
+    return make
+
+
+FRESH = [
+    ("loss summed, not averaged", _step(loss_red="psum"), "[0][2]: 8x too large, a factor of the device count"),
+    ("only (params, opt_state)", _step(two=True), "should return a triple (params, opt_state, loss)"),
+    ("returns None", lambda l, o, m: None, "returned None: write"),
+]
+
+
+@_pytest.mark.parametrize("answer, fragment", [f[1:] for f in FRESH], ids=[f[0] for f in FRESH])
+def test_a_fresh_answer_gets_what_differs(answer, fragment):
+    fb = _check('07.2', answer)
+    if fragment is None:
+        assert fb, fb.message
+    else:
+        assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message

@@ -90,7 +90,7 @@ WRONG = {
     "every leaf whole": (_all_whole, "Keep each leaf's PartitionSpec"),
     "the first devices": (_first_devices, "over devices [4, 5, 6, 7], got split as"),
     "bfloat16 target": (_bfloat16, "bfloat16"),
-    "step 7 written in": (_step_seven, "expected the values of step 10, got the values of step 7"),
+    "step 7 written in": (_step_seven, "expected the values of step 11, got the values of step 7"),
     "newest step by its name as text": (_newest_by_text, "compared as text"),
     "the oldest step": (_oldest_step, "You restored the oldest step"),
     "restored where saved, then moved": (_then_move, "onto the sharding stored in the checkpoint"),
@@ -126,3 +126,30 @@ def _restore_none_and_specs_from_like(directory, like, mesh):
 def test_right_answers_written_otherwise_pass(answer):
     feedback = check("11.4", answer)
     assert feedback, feedback.message
+
+
+# ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
+# where the numbers confirm it); each right one in another form passes.
+import pytest as _pytest  # noqa: E402
+from course_lib.exercises import check as _check  # noqa: E402
+
+def _second_newest(d, like, mesh):
+    with ocp.CheckpointManager(d) as manager:
+        steps = sorted(manager.all_steps())
+    return _restore(d, _on(mesh, like), step=steps[-2] if len(steps) > 1 else steps[-1])
+
+
+FRESH = [
+    ("the second newest step", _second_newest, "expected the values of step 11, got the values of step 10."),
+    ("like's own shardings", lambda d, like, mesh: _restore(d, like), "devices it was saved from"),
+    ("returns None", lambda d, like, mesh: None, "returned None: write"),
+]
+
+
+@_pytest.mark.parametrize("answer, fragment", [f[1:] for f in FRESH], ids=[f[0] for f in FRESH])
+def test_a_fresh_answer_gets_what_differs(answer, fragment):
+    fb = _check('11.4', answer)
+    if fragment is None:
+        assert fb, fb.message
+    else:
+        assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message
