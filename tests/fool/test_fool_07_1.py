@@ -118,7 +118,7 @@ from jax.sharding import PartitionSpec as _P  # noqa: E402
 from course_lib.exercises.lesson07 import solution_ported as _ported  # noqa: E402
 
 
-def _port(reduce, swap=False):
+def _fresh_port(reduce, swap=False):
     def ported(x, w, mesh):
         def per(xb, wb):
             h = _jnp.tanh(xb @ wb)
@@ -129,9 +129,9 @@ def _port(reduce, swap=False):
 
 
 FRESH = [
-    ("pmean times jax.device_count()", _port(lambda t: _jax.lax.pmean(t, "i") * _jax.device_count()),
+    ("pmean times jax.device_count()", _fresh_port(lambda t: _jax.lax.pmean(t, "i") * _jax.device_count()),
      "2x too large, a factor 4/8"),
-    ("outputs swapped", _port(lambda t: _jax.lax.psum(t, "i"), swap=True), "the leading axis of 16 is missing"),
+    ("outputs swapped", _fresh_port(lambda t: _jax.lax.psum(t, "i"), swap=True), "the leading axis of 16 is missing"),
     ("returns None", lambda x, w, m: None, "returned None: write"),
     ("a list, not a tuple", lambda x, w, m: list(_ported(x, w, m)), None),
 ]
