@@ -50,7 +50,7 @@ def test_11_1_restore_onto():
     not_restored = check("11.1", lambda d, like, devs: jax.device_put(like, checkpoint.replicated_on(devs)))
     assert "restore the checkpoint, not like=" in not_restored.message
     wrong_structure = check("11.1", lambda d, like, devs: [1, 2])
-    assert not wrong_structure and "saved structure" in wrong_structure.message
+    assert not wrong_structure and "expected dict{'params'" in wrong_structure.message
 
 
 def test_11_2_collective_fraction():
@@ -149,28 +149,28 @@ def test_11_4_restore_resharded_right_answers():
 
 
 def test_11_4_wrong_answers_are_named():
-    assert "lives on devices [0, 1, 2, 3, 4, 5, 6, 7]" in wrong("11.4", lambda d, like, mesh: _restore(d, like))
+    assert "over devices [0, 1, 2, 3, 4, 5, 6, 7]" in wrong("11.4", lambda d, like, mesh: _restore(d, like))
     assert "Keep each leaf's PartitionSpec" in wrong("11.4", lambda d, like, mesh: _restore(d, _on(mesh, like, P())))
     first = lambda d, like, mesh: _restore(d, _on(jax.make_mesh(mesh.devices.shape, ("data",),
                                                                 devices=jax.devices()[:mesh.size]), like))
-    assert "the mesh you were given holds [4, 5, 6, 7]" in wrong("11.4", first)   # fine on 8, wrong on 4
+    assert "expected split as P('data',) over devices [4, 5, 6, 7]" in wrong("11.4", first)   # fine on 8, wrong on 4
     assert "bfloat16" in wrong("11.4", lambda d, like, mesh: _restore(d, _on(mesh, like, dtype=jnp.bfloat16)))
-    assert "return only the restored state" in wrong("11.4", lambda d, like, mesh: (_restore(d, _on(mesh, like)), 7))
+    assert "got tuple" in wrong("11.4", lambda d, like, mesh: (_restore(d, _on(mesh, like)), 7))
     fresh = lambda d, like, mesh: {k: jax.device_put(jnp.zeros(x.shape, x.dtype), NamedSharding(mesh, x.sharding.spec))
                                    for k, x in like.items()}
-    assert "Orbax read no array" in wrong("11.4", fresh) or "other values" in wrong("11.4", fresh)
+    assert "got values that no saved step holds" in wrong("11.4", fresh)
     assert "raised ZeroDivisionError" in wrong("11.4", lambda d, like, mesh: 1 / 0)
 
 
 def test_11_4_skipping_the_target_is_caught():
     def then_move(d, like, mesh):                 # restore where it was saved, then move
         state = _restore(d, None)
-        return {k: jax.device_put(v, NamedSharding(mesh, like[k].sharding.spec)) for k, v in state.items()}
+        return jax.tree.map(lambda x, v: jax.device_put(v, NamedSharding(mesh, x.sharding.spec)), like, state)
     assert "read the arrays onto the sharding stored in the checkpoint" in wrong("11.4", then_move)
 
     def via_host(d, like, mesh):                  # read as NumPy on the host, then place
         state = _restore(d, jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), like))
-        return {k: jax.device_put(v, NamedSharding(mesh, like[k].sharding.spec)) for k, v in state.items()}
+        return jax.tree.map(lambda x, v: jax.device_put(v, NamedSharding(mesh, x.sharding.spec)), like, state)
     assert "onto the host (NumPy)" in wrong("11.4", via_host)
     assert lesson11._orbax_reads                  # the checker put Orbax's handlers back
     from orbax.checkpoint._src.serialization import jax_array_handlers
@@ -187,8 +187,8 @@ def test_11_1_names_the_first_devices_and_the_saved_ones():
     def orbax_without_target(d, like, devs):
         with ocp.CheckpointManager(d) as manager:
             return manager.restore(manager.latest_step())["state"]
-    assert "all the devices it was saved from" in wrong("11.1", orbax_without_target)
-    assert "exactly the devices you were given" in wrong(
+    assert "the devices it was saved from" in wrong("11.1", orbax_without_target)
+    assert "expected on devices [4, 5, 6, 7], got on device 4" in wrong(
         "11.1", lambda d, like, devs: checkpoint.restore(d, like, devices=devs[:1])[0])
 
 
@@ -229,13 +229,13 @@ def test_11_3_numbers_in_other_forms_pass_and_sorting_in_place_is_named():
 def test_11_4_one_rule_for_every_leaf_fails():
     every_leaf_split = lambda d, like, mesh: _restore(d, jax.tree.map(lambda x: jax.ShapeDtypeStruct(
         x.shape, x.dtype, sharding=NamedSharding(mesh, P("data") if x.ndim else P())), like))
-    assert "Keep each leaf's PartitionSpec" in wrong("11.4", every_leaf_split)
+    assert "expected split as P() over devices [4, 5, 6, 7], got split as P('data',)" in wrong("11.4", every_leaf_split)
 
     def notebook_rule(d, like, mesh):          # lesson 11's fsdp_shardings: split where the first axis divides
         size = mesh.shape["data"]
         return _restore(d, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(
             mesh, P("data") if x.ndim and x.shape[0] % size == 0 else P())), like))
-    assert "Keep each leaf's PartitionSpec" in wrong("11.4", notebook_rule)
+    assert "expected split as P() over devices [4, 5, 6, 7], got split as P('data',)" in wrong("11.4", notebook_rule)
 
 
 def test_11_4_the_newest_step_not_a_number_read_in_the_text():
@@ -243,8 +243,8 @@ def test_11_4_the_newest_step_not_a_number_read_in_the_text():
         with ocp.CheckpointManager(d) as manager:
             return manager.restore(7, args=ocp.args.StandardRestore(_on(mesh, like)))
     message = wrong("11.4", step_seven)
-    assert "values of step 7" in message and "newest step is 10" in message
-    assert "You restored the oldest step" in message and "compared as text" not in message
+    assert "expected the values of step 11, got the values of step 7" in message
+    assert "compared as text" not in message
 
     def newest_by_none(d, like, mesh):         # restore(None) is Orbax's "newest" too
         with ocp.CheckpointManager(d) as manager:
@@ -267,7 +267,8 @@ def test_11_4_course_lib_other_layouts_and_device_order_are_named():
 
     reversed_mesh = lambda d, like, mesh: _restore(d, _on(jax.make_mesh(
         (mesh.size,), mesh.axis_names, devices=list(mesh.devices.flat)[::-1]), like))
-    assert "another order than the mesh you were given" in wrong("11.4", reversed_mesh)
+    assert "over devices [4, 5, 6, 7], got split as P('data',) over devices [7, 6, 5, 4]" in wrong(
+        "11.4", reversed_mesh)
 
     def mutates(d, like, mesh):
         for k in like:

@@ -9,8 +9,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import (Case, Mismatch, Mistake, call, describe_tree, diagnose, difference, exercise, expect_scalar,
-               expect_structure, primitives)
+from . import Case, Mismatch, Mistake, call, describe_tree, diagnose, exercise, primitives
 from .lesson06 import AXIS, _mesh, _spec
 
 
@@ -236,11 +235,6 @@ def solution_make_sharded_step(loss_fn, optimizer, mesh):
     return jax.jit(step, donate_argnums=(0, 1))
 
 
-def _tree_norm(tree) -> float:
-    return float(np.sqrt(sum(np.sum(np.square(np.asarray(v, np.float64))) for v in jax.tree.leaves(tree)
-                             if np.issubdtype(np.asarray(v).dtype, np.floating))))
-
-
 def _collectives(hlo: str) -> dict:
     names = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
     return {c: len(re.findall(rf" {c}(?:-start)?\(", hlo)) for c in names}
@@ -280,34 +274,93 @@ def _cases(rng):
     return cases
 
 
-def _reference(loss_fn, tx, params0, batches):
-    """One device, the whole global batch each step: what every data-parallel step must reproduce."""
-    @jax.jit
-    def step(params, state, x, y):
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-        updates, state = tx.update(grads, state, params)
-        return optax.apply_updates(params, updates), state, loss, grads
+def _step_as(pcast=True, reduce=jax.lax.pmean, mean_loss=True, new_state=True, check_vma=True):
+    """make_sharded_step with one mistake: no pcast, another collective (or none), the loss of one device, the
+    state that came in returned."""
+    def make(loss_fn, optimizer, mesh):
+        def per_device(params, opt_state, x, y):
+            local = jax.tree.map(lambda p: jax.lax.pcast(p, "i", to="varying"), params) if pcast else params
+            loss, grads = jax.value_and_grad(loss_fn)(local, x, y)
+            grads = reduce(grads, "i") if reduce else grads
+            loss = jax.lax.pmean(loss, "i") if mean_loss else loss
+            updates, state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), state if new_state else opt_state, loss
+        return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(), P("i"), P("i")),
+                                     out_specs=(P(), P(), P()), check_vma=check_vma), donate_argnums=(0, 1))
+    return make
 
-    params, state, out = params0, tx.init(params0), []
-    for x, y in batches:
-        params, state, loss, grads = step(params, state, x, y)
-        out.append((jax.tree.map(np.asarray, params), jax.tree.map(np.asarray, state), float(loss),
-                    jax.tree.map(np.asarray, grads)))
+
+_SUMMED = ("Under shard_map, the gradient of a replicated (P()) parameter that is not marked varying comes back "
+           "already summed over the devices (lesson 06, section 3)")
+MISTAKES_07_2 = [
+    Mistake("gradient summed", "The optimizer was fed {n} times the mean gradient: the devices' gradients "
+            "were summed, not averaged. Two ways give that: a psum (it sums), or a pmean of gradients that were "
+            "already sums. " + _SUMMED + ". Count the sums your step makes.", _step_as(reduce=jax.lax.psum)),
+    Mistake("summed twice", "The optimizer was fed the gradient summed twice over the devices ({n} x {n} times "
+            "the mean). " + _SUMMED + ", and a psum sums too: count the sums your step makes.",
+            _step_as(pcast=False, reduce=jax.lax.psum)),
+    Mistake("own gradient", "The optimizer was fed device 0's own gradient, from its rows only: the devices' "
+            "gradients were never averaged, and the output returned one device's parameters (nothing checks a "
+            "P() output when check_vma is off).", _step_as(reduce=None, check_vma=False)),
+    Mistake("loss of device 0", "The loss is that of device 0's rows only: average the loss over the devices "
+            "too, not only the gradients.", _step_as(mean_loss=False, check_vma=False)),
+    Mistake("old optimizer state", "The optimizer state returned is the one that came in: return the new state "
+            "that optimizer.update gives, or the next step starts from the old one.", _step_as(new_state=False)),
+]
+
+
+def _steps_runner(make, case):
+    """Run ``make(loss, optimizer, mesh)``'s step for 3 steps: [(params, opt_state, loss) after each]; mechanism
+    facts (the step, the optimizer calls, donation, placement) raise here. The solution's results are cached."""
+    n, loss_fn, params0, batches, tx, label = case.args
+    if make is solution_make_sharded_step and case.label in _SOLVED:
+        return _SOLVED[case.label]
+    mesh, where, spy = _mesh(n), f"on {n} devices with {label} ({loss_fn.__name__})", _Spy(tx)
+    step = call(make, loss_fn, spy.transformation(), mesh, name="make_sharded_step")
+    if not callable(step):
+        raise Mismatch(f"make_sharded_step should return the step function; got {describe_tree(step)}.")
+    replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
+    params, opt_state = jax.device_put((params0, tx.init(params0)), replicated)
+    out = []
+    with jax.set_mesh(mesh):
+        for i, batch in enumerate(batches):
+            try:
+                got = call(step, params, opt_state, *jax.device_put(batch, split), name="step", hints=_step_hints(n))
+            except Mismatch as e:
+                if spy.updates == 0 and "State" in str(e) and not any(f in str(e) for f in _step_hints(n)):
+                    raise Mismatch(f"the step {where} never calls the optimizer it was given (its update), and "
+                                   f"fails: {e} Feed the gradients to the given optimizer's update.") from None
+                raise
+            if spy.updates == 0:
+                raise Mismatch(f"the step {where} never calls the optimizer it was given (its update): "
+                               "make_sharded_step must work for any optax optimizer, so the step feeds the "
+                               "gradients to that optimizer's update.")
+            if not isinstance(got, (tuple, list)) or len(got) != 3:
+                raise Mismatch(f"step should return a triple (params, opt_state, loss); step {i + 1} {where} "
+                               f"returned {describe_tree(got)}.")
+            if jax.tree.structure(got[2]) == jax.tree.structure(opt_state) != jax.tree.structure(got[1]):
+                raise Mismatch(f"step {i + 1} returned the optimizer state third and something else second: "
+                               "return (params, opt_state, loss), in that order.")
+            kept = [name for name, tree in (("parameters", params), ("optimizer state", opt_state))
+                    if not all(getattr(a, "is_deleted", lambda: False)() for a in jax.tree.leaves(tree))]
+            if i == 0 and kept:
+                raise Mismatch(f"after step 1 {where}, the {' and the '.join(kept)} passed in still "
+                               f"exist{'s' if kept == ['optimizer state'] else ''}: the step does not donate "
+                               "them, so the devices hold two copies of the state while it runs. Tell jax.jit "
+                               "which arguments it may reuse (lesson 07, section 2, donation).")
+            for leaf in jax.tree.leaves(got[:2]):
+                if isinstance(leaf, jax.Array) and (len(leaf.devices()) != n or not leaf.sharding.is_fully_replicated):
+                    raise Mismatch(f"the state after step {i + 1} {where} has sharding {_spec(leaf)} on "
+                                   f"{len(leaf.devices())} device(s): it should be replicated on all {n} devices "
+                                   "of the mesh, as it came in, ready for the next step.")
+            params, opt_state = got[0], got[1]
+            out.append(jax.tree.map(np.asarray, tuple(got)))
+    if make is solution_make_sharded_step:
+        _SOLVED[case.label] = out
     return out
 
 
-_REFERENCES: list = []
-
-
-def _cases_with_references():
-    """The checker's cases and one device's results on them, computed once per process (they never change)."""
-    if not _REFERENCES:
-        for case in _cases(np.random.default_rng(7)):
-            n, loss_fn, params0, batches, tx, label = case
-            _REFERENCES.append((case, _reference(loss_fn, tx, params0, batches)))
-    return list(_REFERENCES)
-
-
+_SOLVED: dict = {}
 @exercise("07.2", "The training step in shard_map form, for any loss and optimizer",
           solution=solution_make_sharded_step,
           returns="a jitted step(params, opt_state, x, y) -> (params, opt_state, loss) built with jax.shard_map: "
@@ -322,106 +375,28 @@ def _cases_with_references():
                  "donate_argnums; lesson 07, section 2, \"Your own step, start to finish\", makes the optax calls "
                  "(under sharded jit)."])
 def check_make_sharded_step(make_sharded_step):
-    for (n, loss_fn, params0, batches, tx, label), ref in _cases_with_references():
-        mesh = _mesh(n)
-        where = f"on {n} devices with {label} ({loss_fn.__name__})"
-        spy = _Spy(tx)
-        step = call(make_sharded_step, loss_fn, spy.transformation(), mesh, name="make_sharded_step")
-        if not callable(step):
-            raise Mismatch(f"make_sharded_step should return the step function; got {describe_tree(step)}.")
-        replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P(AXIS))
-        params = jax.device_put(params0, replicated)
-        opt_state = jax.device_put(tx.init(params0), replicated)
+    cases = [Case(c, f"on {c[0]} devices with {c[5]} ({c[1].__name__}), 3 steps", n=c[0])
+             for c in _cases(np.random.default_rng(7))]
+    diagnose(make_sharded_step, cases, solution=solution_make_sharded_step, mistakes=MISTAKES_07_2,
+             run=_steps_runner, name="make_sharded_step", rtol=1e-4, atol=1e-5)
+    for case in cases:                               # the mechanism: shard_map, and an all-reduce of the gradients
+        n, loss_fn, params0, batches, tx, label = case.args
+        mesh, where = _mesh(n), case.label
+        step = make_sharded_step(loss_fn, tx, mesh)
         with jax.set_mesh(mesh):
-            x, y = jax.device_put(batches[0], split)
-            try:
-                inside = [names for _, names in _shard_maps(step, params, opt_state, x, y, name="step", mesh=mesh)]
-            except Mismatch as unreadable:
-                try:
-                    call(step, params, opt_state, x, y, name="step", hints=_step_hints(n))
-                except Mismatch as e:
-                    if spy.updates == 0 and "State" in str(e) and not any(f in str(e) for f in _step_hints(n)):
-                        raise Mismatch(f"the step {where} never calls the optimizer it was given (its update), "
-                                       f"and fails: {e} make_sharded_step must work for any optax optimizer: "
-                                       "feed the gradients to the given optimizer's update.") from None
-                    raise
-                raise unreadable from None
-            if not inside:
+            args = (*jax.device_put((params0, tx.init(params0)), NamedSharding(mesh, P())),
+                    *jax.device_put(batches[0], NamedSharding(mesh, P(AXIS))))
+            if not _shard_maps(step, *args, name="step", mesh=mesh):
                 raise Mismatch(f"the step {where} has no jax.shard_map in its program. This exercise asks for "
                                "the per-device form, where you write the collective yourself (the sharded-jit "
                                "form of lesson 07's last step is not it).")
-            compiled = _compiled_text(step, mesh, params, opt_state, x, y)
-            hlo = compiled and compiled.as_text()
-            # a jitted step: the same program, compiled once, run with donation included
-            run = compiled if compiled is not None and hasattr(step, "lower") else step
-            for i, (x_np, y_np) in enumerate(batches):
-                x, y = jax.device_put((x_np, y_np), split)
-                given = jax.tree.leaves((params, opt_state))
-                out = call(run, params, opt_state, x, y, name="step", hints=_step_hints(n))
-                if i == 0 and spy.updates == 0:
-                    raise Mismatch(f"the step {where} never calls the optimizer it was given (its update): it "
-                                   "updates the parameters some other way. make_sharded_step must work for any "
-                                   "optax optimizer, so the step feeds the gradients to that optimizer's update.")
-                if not isinstance(out, (tuple, list)) or len(out) != 3:
-                    raise Mismatch(f"step should return a triple (params, opt_state, loss); step {i + 1} {where} "
-                                   f"returned {describe_tree(out)}.")
-                new_params, new_state, loss = out
-                if jax.tree.structure(loss) == jax.tree.structure(opt_state) and \
-                        jax.tree.structure(new_state) != jax.tree.structure(opt_state):
-                    raise Mismatch(f"step {i + 1} returned the optimizer state third and something else second: "
-                                   "return (params, opt_state, loss), in that order.")
-                kept = [name for name, tree in (("parameters", params), ("optimizer state", opt_state))
-                        if not all(getattr(a, "is_deleted", lambda: False)() for a in jax.tree.leaves(tree))]
-                if i == 0 and kept:
-                    raise Mismatch(f"after step 1 {where}, the {' and the '.join(kept)} passed in still "
-                                   f"exist{'s' if kept == ['optimizer state'] else ''}: the "
-                                   "step does not donate them, so the devices hold two copies of the state while "
-                                   "it runs. Tell jax.jit which arguments it may reuse (lesson 07, section 2, "
-                                   "donation).")
-                expect_structure(new_params, params0, what=f"the params step {i + 1} returns")
-                if jax.tree.structure(new_state) != jax.tree.structure(opt_state):
-                    raise Mismatch(f"the opt_state step {i + 1} returns has the structure "
-                                   f"{describe_tree(new_state)}; expected the optimizer's own state, as "
-                                   "optimizer.update returns it.")
-                for name, leaf in [*(("a parameter", v) for v in jax.tree.leaves(new_params)),
-                                   *(("an opt_state leaf", v) for v in jax.tree.leaves(new_state))]:
-                    if not isinstance(leaf, jax.Array):
-                        raise Mismatch(f"{name} after step {i + 1} is a {type(leaf).__name__}: keep the state on the "
-                                       "devices, as the step's jax.Array outputs.")
-                    if name == "a parameter" and leaf.dtype != np.float32:
-                        raise Mismatch(f"{name} after step {i + 1} is {np.dtype(leaf.dtype).name}; the parameters "
-                                       "came in as float32. Keep their dtype: no cast in the step.")
-                    if len(leaf.devices()) != n or not leaf.sharding.is_fully_replicated:
-                        raise Mismatch(f"{name} after step {i + 1} {where} has sharding {_spec(leaf)} on "
-                                       f"{len(leaf.devices())} device(s): the new state should be replicated on "
-                                       f"all {n} devices of the mesh, as it came in, ready for the next step.")
-                if hasattr(loss, "dtype") and np.dtype(loss.dtype) != np.float32:
-                    raise Mismatch(f"the loss of step {i + 1} is {np.dtype(loss.dtype).name}; the parameters and the "
-                                   "batch are float32. Compute in their dtype: no cast in the step.")
-                loss = expect_scalar(loss, what=f"the loss of step {i + 1} {where}")
-                ref_params, ref_state, ref_loss, ref_grads = ref[i]
-                if i == 0 and label.startswith("plain SGD"):
-                    _check_fed_gradient(new_params, params0, ref_grads, batches[0], loss_fn, n, where)
-                if i == 0 and not np.isclose(loss, ref_loss, rtol=1e-4, atol=1e-6):
-                    b = len(batches[0][0]) // n
-                    own = float(loss_fn(params0, batches[0][0][:b], batches[0][1][:b]))
-                    if np.isclose(loss, own, rtol=1e-4, atol=1e-6):
-                        raise Mismatch(f"step 1 {where} returned the loss of device 0's rows only ({loss:.4f}; "
-                                       f"the whole batch's is {ref_loss:.4f}): average the loss over the devices "
-                                       "too, not only the gradients.")
-                diff = difference((new_params, new_state, loss), (ref_params, ref_state, ref_loss), n=n, rtol=1e-4,
-                                  atol=1e-5, dtype=False)
-                if diff:
-                    raise Mismatch(f"after step {i + 1} {where}, (params, opt_state, loss) differ from one device's "
-                                   f"step on the whole global batch with the same optimizer (the loss before the "
-                                   f"update): {diff}.")
-                params, opt_state = new_params, new_state
-        if hlo is None:
+            compiled = _compiled_text(step, mesh, *args)
+        if compiled is None:
             raise Mismatch(f"the step {where} computes the right values, but its program could not be compiled "
                            "from outside (jax.jit(step).lower(...)): the checker cannot read its collectives. "
                            "Return a jitted function of (params, opt_state, x, y), called inside the checker's "
                            "jax.set_mesh.")
-        counts = _collectives(hlo)
+        counts = _collectives(compiled.as_text())
         if counts["all-gather"]:
             raise Mismatch(f"the step's compiled program {where} has {counts['all-gather']} all-gather(s): it "
                            "gathers the batch (or the gradients) onto every device, so each device computes "
@@ -458,26 +433,3 @@ def _step_hints(n):
                                                  "arguments: params and opt_state replicated, x and y "
                                                  "split over 'i'.",
     }
-
-
-def _check_fed_gradient(new_params, params0, ref_grads, batch, loss_fn, n, where):
-    """With plain SGD (lr 0.1) the gradient the step fed the optimizer is (old - new) / lr: say how it differs."""
-    fed = jax.tree.map(lambda a, b: (np.asarray(a, np.float64) - np.asarray(b, np.float64)) / 0.1, params0,
-                       new_params)
-    diff = difference(fed, ref_grads, n=n, rtol=1e-3, atol=1e-6, dtype=False)
-    if diff is None:
-        return
-    if _tree_norm(fed) < 1e-6 * _tree_norm(ref_grads):
-        raise Mismatch(f"the parameters {where} did not move in step 1: the step returns the parameters that came "
-                       "in, not the updated ones.")
-    x, y = batch
-    own = jax.grad(loss_fn)(params0, x[:len(x) // n], y[:len(x) // n])
-    if difference(fed, own, rtol=1e-3, atol=1e-6, dtype=False) is None:
-        raise Mismatch(f"the gradient your step feeds the optimizer {where} is device 0's own gradient, from its "
-                       "rows only: the devices' gradients were never averaged, and the output returned one "
-                       "device's parameters (nothing checks a P() output when check_vma is off).")
-    raise Mismatch(f"the gradient your step feeds the optimizer {where} (the parameters' move divided by the "
-                   f"learning rate) differs from the gradient of the mean loss over the whole global batch: {diff}. "
-                   "Under shard_map, the gradient of a replicated (P()) parameter that is not marked varying comes "
-                   "back already summed over the devices (lesson 06, section 3), and a psum sums too: count the "
-                   "sums your step makes.")

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import Case, Mismatch, Mistake, call, describe, describe_tree, diagnose, exercise, expect_array
+from . import Case, Mismatch, Mistake, Said, call, describe_tree, diagnose, exercise
 
 
 # ----------------------------------------------------------------------------------------------
@@ -181,9 +181,8 @@ def _names(fn) -> set:
 
 
 class _Recorder:
-    """Stands in for jax.make_array_from_process_local_data: records each call, then builds the real array."""
-
-    last_bad_shape = None  # a global_shape that is not a tuple, for the feedback
+    """Stands in for jax.make_array_from_process_local_data: records each call; builds the real array, or with
+    ``simulate`` (a process of a simulated job) what that process would get."""
 
     def __init__(self, real, simulate=None):
         self.real, self.simulate, self.calls = real, simulate, []
@@ -191,11 +190,9 @@ class _Recorder:
     def __call__(self, sharding, local_data, global_shape=None):
         self.calls.append((sharding, local_data, global_shape))
         if global_shape is not None and not isinstance(global_shape, tuple):
-            _Recorder.last_bad_shape = global_shape
-            raise TypeError("global_shape is not a tuple")
-        if self.simulate is None:
-            return self.real(sharding, local_data, global_shape)
-        return self.simulate(sharding, local_data, global_shape)
+            raise TypeError(f"global_shape {global_shape!r} is not a tuple: it is a tuple of ints, like an array's "
+                            ".shape: the whole batch's row count, then the other axes unchanged.")
+        return (self.simulate or self.real)(sharding, local_data, global_shape)
 
 
 @contextlib.contextmanager
@@ -220,6 +217,80 @@ def _patched(recorder, process=None, processes=1, devices=None):
             setattr(jax, name, value)
 
 
+def _split(sharding) -> Said:
+    spec = getattr(sharding, "spec", None)
+    spec = spec if spec is None else P(*tuple(spec)[:max([i + 1 for i, e in enumerate(spec) if e] or [0])])
+    return Said(f"split as {spec} over {len(sharding.device_set)} device(s)" if spec is not None
+                else f"placed as {type(sharding).__name__}")
+
+
+def _batch_runner(fn, case):
+    """One process (the real API): (the array, its split, how often the API was called). As process p of a
+    simulated 2-process job: (the rows it passed, the global shape it asked for, the split, the calls)."""
+    n, full, process = case.args
+    mesh = jax.make_mesh((n,), (DATA,), axis_types=(jax.sharding.AxisType.Explicit,), devices=jax.devices()[:n])
+    if process is None:
+        recorder = _Recorder(jax.make_array_from_process_local_data)
+        with _patched(recorder):
+            got = call(fn, full.copy(), mesh, name="global_batch", hints=_batch_hints(full))
+        if not isinstance(got, jax.Array):
+            raise Mismatch(f"global_batch returned {describe_tree(got)}; expected a jax.Array on the mesh's "
+                           "devices.")
+        if got.ndim == full.ndim + 1 and got.shape[:2] == (n, len(full) // n):
+            raise Mismatch(f"global_batch returned shape {got.shape}: the stacked (n, B // n, ...) layout is "
+                           "pmap's. Lessons 06 and 07 keep the global shape (B, ...) and let the sharding say "
+                           "which rows each device holds.")
+        return got, _split(got.sharding), Said(f"the API called {len(recorder.calls)} time(s)")
+    half = full.shape[0] // 2
+    local = full[process * half:(process + 1) * half].copy()
+
+    def simulate(sharding, local_data, global_shape):
+        shape = tuple(global_shape) if global_shape is not None else (2 * len(local_data), *np.shape(local_data)[1:])
+        return jax.ShapeDtypeStruct(shape, np.asarray(local_data).dtype)
+
+    recorder = _Recorder(jax.make_array_from_process_local_data, simulate)
+    with _patched(recorder, process=process, processes=2, devices=jax.devices()[:n]):
+        call(fn, local.copy(), mesh, name="global_batch")
+    if len(recorder.calls) != 1:
+        return Said(f"the API called {len(recorder.calls)} time(s)")
+    sharding, data, shape = recorder.calls[0]
+    shape = tuple(shape) if shape is not None else (2 * len(data), *np.shape(data)[1:])
+    return np.asarray(data), Said(f"global_shape {shape}"), _split(sharding), Said("the API called 1 time(s)")
+
+
+def _batch_hints(full):
+    return {"does not evenly divide": "Split the batch's rows (axis 0) over 'data', nothing else.",
+            "should be None or equal to local_data.shape": f"Here one process holds all {len(full)} rows, shape "
+            f"{full.shape}: the global shape must follow from this process's rows and the number of processes (not "
+            "of devices), then every other axis of the rows, however many there are: it must not be a fixed "
+            "number.",
+            "pytree structure error": "The global shape is a tuple of ints, like an array's .shape.",
+            "if a PartitionSpec is passed": "A PartitionSpec alone does not say which mesh it refers to: pair it "
+            "with the mesh you were given (lesson 06, section 1)."}
+
+
+def _batch_as(spec=P(DATA), rows=lambda r: r.shape[0] * jax.process_count()):
+    """global_batch with one mistake: another spec, or another global row count."""
+    def global_batch(local_rows, mesh):
+        return jax.make_array_from_process_local_data(NamedSharding(mesh, spec), local_rows,
+                                                      (rows(local_rows), *local_rows.shape[1:]))
+    return global_batch
+
+
+MISTAKES_08_3 = [
+    Mistake("local shape", "It passes the shape of its own rows as global_shape. The global shape is the whole "
+            "batch's, all processes' rows together: with the local shape, JAX takes each process's rows for the "
+            "whole array, and the processes disagree about what the batch holds.",
+            _batch_as(rows=lambda r: r.shape[0])),
+    Mistake("replicated", "The array is not split: expected axis 0 split over the mesh axis 'data' of the mesh you "
+            "were given, the other axes whole.", _batch_as(spec=P())),
+    Mistake("device_put", "It builds the array without calling jax.make_array_from_process_local_data. With one "
+            "process that can work, but in a job of several each process holds only its own rows, and only that "
+            "function assembles the global array from every process's part (lesson 08, section 1).",
+            lambda rows, mesh: jax.device_put(rows, NamedSharding(mesh, P(DATA)))),
+]
+
+
 @exercise("08.3", "Build the global batch from this process's rows", solution=solution_global_batch,
           returns="a jax.Array of the global shape (rows of every process together, ...), split along axis 0 over "
                   "the mesh axis 'data', built with jax.make_array_from_process_local_data",
@@ -231,109 +302,19 @@ def _patched(recorder, process=None, processes=1, devices=None):
                  "argument; and "
                  "lesson 08, section 1, \"Each process loads its own part of the batch\"."])
 def check_global_batch(global_batch):
-    real = jax.make_array_from_process_local_data
-    _Recorder.last_bad_shape = None
-    try:
-        return _check_global_batch(global_batch, real)
-    except Mismatch:
-        if _Recorder.last_bad_shape is not None:
-            bad, _Recorder.last_bad_shape = _Recorder.last_bad_shape, None
-            raise Mismatch(f"global_batch passed the global shape as {describe_tree(bad)}; it is a tuple of ints, "
-                           "like an array's .shape: the whole batch's row count, then the other axes "
-                           "unchanged.") from None
-        raise
-
-
-def _check_global_batch(global_batch, real):
     by_name = _names(global_batch)
     if by_name:
         raise Mismatch(f"global_batch uses {' and '.join(sorted(by_name))} by a name imported from jax. The checker "
                        "simulates a 2-process job by replacing them in the jax module, where it cannot reach a name "
                        "imported before: write them as jax.<name>, as the exercise's text says.")
-    # rows of rank 2 and 3: an answer that writes in the rows' rank (shape[0], shape[1]) shows
+    cases = []         # rows of rank 2 and 3: an answer that writes in the rows' rank shows
     for n, tail in ((len(jax.devices()), (3,)), (4, (2, 3)), (2, (5,))):
-        devices = jax.devices()[:n]
-        mesh = jax.make_mesh((n,), (DATA,), axis_types=(jax.sharding.AxisType.Explicit,), devices=devices)
-        rows = 2 * n
-        full = np.arange(rows * int(np.prod(tail)), dtype=np.float32).reshape((rows, *tail))
+        full = np.arange(2 * n * int(np.prod(tail)), dtype=np.float32).reshape((2 * n, *tail))
         where = f"on a mesh of {n} devices, rows of shape {tail}"
-
-        # 1. One process, the only one: its rows are the whole batch. The real API runs.
-        recorder = _Recorder(real)
-        with _patched(recorder):
-            got = call(global_batch, full.copy(), mesh, name="global_batch", hints={
-                "does not evenly divide": "Split the batch's rows (axis 0) over 'data', nothing else.",
-                "should be None or equal to local_data.shape": f"Here one process holds all {rows} rows, shape "
-                                                               f"{full.shape}: the global shape must follow from "
-                                                               "this process's rows and the number of processes "
-                                                               "(not of devices), then every other axis of the "
-                                                               "rows, however many there are: it must not be a "
-                                                               "fixed number.",
-                "pytree structure error": "The global shape is a tuple of ints, like an array's .shape.",
-                "if a PartitionSpec is passed": "A PartitionSpec alone does not say which mesh it refers to: pair "
-                                                "it with the mesh you were given (lesson 06, section 1).",
-            })
-        if not isinstance(got, jax.Array):
-            raise Mismatch(f"global_batch {where} returned {describe_tree(got)}; expected a jax.Array on the "
-                           "mesh's devices.")
-        if got.ndim == full.ndim + 1 and got.shape[:2] == (n, rows // n):
-            raise Mismatch(f"global_batch {where} returned shape {got.shape}: the stacked (n, B // n, ...) layout "
-                           "is pmap's. Lessons 06 and 07 keep the global shape (B, ...) and let the sharding say "
-                           "which rows each device holds.")
-        if not recorder.calls:
-            raise Mismatch(f"global_batch {where} gives an array without calling "
-                           "jax.make_array_from_process_local_data. With one process that can work, but in a job of "
-                           "several each process holds only its own rows, and only that function assembles the "
-                           "global array from every process's part (lesson 08, section 1).")
-        if got.dtype != full.dtype:
-            raise Mismatch(f"global_batch {where} returned {np.dtype(got.dtype).name} values; the rows came in as "
-                           "float32. Keep their dtype.")
-        if got.shape != full.shape:
-            raise Mismatch(f"global_batch {where}, with one process whose rows are the whole batch {full.shape}, "
-                           f"returned shape {got.shape}; expected {full.shape}.")
-        spec = tuple(getattr(got.sharding, "spec", ()) or ())
-        if not spec or spec[0] != DATA or any(s is not None for s in spec[1:]) or len(got.devices()) != n:
-            raise Mismatch(f"global_batch {where} returned an array with sharding {getattr(got.sharding, 'spec', got.sharding)} "
-                           f"on {len(got.devices())} device(s); expected axis 0 split over the mesh axis 'data' of "
-                           "the mesh you were given, the other axes whole.")
-        expect_array(got, full, what=f"global_batch {where}")
-        for shard in got.addressable_shards:
-            expect_array(shard.data, full[shard.index], what=f"the block on device {shard.device.id}")
-
-        # 2. The same function as each process of a simulated 2-process job: process p holds rows p.
-        half = rows // 2
-        for p in range(2):
-            local = full[p * half:(p + 1) * half].copy()
-
-            def simulate(sharding, local_data, global_shape):
-                shape = tuple(global_shape) if global_shape is not None else (
-                    (np.shape(local_data)[0] * 2,) + tuple(np.shape(local_data)[1:]))
-                if shape == full.shape and np.array_equal(np.asarray(local_data), local) and \
-                        isinstance(sharding, NamedSharding):
-                    return jax.make_array_from_callback(full.shape, sharding, lambda index: full[index])
-                return jax.ShapeDtypeStruct(shape, np.asarray(local_data).dtype)
-
-            recorder = _Recorder(real, simulate)
-            job = f"as process {p} of a 2-process job {where} (holding rows {p * half}..{(p + 1) * half - 1})"
-            with _patched(recorder, process=p, processes=2, devices=devices):
-                call(global_batch, local.copy(), mesh, name="global_batch")
-            if len(recorder.calls) != 1:
-                raise Mismatch(f"global_batch, {job}, called jax.make_array_from_process_local_data "
-                               f"{len(recorder.calls)} times; once is enough: every leaf of one batch array.")
-            sharding, local_data, global_shape = recorder.calls[0]
-            local_data = np.asarray(local_data)
-            if local_data.shape != local.shape or not np.array_equal(local_data, local):
-                raise Mismatch(f"global_batch, {job}, passed local data of shape {local_data.shape} "
-                               f"({describe(local_data)}); it should pass its own rows as they are, shape "
-                               f"{local.shape}: the function works out which device gets which of them.")
-            if global_shape is not None and tuple(global_shape) == local.shape:
-                raise Mismatch(f"global_batch, {job}, passed global_shape {tuple(global_shape)}, the shape of its "
-                               "own rows. The global shape is the whole batch's, all processes' rows together: with "
-                               "the local shape, JAX takes each process's rows for the whole array, and the "
-                               "processes disagree about what the batch holds.")
-            if global_shape is not None and tuple(global_shape) != full.shape:
-                raise Mismatch(f"global_batch, {job}, passed global_shape {tuple(global_shape)}; the whole batch of "
-                               f"the job has shape {full.shape}: this process's rows times the number of "
-                               "processes (jax.process_count), the other axes unchanged.")
+        cases += [Case((n, full, None), f"global_batch {where}, one process holding all {2 * n} rows", n=n)]
+        cases += [Case((n, full, p), f"global_batch as process {p} of a 2-process job {where} (holding rows "
+                       f"{p * n}..{p * n + n - 1})", n=n) for p in (0, 1)]
+    diagnose(global_batch, sorted(cases, key=lambda c: c.args[2] is not None), solution=solution_global_batch,
+             mistakes=MISTAKES_08_3, run=_batch_runner, name="global_batch")
     return ("the global batch in the layout of lessons 06-07, built from each process's own rows; run as either "
             "process of a simulated 2-process job, the same function gives the same global array.")

@@ -8,8 +8,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from . import (Case, Mismatch, Mistake, _NotStarted, call, describe, describe_tree, diagnose, difference, exercise,
-               expect_array)
+from . import Case, Mismatch, Mistake, _NotStarted, call, describe, describe_tree, diagnose, exercise
 
 AXIS = "data"
 
@@ -513,17 +512,6 @@ def _toy_problem(n, d_in, hidden, d_out, seed):
     return loss_fn, params, data
 
 
-def _reference(loss_fn, optimizer, params, data):
-    params = jax.tree.map(jnp.asarray, params)
-    opt_state, losses = optimizer.init(params), []
-    for batch in data:
-        loss, g = jax.value_and_grad(loss_fn)(params, batch)
-        updates, opt_state = optimizer.update(g, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        losses.append(float(loss))
-    return jax.tree.map(np.asarray, params), losses
-
-
 _NEEDS_WHOLE = ("loss_fn needs every parameter whole; each device holds only its rows of each leaf. Gather them "
                 "inside the function you differentiate.")
 
@@ -538,25 +526,17 @@ def _gradient_all_reduces(found, slice_bytes):
     return [c for c in found if c.op == "all-reduce" and non_scalar_bytes(c) > slice_bytes]
 
 
-def _tree_close(got, want):
-    return all(np.allclose(g, w, rtol=1e-4, atol=1e-5) for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
-
-
-@exercise("10.4", "Write the FSDP step: every leaf split, gathered for the loss, its gradient reduce-scattered",
-          solution=solution_fsdp_step,
-          returns="a function step(my_params, opt_state, batch) -> (new my_params, new opt_state, mean loss)")
-def check_fsdp_step(make_fsdp_step):
-    differs, summed_everywhere = [], True
-    for n, (d_in, hidden, d_out), (opt_name, optimizer) in [
-            (len(jax.devices()), (8, 16, 3), ("optax.sgd(0.5)", optax.sgd(0.5))),
-            (4, (12, 8, 5), ("optax.adam(0.05)", optax.adam(0.05))),
-            (2, (6, 10, 4), ("optax.sgd(0.3, momentum=0.9)", optax.sgd(0.3, momentum=0.9)))]:
+def _fsdp_runner(answer, seen):
+    """Run ``make(loss_fn, optimizer)``'s step under shard_map for 3 steps: {first update, losses, params after 3
+    steps}. Mechanism facts raise here; ``seen[label]`` keeps the answer's program for the checks after."""
+    def run(make, case):
+        n, (d_in, hidden, d_out), opt_name, optimizer = case.args
+        if make is solution_fsdp_step and make is not answer and case.label in _FSDP_SOLVED:
+            return _FSDP_SOLVED[case.label]
         loss_fn, params, data = _toy_problem(n, d_in, hidden, d_out, seed=n)
-        want_params, want_losses = _reference(loss_fn, optimizer, params, data)
-        n_params = sum(p.size for p in jax.tree.leaves(params))
         from .lesson07 import _Spy
         spy = _Spy(optimizer)
-        step = call(make_fsdp_step, loss_fn, spy.transformation(), name="make_fsdp_step")
+        step = call(make, loss_fn, spy.transformation(), name="make_fsdp_step")
         if not callable(step):
             raise Mismatch(f"make_fsdp_step(loss_fn, optimizer) returned {describe_tree(step)}; expected the step "
                            "function, step(my_params, opt_state, batch), that runs on each device.")
@@ -566,111 +546,114 @@ def check_fsdp_step(make_fsdp_step):
         opt_specs = jax.tree.map(lambda a: P(AXIS) if np.ndim(a) else P(), opt_state)
         put = lambda tree, specs: jax.device_put(tree, jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
                                                                     is_leaf=lambda s: isinstance(s, P)))
-        my_params, opt_state = put(params, split), put(opt_state, opt_specs)
-        what = (f"your FSDP step on {n} devices with {opt_name}, leaves w1 {params['w1'].shape}, b1 "
-                f"{params['b1'].shape}, w2 {params['w2'].shape}, each split along its first axis")
 
         def body(p, o, b):
             out = step(p, o, b)
             if out is None:
                 raise _NoResult
             if not isinstance(out, (tuple, list)) or len(out) != 3:
-                raise Mismatch(f"{what}: step returned {describe_tree(out)}; expected three things: the new slices "
-                               "of the parameters, the new optimizer state and the loss.")
+                raise Mismatch(f"step returned {describe_tree(out)}; expected three things: the new slices of the "
+                               "parameters, the new optimizer state and the loss.")
             return tuple(out)
 
         f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(split, opt_specs, P(AXIS)),
                                   out_specs=(split, opt_specs, P()), check_vma=True))
-        batch = put(data[0], P(AXIS))
+        args = (put(params, split), put(opt_state, opt_specs), put(data[0], P(AXIS)))
         try:
-            shapes = jax.eval_shape(f, my_params, opt_state, batch)
+            rows = {k: s.shape[0] for k, s in jax.eval_shape(f, *args)[0].items()}
         except _NoResult:
-            _none_returned(step, "step(my_params, opt_state, batch)", "the new slices, the new optimizer state and "
-                           "the loss")
+            _none_returned(step, "step(my_params, opt_state, batch)", "the new slices, the new optimizer state "
+                           "and the loss")
         except Mismatch:
             raise
         except Exception:
-            shapes = None         # reported with the inputs by call() below
-        if shapes is not None:
-            got_shapes = jax.tree.map(lambda s: s.shape, shapes[0])
-            if isinstance(got_shapes, dict) and got_shapes.keys() == params.keys():
-                for k, v in params.items():
-                    if got_shapes[k] and got_shapes[k][0] == n * v.shape[0]:
-                        raise Mismatch(f"{what}: each device returned {k} with {v.shape[0]} rows; FSDP keeps only "
-                                       f"this device's {v.shape[0] // n} rows of it between steps: return the "
-                                       "updated slices, not the gathered parameters.")
-        losses, p, o, first = [], my_params, opt_state, None
-        for b in data:
-            try:
-                p, o, loss = call(f, p, o, put(b, P(AXIS)), name="step", hints={
-                    **_vma_hints(), "dot_general requires contracting dimensions": _NEEDS_WHOLE,
-                    "Incompatible shapes for broadcasting": _NEEDS_WHOLE, "add got incompatible shapes": _NEEDS_WHOLE})
-            except Mismatch as e:
-                raise Mismatch(f"On {n} devices with {opt_name}: {e}") from None
-            losses.append(float(np.asarray(loss)))
-            first = jax.tree.map(np.asarray, p) if first is None else first
-        cast = {np.dtype(leaf.dtype).name for leaf in jax.tree.leaves(p)} - {"float32"}
-        if cast:
-            raise Mismatch(f"{what}: the new parameters are {' and '.join(sorted(cast))}, but the parameters and "
-                           "gradients are float32: keep the update in float32 (section 5 casts only for the forward "
-                           "and backward pass).")
-        got = jax.tree.map(np.asarray, p)
-        hlo = f.lower(my_params, opt_state, batch).compile().as_text()
-        every = _big_collectives(hlo, 1)
-        slice_bytes = 4 * n_params // n
-        reduced = _gradient_all_reduces(every, slice_bytes) + [c for c in every if c.op == "reduce-scatter"]
-        if not reduced and not _tree_close(got, want_params):
-            raise Mismatch(f"{what}: the parameters differ from data parallelism's, and the compiled program sums no "
-                           f"gradient over the devices ({_listed(every)}): each device updated its slices with the "
-                           "gradient of its own examples only. The gradient of a slice must be summed over the "
-                           "devices, which the transpose of a gather inside the differentiated loss does (section 3).")
+            rows = {}                                   # reported with the inputs by call() below
+        for k, v in params.items():
+            if rows.get(k) == n * v.shape[0]:
+                raise Mismatch(f"each device returned {k} with {v.shape[0]} rows; FSDP keeps only this device's "
+                               f"{v.shape[0] // n} rows of it between steps: return the updated slices, not the "
+                               "gathered parameters.")
+        p, o, losses, first = args[0], args[1], [], None
+        for batch in data:
+            p, o, loss = call(f, p, o, put(batch, P(AXIS)), name="step", hints={
+                **_vma_hints(), "dot_general requires contracting dimensions": _NEEDS_WHOLE,
+                "Incompatible shapes for broadcasting": _NEEDS_WHOLE, "add got incompatible shapes": _NEEDS_WHOLE})
+            losses.append(loss)
+            first = {k: np.asarray(p[k]) - params[k] for k in params} if first is None else first
         if not spy.updates:
-            raise Mismatch(f"{what}: your step never calls the update of the optimizer it was given. Whatever "
-                           "optimizer make_fsdp_step receives (SGD, momentum, Adam) must make the update.")
-        # the mistake of a summed gradient: the same optimizer fed n times the mean, checked on every case
-        summed_everywhere &= _tree_close(got, _reference(loss_fn, optax.chain(optax.scale(n), optimizer), params,
-                                                         data)[0])
-        wrong_losses = not np.isclose(losses[0], want_losses[0], rtol=1e-5, atol=1e-6)   # before any update
-        if wrong_losses or not _tree_close(got, want_params) or not np.allclose(losses, want_losses, rtol=1e-5,
-                                                                                 atol=1e-6):
-            low = _low_precision(jax.make_jaxpr(f)(my_params, opt_state, batch).jaxpr)
-            if low:               # a half-precision computation is named, whatever else differs
-                raise Mismatch(f"{what}: the values differ from data parallelism's, and your code computes in "
-                               f"{' and '.join(sorted(low))}: with 8 bits of mantissa (bfloat16) or 11 (float16) "
-                               "the result is no longer float32's. Keep this exercise in float32.")
-            if wrong_losses:
-                differs.append(f"{what}: the losses {np.round(losses, 5).tolist()} differ from data parallelism's "
-                               f"{np.round(want_losses, 5).tolist()}. The loss must be the mean over every device's "
-                               "examples.")
-            else:
-                first_want = _reference(loss_fn, optimizer, params, data[:1])[0]
-                moved = difference({k: first[k] - params[k] for k in params},
-                                   {k: first_want[k] - params[k] for k in params}, n=n, rtol=1e-4, atol=1e-6)
-                differs.append(f"{what}: the parameters differ from data parallelism's; the first step's update of "
-                               f"{moved}.")
-            continue
-        gathered = [c for c in every if c.op == "all-gather"]
-        if not gathered:
-            raise Mismatch(f"{what}: the values are right, but the compiled program gathers no parameters "
+            raise Mismatch("your step never calls the update of the optimizer it was given. Whatever optimizer "
+                           "make_fsdp_step receives (SGD, momentum, Adam) must make the update.")
+        if make is answer:
+            seen[case.label] = (f, args, sum(v.size for v in params.values()))
+        out = {"first update": first, "losses": np.stack(losses), "params after 3 steps": dict(p)}
+        if make is solution_fsdp_step:
+            _FSDP_SOLVED[case.label] = out
+        return out
+    return run
+
+
+_FSDP_SOLVED: dict = {}
+
+
+def _fsdp_as(by=lambda n: n):
+    """The FSDP step with its gradient divided by ``by(n)`` instead of n."""
+    def make(loss_fn, optimizer):
+        def step(my_params, opt_state, batch):
+            n = jax.lax.axis_size(AXIS)
+            loss, grads = jax.value_and_grad(lambda p: loss_fn(jax.tree.map(
+                lambda s: jax.lax.all_gather(s, AXIS, tiled=True), p), batch))(my_params)
+            updates, opt_state = optimizer.update(jax.tree.map(lambda g: g / by(n), grads), opt_state, my_params)
+            return optax.apply_updates(my_params, updates), opt_state, jax.lax.pmean(loss, AXIS)
+        return step
+    return make
+
+
+MISTAKES_10_4 = [
+    Mistake("summed, not averaged", "The steps are those of the mean gradient times the device count: the gradient "
+            "of a slice arrives summed over the devices (the transpose of a gather is a reduce-scatter, a sum), and "
+            "the update needs the mean. With Adam this bug hardly shows, which is why the checker uses SGD too.",
+            _fsdp_as(by=lambda n: 1)),
+]
+
+
+@exercise("10.4", "Write the FSDP step: every leaf split, gathered for the loss, its gradient reduce-scattered",
+          solution=solution_fsdp_step,
+          returns="a function step(my_params, opt_state, batch) -> (new my_params, new opt_state, mean loss)")
+def check_fsdp_step(make_fsdp_step):
+    cases = [Case((n, dims, name, opt), f"your FSDP step on {n} devices with {name}, leaves w1 {dims[:2]}, b1 "
+                  f"({dims[1]},), w2 {dims[1:]}, each split along its first axis", n=n)
+             for n, dims, name, opt in [(len(jax.devices()), (8, 16, 3), "optax.sgd(0.5)", optax.sgd(0.5)),
+                                        (4, (12, 8, 5), "optax.adam(0.05)", optax.adam(0.05)),
+                                        (2, (6, 10, 4), "optax.sgd(0.3, momentum=0.9)",
+                                         optax.sgd(0.3, momentum=0.9))]]
+    seen = {}
+    try:
+        diagnose(make_fsdp_step, cases, solution=solution_fsdp_step, mistakes=MISTAKES_10_4,
+                 run=_fsdp_runner(make_fsdp_step, seen), name="make_fsdp_step", rtol=1e-4, atol=1e-5)
+    except Mismatch as e:
+        low = set().union(*(_low_precision(jax.make_jaxpr(f)(*args).jaxpr) for f, args, _ in seen.values()))
+        if low:                   # values that differ, from a half-precision computation
+            raise Mismatch(f"{e} Your code computes in {' and '.join(sorted(low))}: with 8 bits of mantissa "
+                           "(bfloat16) or 11 (float16) the result is no longer float32's. Keep this exercise in "
+                           "float32.") from None
+        raise
+    for case in cases:
+        f, args, n_params = seen[case.label]
+        every = _big_collectives(f.lower(*args).compile().as_text(), 1)
+        all_reduces = _gradient_all_reduces(every, 4 * n_params // case.n)
+        if not any(c.op == "all-gather" for c in every):
+            raise Mismatch(f"{case.label}: the values are right, but the compiled program gathers no parameters "
                            f"({_listed(every)}).")
-        all_reduces = _gradient_all_reduces(every, slice_bytes)
         if all_reduces:
-            raise Mismatch(f"{what}: the values are right, but the compiled program all-reduces the gradient "
+            raise Mismatch(f"{case.label}: the values are right, but the compiled program all-reduces the gradient "
                            f"({_listed(all_reduces)}): each device received the whole summed gradient and threw "
                            "most of it away. FSDP hands each device only its slice of the sum: let jax.grad "
                            "transpose the gather, or scatter the sum yourself (section 3). A gather whose result is "
                            "declared the same on every device (invarying) does this too: jax.grad then sums its "
                            "gradient everywhere before each device keeps its slice.")
         if not any(c.op == "reduce-scatter" for c in every):
-            raise Mismatch(f"{what}: the values are right, but the compiled program has no reduce-scatter of the "
-                           f"gradient ({_listed(every)}).")
-    if differs and summed_everywhere:
-        raise Mismatch(f"{differs[0]} On every case the steps are those of the mean gradient times the device "
-                       "count: the gradient of a slice arrives summed over the devices (the transpose of a gather "
-                       "is a reduce-scatter, a sum), and the update needs the mean. With Adam this bug hardly "
-                       "shows, which is why the checker uses SGD too.")
-    if differs:
-        raise Mismatch(differs[0])
+            raise Mismatch(f"{case.label}: the values are right, but the compiled program has no reduce-scatter of "
+                           f"the gradient ({_listed(every)}).")
     return ("every leaf stays split between steps; the gathers inside the loss make jax.grad return each slice's "
             "reduce-scattered (summed) gradient, divided by n for the mean; the same training as data parallelism, "
             "whatever the model's leaves.")

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import checkpoint, profile
-from . import Case, Mismatch, Mistake, call, describe, describe_tree, diagnose, exercise
+from . import Case, Mismatch, Mistake, Said, call, diagnose, exercise, placement
 
 # Graded hints, weakest first (the exercise framework shows them one at a time).
 HINTS = {
@@ -75,94 +75,84 @@ def _watch(module, attribute, calls):
         setattr(module, attribute, original)
 
 
+def _orbax_as_saved(directory, like, devices):
+    import orbax.checkpoint as ocp
+    with ocp.CheckpointManager(directory) as manager:
+        return manager.restore(manager.latest_step())["state"]
+
+
+_LIKE = "like='s values (zeros): restore the checkpoint, not like=."
+MISTAKES_11_1 = [
+    Mistake("state and extra", "It returned (state, extra); return only the state.",
+            lambda d, like, devs: checkpoint.restore(d, like, devices=devs)),
+    Mistake("like's devices", "Those are the devices of like='s arrays: given like= alone, the restore puts each "
+            "array where like='s array is. Pass the devices to the restore.",
+            lambda d, like, devs: checkpoint.restore(d, like)[0]),
+    Mistake("the first devices", "Those are the first {n} device(s), not the ones you were given (the checker "
+            "gives you the last ones): use the devices argument itself.",
+            lambda d, like, devs: checkpoint.restore(d, like, devices=jax.devices()[:len(devs)])[0]),
+    Mistake("where it was saved", "Those are the devices it was saved from: with no placement asked for, the "
+            "restore puts each array back where it was saved.", _orbax_as_saved),
+    Mistake("like, not restored", "These are " + _LIKE, lambda d, like, devs: jax.device_put(
+        like, checkpoint.replicated_on(devs))),
+    Mistake("the oldest step", "These are the oldest step's values; restore the newest step in the directory "
+            "(where steps 9 and 10 are saved, 10: numbers, not text, decide).",
+            lambda d, like, devs: checkpoint.restore(d, like, step=checkpoint.steps(d)[0], devices=devs)[0]),
+]
+
+
+def _onto_runner(seen):
+    """(the state, where each leaf lives); what the restore was asked for and where Orbax read, kept in seen."""
+    def run(fn, case):
+        directory, like, target = case.args
+        restores, reads = [], []
+        with _watch(checkpoint, "restore", restores), _watch(checkpoint.Checkpoints, "restore", restores), \
+                _orbax_reads(reads) as watching:
+            got = call(fn, directory, like, target, name="restore_onto")
+        seen[case.label] = (restores, reads, watching)
+        where = lambda a: Said(placement(a) + ("" if not isinstance(a, jax.Array)
+                                               or a.sharding.is_fully_replicated else ", split"))
+        return got, jax.tree.map(where, got)
+    return run
+
+
 @exercise("11.1", "Restore a checkpoint saved from 8 devices onto the devices you are given",
           solution=solution_restore_onto)
 def check_restore_onto(restore_onto):
     devs = jax.devices()
-    on_all = checkpoint.replicated_on(devs)
     rng = np.random.default_rng(3)
-    # two runs: another structure, other dtypes, steps past 9 (the newest is 10, after 9), other device counts
+    # two runs: another structure, other dtypes, steps past 9 (the newest is 10, after 9), other device counts;
+    # the second saved from half the devices (so that "where it was saved" and "all devices" part)
     runs = [({"params": {"w": jnp.arange(4.0), "b": jnp.float32(0.5)}, "step": jnp.int32(100)}, [100],
              sorted({min(4, len(devs)), 1}, reverse=True)),
             ([{"w": jnp.asarray(rng.standard_normal((3, 5)), jnp.float32),
                "b": jnp.asarray(rng.standard_normal(5), jnp.bfloat16)},
               (jnp.asarray(rng.integers(0, 9, 6), jnp.int32), jnp.float32(-2.5))], [9, 10],
              [min(2, len(devs))])]
+    seen, cases = {}, []
     with tempfile.TemporaryDirectory() as tmp:
         for run, (saved, steps, counts) in enumerate(runs):
-            _check_restore_onto_run(restore_onto, pathlib.Path(tmp) / f"run{run}", saved, steps, counts, devs,
-                                    on_all)
-    return "the saved state came back bit for bit, whole on each of the devices you were given."
-
-
-def _check_restore_onto_run(restore_onto, directory, saved, steps, counts, devs, on_all):
-    like = jax.tree.map(jnp.zeros_like, saved)
-    for step in steps:     # older steps hold other values: only the newest is right
-        values = saved if step == steps[-1] else jax.tree.map(lambda a: (a * 0 + 7).astype(a.dtype), saved)
-        checkpoint.save(directory, step, jax.device_put(values, on_all), {"position": step})
-    for count in counts:
-        target = devs[len(devs) - count:]   # the last devices, so "the first n" or "all" is caught
-        restores, reads = [], []
-        with _watch(checkpoint, "restore", restores), _watch(checkpoint.Checkpoints, "restore", restores), \
-                _orbax_reads(reads) as watching:
-            got = call(restore_onto, directory, like, target, name="restore_onto")
-        what = f"restore_onto(directory, like, devices={count} device(s))"
-        if isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], dict):
-            raise Mismatch(f"{what} returned (state, extra); return only the state.")
-        if not _same_structure(got, saved):
-            raise Mismatch(f"{what} should return the whole state with the saved structure "
-                           f"{jax.tree.structure(saved)}; got {describe_tree(got)}.")
-        for path, leaf in jax.tree_util.tree_flatten_with_path(got)[0]:
-            name = jax.tree_util.keystr(path)
-            if not isinstance(leaf, jax.Array):
-                raise Mismatch(f"{what}: leaf {name} is {describe(leaf)}, not a jax.Array on the devices.")
-            if set(leaf.devices()) != set(target):
-                ids = sorted(d.id for d in leaf.devices())
-                like_devices = {d for x in jax.tree.leaves(like) for d in x.devices()}
-                if set(leaf.devices()) == like_devices and like_devices != set(target):
-                    why = (" Those are the devices of like='s arrays: given like= alone, the restore puts each "
-                           "array where like='s array is. Pass the devices to the restore.")
-                elif set(leaf.devices()) == set(devs) and count < len(devs):
-                    why = (" Those are all the devices it was saved from: with no placement asked for, the "
-                           "restore puts each array back where it was saved.")
-                elif ids == sorted(d.id for d in devs[:count]) and set(devs[:count]) != set(target):
-                    why = (f" Those are the first {count} device(s), not the ones you were given (the checker "
-                           "gives you the last ones): use the devices argument itself.")
-                else:
-                    why = " Put every leaf on exactly the devices you were given, all of them."
-                raise Mismatch(f"{what}: leaf {name} lives on devices {ids}; expected ids "
-                               f"{[d.id for d in target]}.{why}")
-            if not leaf.sharding.is_fully_replicated:
-                raise Mismatch(f"{what}: leaf {name} is split over the devices; the saved state is replicated.")
-        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(saved)):
-            if a.dtype != b.dtype:
-                raise Mismatch(f"{what} returned a {a.dtype} leaf where the checkpoint holds {b.dtype}: restore "
-                               "into the saved dtypes, and cast only if you mean to change the numbers.")
-            try:
-                a = np.asarray(a)
-            except Exception as e:  # e.g. an array that was deleted or donated
-                raise Mismatch(f"{what} returned an array that cannot be read ({type(e).__name__}).") from None
-            if a.tobytes() != np.asarray(b).tobytes():
-                older = (f": they are step {steps[0]}'s; the newest step in the directory is {steps[-1]}."
-                         if len(steps) > 1 and np.all(a == 7)
-                         else ": like='s values (zeros): restore the checkpoint, not like=."
-                         if np.all(a == 0) and np.any(np.asarray(b) != 0) else ".")
-                raise Mismatch(f"{what} returned values that differ from the saved ones, e.g. {a.reshape(-1)[:4]} "
-                               f"instead of {np.asarray(b).reshape(-1)[:4]}{older}")
-        elsewhere = [r for r in reads if r == "host" or r is None or set(r.device_set) != set(target)]
-        if restores and not any(k.get("devices") is not None or k.get("sharding") is not None
-                                for k in restores) or watching and elsewhere:
-            if watching and elsewhere and any(k.get("devices") is not None or k.get("sharding") is not None
-                                              for k in restores) or not restores:
-                where = "the host" if "host" in elsewhere else "other devices than the ones you were given"
-                raise Mismatch(f"{what}: the values and devices are right, but Orbax read the arrays onto {where} "
-                               "and they were moved afterwards: a second copy, and on a large model a second trip "
-                               "through memory. Ask the restore itself for the devices you were given, so that "
-                               "each array is read straight onto them.")
-            raise Mismatch(f"{what}: the values and devices are right, but checkpoint.restore read the arrays "
-                           "onto the devices of like= and they were moved afterwards: a second copy, and on "
-                           "a large model a second trip through device memory. Pass devices= to "
-                           "checkpoint.restore, so that Orbax reads each array straight onto those devices.")
+            directory = pathlib.Path(tmp) / f"run{run}"
+            for step in steps:     # older steps hold other values: only the newest is right
+                values = saved if step == steps[-1] else jax.tree.map(lambda a: (a * 0 + 7).astype(a.dtype), saved)
+                checkpoint.save(directory, step, jax.device_put(values, checkpoint.replicated_on(
+                    devs[:len(devs) // 2 or 1] if run else devs)), {"position": step})
+            cases += [Case((directory, jax.tree.map(jnp.zeros_like, saved), devs[len(devs) - count:]),
+                           f"restore_onto(directory of steps {steps}, like, devices={count} device(s))", n=count)
+                      for count in counts]      # the last devices, so "the first n" or "all" is caught
+        diagnose(restore_onto, cases, solution=solution_restore_onto, mistakes=MISTAKES_11_1,
+                 run=_onto_runner(seen), name="restore_onto")
+    for case in cases:          # the mechanism: read straight onto the devices, not read elsewhere and moved
+        restores, reads, watching = seen[case.label]
+        elsewhere = [r for r in reads if r == "host" or r is None or set(r.device_set) != set(case.args[2])]
+        asked = any(k.get("devices") is not None or k.get("sharding") is not None for k in restores)
+        if watching and elsewhere or restores and not asked:
+            raise Mismatch(f"{case.label}: the values and devices are right, but the restore read the arrays onto "
+                           f"{'the host' if 'host' in elsewhere else 'other devices than the ones you were given'} "
+                           "and they were moved afterwards: a second copy, and on a large model a second trip "
+                           "through memory. Ask the restore itself for the devices you were given: Pass devices= "
+                           "to checkpoint.restore, so that each array is read straight onto them.")
+    return "the saved state came back, its values and dtypes, whole on each of the devices you were given."
 
 
 # ----------------------------------------------------------------------------------------------
@@ -472,8 +462,73 @@ def _bump(values, k):
         np.shape(v)) % 5).astype(np.asarray(v).dtype), values)
 
 
-def _name(path) -> str:
-    return jax.tree_util.keystr(path) or "the state"
+def _orbax_restore(directory, target, step=None):
+    import orbax.checkpoint as ocp
+    with ocp.CheckpointManager(directory) as manager:
+        step = manager.latest_step() if step is None else step(manager.all_steps())
+        return manager.restore(step, args=ocp.args.StandardRestore(target))
+
+
+def _onto(like, mesh, spec=lambda x: x.sharding.spec):
+    from jax.sharding import NamedSharding
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec(x))), like)
+
+
+_SPECS = "Keep each leaf's PartitionSpec (they differ from leaf to leaf) and change only the mesh."
+_NEWEST = " Restore the newest step, whatever its number."
+MISTAKES_11_4 = [
+    Mistake("the saved mesh", "Those are the devices it was saved from: the sharding stored in the checkpoint and "
+            "the shardings in like= both name the old mesh; the target must name the new one.",
+            lambda d, like, mesh: _orbax_restore(d, like)),
+    Mistake("every leaf whole", "Every leaf came back whole on every device. " + _SPECS,
+            lambda d, like, mesh: _orbax_restore(d, _onto(like, mesh, lambda x: jax.sharding.PartitionSpec()))),
+    Mistake("the lesson's rule", "The leaves are split by one rule (the first axis, where it divides): " + _SPECS,
+            lambda d, like, mesh: _orbax_restore(d, _onto(like, mesh, lambda x: jax.sharding.PartitionSpec(
+                *[mesh.axis_names[0]][:x.ndim and x.shape[0] % mesh.size == 0])))),
+    Mistake("newest by text", "If you picked the step by the directories' names: compared as text, '8' comes after "
+            "'11' and '99' after '100' (the first characters decide); step numbers must be compared as numbers."
+            + _NEWEST, lambda d, like, mesh: _orbax_restore(d, _onto(like, mesh), lambda steps: max(
+                steps, key=str))),
+    Mistake("the oldest step", "You restored the oldest step the directory holds." + _NEWEST,
+            lambda d, like, mesh: _orbax_restore(d, _onto(like, mesh), min)),
+]
+
+
+def _resharded_runner(seen):
+    """(which saved step the values are, the values, where each leaf lives and how it is split); Orbax's reads
+    kept in ``seen``. course_lib's restore is refused here: the exercise is Orbax itself."""
+    def run(fn, case):
+        directory, like, mesh, saved = case.args
+        reads, through_course_lib = [], []
+        with _orbax_reads(reads) as watching, _watch(checkpoint, "restore", through_course_lib), \
+                _watch(checkpoint.Checkpoints, "restore", through_course_lib):
+            try:
+                got = call(fn, directory, like, mesh, name="restore_resharded", hints=_ORBAX_LAYOUT)
+            except Mismatch:
+                if not through_course_lib:
+                    raise
+        if through_course_lib:
+            raise Mismatch("restore_resharded called course_lib's checkpoint.restore; this exercise asks for "
+                           "Orbax itself, as you would write it in your own project (course_lib's restore reads "
+                           "only checkpoints that course_lib's save wrote).")
+        seen[case.label] = (reads, watching)
+        step = next((Said(f"the values of step {k}") for k, v in saved.items() if _same_structure(got, v) and all(
+            np.allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=1e-2, atol=1e-2)
+            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(v)))), Said("values that no saved step holds"))
+        return step, got, jax.tree.map(lambda a: _where_split(a, mesh), got)
+    return run
+
+
+def _where_split(a, mesh) -> Said:
+    """Where ``a`` lives and how it is split: "split as P('data',) over devices [4, 5, 6, 7]" (mesh order; an axis
+    named as ``mesh``'s axis in the same position is named so: only the placement counts, not the name)."""
+    spec = getattr(getattr(a, "sharding", None), "spec", None)
+    if spec is None:
+        return placement(a)
+    names = dict(zip(a.sharding.mesh.axis_names, mesh.axis_names))
+    spec = jax.sharding.PartitionSpec(*[names.get(x, x) if isinstance(x, str) else x for x in spec][
+        :max([i + 1 for i, x in enumerate(spec) if x] or [0])])
+    return Said(f"split as {spec} over devices {[d.id for d in a.sharding.mesh.devices.flat]}")
 
 
 @exercise("11.4", "Restore a state saved sharded on 8 devices straight onto a mesh of another size",
@@ -485,137 +540,42 @@ def check_restore_resharded(restore_resharded):
     devs = jax.devices()
     n = len(devs)
     smaller = [c for c in (4, 2) if c < n] or [n]
-    half = max(n // 2, 1)
-    # (case, devices it is saved from, the steps saved before each call (oldest first), the mesh sizes asked for)
+    # (case, devices it is saved from, the steps saved in order (the newest last, as Orbax requires), mesh sizes)
     plans = [(_case_a, devs, [7], [smaller[0]]),
-             (_case_a, devs, [8, 10], smaller[1:] or smaller),  # 7, 8, 10: as text "8" > "10"; 7 the oldest
-             (_case_b, devs[:half], [9, 99, 100], [n])]          # as text "99" > "100"; saved from fewer devices
+             (_case_a, devs, [7, 8, 10, 11], smaller[1:] or smaller),  # text: "8" > "11"; 7 the oldest; 10 next
+             (_case_b, devs[:n // 2 or 1], [9, 99, 100], [n])]      # as text "99" > "100"; saved from fewer devices
+    cases, seen = [], {}
     with tempfile.TemporaryDirectory() as tmp:
-        saved_steps, values, specs, axis, saved_from = {}, None, None, None, None
         for index, (case, from_devices, steps, sizes) in enumerate(plans):
-            directory = pathlib.Path(tmp) / f"run{0 if case is _case_a else 1}"
-            if index == 0 or case is not plans[index - 1][0]:
-                axis, values, specs = case()
-                saved_steps = {}
+            directory, (axis, values, specs) = pathlib.Path(tmp) / f"run{index}", case()
             saved_mesh = jax.make_mesh((len(from_devices),), (axis,), devices=from_devices)
+            saved = {step: values if step == steps[0] else _bump(values, step) for step in steps}
             for step in steps:
-                step_values = values if not saved_steps else _bump(values, step)
                 placed = jax.tree.map(lambda v, spec: jax.device_put(v, NamedSharding(saved_mesh, P(*spec))),
-                                      step_values, specs, is_leaf=lambda x: isinstance(x, tuple))
+                                      saved[step], specs, is_leaf=lambda x: isinstance(x, tuple))
                 with ocp.CheckpointManager(directory) as manager:
                     manager.save(step, args=ocp.args.StandardSave(placed))
                     manager.wait_until_finished()
-                saved_steps[step] = (step_values, placed)
-            newest = max(saved_steps)
-            want_values, placed = saved_steps[newest]
             like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), placed)
-            for count in sizes:
-                mesh = jax.make_mesh((count,), (axis,), devices=devs[n - count:])   # the last devices
-                _check_one_restore(restore_resharded, directory, like, mesh, want_values, specs, saved_steps,
-                                   newest, axis, len(from_devices))
+            cases += [Case((directory, like, jax.make_mesh((count,), (axis,), devices=devs[n - count:]), saved),
+                           f"restore_resharded(directory of steps {steps}, like, mesh of {count} devices '{axis}')",
+                           n=count) for count in sizes]       # the last devices: "the first n" shows
+        diagnose(restore_resharded, cases, solution=solution_restore_resharded, mistakes=MISTAKES_11_4,
+                 run=_resharded_runner(seen), name="restore_resharded")
+    for case in cases:               # the mechanism: each device read its own part, straight onto the new mesh
+        reads, watching = seen[case.label]
+        where = "no array" if not reads else "the host (NumPy)" if "host" in reads else "the sharding stored in " \
+            "the checkpoint (the devices they were saved from)" if any(
+                r is None or set(r.device_set) != set(case.args[2].devices.flat) for r in reads) else None
+        if watching and where == "no array":
+            raise Mismatch(f"{case.label}: the values and shardings are right, but Orbax read no array in your "
+                           "function. Restore from the checkpoint in directory.")
+        if watching and where:
+            raise Mismatch(f"{case.label}: the values and shardings are right, but Orbax read the arrays onto "
+                           f"{where} and you placed them afterwards: on a large model that is the whole state "
+                           "through other memory, and on a machine with fewer devices it fails. Give Orbax a "
+                           "target of jax.ShapeDtypeStructs with shardings on the new mesh, so that each device "
+                           "reads only its own part.")
     return ("each device read its own part of the saved state straight onto the new mesh, with the same "
             "PartitionSpecs, from the newest step (steps past 9, other structures and axis names, onto smaller "
             "and larger meshes).")
-
-
-def _check_one_restore(restore_resharded, directory, like, mesh, values, specs, saved_steps, newest, axis,
-                       saved_count):
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
-    count = mesh.size
-    what = f"restore_resharded(directory, like, mesh of {count} devices)"
-    reads, through_course_lib = [], []
-    with _orbax_reads(reads) as watching, _watch(checkpoint, "restore", through_course_lib), \
-            _watch(checkpoint.Checkpoints, "restore", through_course_lib):
-        try:
-            got = call(restore_resharded, directory, like, mesh, name="restore_resharded", hints=_ORBAX_LAYOUT)
-        except Mismatch as e:
-            if through_course_lib:
-                raise Mismatch(f"{what} called course_lib's checkpoint.restore; this exercise asks for Orbax "
-                               "itself, as you would write it in your own project (course_lib's restore "
-                               "reads only checkpoints that course_lib's save wrote; here it raised "
-                               f"{str(e).split(' raised ', 1)[-1].split(':', 1)[0]}).") from None
-            raise
-    if through_course_lib:
-        raise Mismatch(f"{what} called course_lib's checkpoint.restore; this exercise asks for Orbax itself, "
-                       "as you would write it in your own project.")
-    if isinstance(got, tuple) and len(got) == 2 and not isinstance(values, tuple):
-        raise Mismatch(f"{what} returned a pair; return only the restored state (a tree like like=).")
-    if not _same_structure(got, values):
-        lost = ""
-        try:
-            have = {_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(got)[0]}
-            missing = [_name(p) for p, _ in jax.tree_util.tree_flatten_with_path(values)[0] if _name(p) not in have]
-            if missing and len(missing) < len(jax.tree.leaves(values)):
-                lost = f" Leaves the checkpoint holds that are missing: {', '.join(missing[:4])}."
-        except Exception:
-            pass
-        raise Mismatch(f"{what} should return the whole saved state, with the structure of like= "
-                       f"({jax.tree.structure(values).num_leaves} leaves); got {describe_tree(got)}.{lost}")
-    mesh_ids = sorted(d.id for d in mesh.devices.flat)
-    older = {s: v for s, v in saved_steps.items() if s != newest}
-    for (path, leaf), want, spec in zip(jax.tree_util.tree_flatten_with_path(got)[0], jax.tree.leaves(values),
-                                        jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, tuple))):
-        name = _name(path)
-        want = np.asarray(want)
-        if not isinstance(leaf, jax.Array):
-            raise Mismatch(f"{what}: leaf {name} is {describe(leaf)}, not a jax.Array on the mesh's devices.")
-        if leaf.dtype != want.dtype:
-            raise Mismatch(f"{what}: leaf {name} came back as {leaf.dtype}; the checkpoint holds {want.dtype}. "
-                           "Keep each leaf's dtype in the target.")
-        if np.shape(leaf) != want.shape:
-            raise Mismatch(f"{what}: leaf {name} has shape {np.shape(leaf)}; the saved one is {want.shape} (a "
-                           "sharding changes where the parts live, not the shape).")
-        ids = sorted(d.id for d in leaf.devices())
-        if ids != mesh_ids:
-            hint = (f" Those are the {saved_count} devices it was saved from: the sharding stored in the checkpoint "
-                    "and the shardings in like= both name the old mesh; the target must name the new one."
-                    if len(ids) == saved_count else "")
-            raise Mismatch(f"{what}: leaf {name} lives on devices {ids}; the mesh you were given holds "
-                           f"{mesh_ids}.{hint}")
-        expected = NamedSharding(mesh, P(*spec))
-        if not leaf.sharding.is_equivalent_to(expected, leaf.ndim):
-            shown = getattr(leaf.sharding, "spec", leaf.sharding)
-            if getattr(leaf.sharding, "spec", None) == P(*spec) and leaf.sharding.mesh != mesh:
-                raise Mismatch(f"{what}: leaf {name} is split as it was saved, {P(*spec)}, but over a mesh of "
-                               "your own whose devices are in another order than the mesh you were given: device "
-                               "i holds another part. Use the mesh you were given.")
-            raise Mismatch(f"{what}: leaf {name} is placed as {shown}; it was saved split as {P(*spec)}. Keep "
-                           "each leaf's PartitionSpec (they differ from leaf to leaf) and change only the mesh.")
-        data = np.asarray(leaf)
-        if data.tobytes() != want.tobytes():
-            for step, (old_values, _) in older.items():
-                old = np.asarray(_leaf_at(old_values, path))
-                if data.tobytes() == old.tobytes():
-                    as_text = max(str(s) for s in saved_steps) == str(step)
-                    why = (f" If you picked it by the directories' names: compared as text, '{step}' comes after "
-                           f"'{newest}' (the first characters decide); step numbers must be compared as numbers."
-                           if as_text else
-                           f" You restored the oldest step the directory holds ({len(saved_steps)} steps)."
-                           if step == min(saved_steps) else "")
-                    raise Mismatch(f"{what}: leaf {name} holds the values of step {step}, but the directory's "
-                                   f"newest step is {newest} (the checker saved it before this call).{why} "
-                                   "Restore the newest step, whatever its number.")
-            raise Mismatch(f"{what}: leaf {name} holds other values than the checkpoint: restore the saved step, "
-                           "not a fresh state.")
-    if watching:
-        mesh_devices = set(mesh.devices.flat)
-        if not reads:
-            raise Mismatch(f"{what}: the values and shardings are right, but Orbax read no array in your "
-                           "function. Restore from the checkpoint in directory.")
-        if any(r == "host" for r in reads):
-            raise Mismatch(f"{what}: the values and shardings are right, but Orbax read the arrays onto the "
-                           "host (NumPy) and you placed them afterwards: on a large model that is the whole "
-                           "state through one host's memory. Give Orbax a target of jax.ShapeDtypeStructs "
-                           "with shardings on the new mesh, so that each device reads only its own part.")
-        if any(r is None or set(r.device_set) != mesh_devices for r in reads):
-            raise Mismatch(f"{what}: the values and shardings are right, but Orbax read the arrays onto the "
-                           "sharding stored in the checkpoint (the devices they were saved from) and "
-                           "you moved them afterwards. On a machine with fewer devices that restore fails. "
-                           "Give Orbax a target with shardings on the new mesh.")
-
-
-def _leaf_at(tree, path):
-    for key in path:
-        tree = tree[getattr(key, "key", getattr(key, "idx", None))]
-    return tree

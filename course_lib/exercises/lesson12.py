@@ -18,7 +18,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import Mismatch, Mistake, _NotStarted, call, describe, describe_tree, difference, exercise, same
+from . import Case, Mismatch, Mistake, Said, call, describe, describe_tree, diagnose, difference, exercise, same
 
 AXIS = "data"
 
@@ -212,57 +212,86 @@ def _spec_names(spec) -> list[str]:
     return names
 
 
-def _check_specs(specs, shapes, mesh, where, names_only=False):
-    """Every spec valid, on 'fsdp' only, on an axis the fsdp size divides, and on one wherever one exists.
-    With ``names_only``, only the structure and the mesh axes each spec names."""
-    size = mesh.shape["fsdp"]
-    if isinstance(specs, NamedSharding) or any(isinstance(s, NamedSharding) for s in jax.tree.leaves(
-            specs, is_leaf=lambda s: isinstance(s, NamedSharding))):
+def _kind(name, spec, shape, size) -> Said:
+    """What a spec does to one array, in words: the same words for every right spec of that array."""
+    leaf = f"params{name} {shape}"
+    if not isinstance(spec, P):
+        return Said(f"{leaf}: {spec!r:.60}, not a PartitionSpec (P from jax.sharding)")
+    names = _spec_names(spec)
+    unknown = [a for a in names if a not in MESH_AXES]
+    axis = next((i for i, entry in enumerate(spec) if entry is not None), None)
+    divisible = [i for i, length in enumerate(shape) if length % size == 0]
+    if unknown:
+        return Said(f"{leaf}: {spec} names {unknown[0]!r}, not an axis of the mesh (its axes are {MESH_AXES})")
+    if len(spec) > len(shape):
+        return Said(f"{leaf}: {spec} has {len(spec)} entries; the array has only {len(shape)} axes")
+    if "data" in names:
+        return Said(f"{leaf}: split over 'data' ({spec}), gathered across the groups, on the slow links")
+    if axis is None:
+        return Said(f"{leaf}: whole" if not divisible else f"{leaf}: stays whole on every device, although its "
+                    f"axis {divisible[0]} (length {shape[divisible[0]]}) splits over the {size} devices of 'fsdp'")
+    if names.count("fsdp") > 1 or shape[axis] % size:
+        return Said(f"{leaf}: {spec}, along axis {axis} of length {shape[axis]}, which the {size} devices of "
+                    "'fsdp' do not divide")
+    return Said(f"{leaf}: split over 'fsdp' along an axis it divides")
+
+
+def _specs_runner(fn, case):
+    """What each of ``fn``'s specs does, in words (the mesh axes named, the axis split, whether it divides)."""
+    mesh_shape, shapes, _ = _hybrid_cases()[case.args[0]]
+    mesh = jax.make_mesh(mesh_shape, MESH_AXES, devices=jax.devices()[:mesh_shape[0] * mesh_shape[1]])
+    specs = call(fn, jax.tree.map(jnp.asarray, _cnn_params(shapes, 40 + case.args[0])), mesh, name="fsdp_specs",
+                 hints=_NESTED)
+    if any(isinstance(s, NamedSharding) for s in jax.tree.leaves(specs, is_leaf=lambda s: isinstance(
+            s, NamedSharding))):
         raise Mismatch("fsdp_specs returned NamedShardings; return the PartitionSpecs themselves (the checker places "
                        "the arrays on its meshes with them).")
-    want_structure = jax.tree.structure(shapes, is_leaf=lambda s: isinstance(s, tuple))
-    got_structure = jax.tree.structure(specs, is_leaf=lambda s: isinstance(s, P))
-    if got_structure != want_structure:
+    if jax.tree.structure(specs, is_leaf=lambda s: isinstance(s, P)) != jax.tree.structure(
+            shapes, is_leaf=lambda s: isinstance(s, tuple)):
         raise Mismatch(f"fsdp_specs should return a dict shaped like params (one PartitionSpec per array, the same "
                        f"keys); got {describe_tree(specs)}.")
-    flat_specs = jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P))
-    whole_leaf = None
-    flat = zip(_leaf_names(jax.tree.map(lambda s: 0, shapes, is_leaf=lambda s: isinstance(s, tuple))), flat_specs,
-               jax.tree.leaves(shapes, is_leaf=lambda s: isinstance(s, tuple)))
-    for (name, _), spec, shape in flat:
-        leaf = f"params{name}, shape {shape},"
-        if not isinstance(spec, P):
-            raise Mismatch(f"{where}: the spec for {leaf} is {spec!r:.80}, not a PartitionSpec (P from "
-                           "jax.sharding).")
-        names = _spec_names(spec)
-        unknown = [a for a in names if a not in MESH_AXES]
-        if unknown:
-            raise Mismatch(f"{where}: the spec for {leaf} {spec}, names {unknown[0]!r}, which is not an axis of "
-                           f"the mesh (its axes are {MESH_AXES}).")
-        if "data" in names:
-            raise Mismatch(f"{where}: {leaf} is split over 'data' ({spec}). In hybrid sharding each 'data' group "
-                           "holds a whole copy of the parameters, split only within the group over 'fsdp': an "
-                           "array split over 'data' is gathered across the groups, on the slow links.")
-        if names_only:
-            continue
-        if len(spec) > len(shape):
-            raise Mismatch(f"{where}: the spec for {leaf} {spec}, has {len(spec)} entries; the array has only "
-                           f"{len(shape)} axes.")
-        if names.count("fsdp") > 1:
-            raise Mismatch(f"{where}: the spec for {leaf} {spec}, uses 'fsdp' twice; a mesh axis can split one "
-                           "array axis only.")
-        axis = next((i for i, entry in enumerate(spec) if entry is not None), None)
-        if axis is not None and shape[axis] % size:
-            raise Mismatch(f"{where}: {leaf} is split over 'fsdp' along axis {axis}, of length {shape[axis]}; on "
-                           f"this mesh 'fsdp' has {size} devices, which do not divide it. Choose, per array, an "
-                           "axis the mesh's 'fsdp' size divides (read the size from the mesh you are given).")
-        divisible = [i for i, length in enumerate(shape) if length % size == 0]
-        if axis is None and divisible and whole_leaf is None:      # reported after every leaf's axis is checked
-            whole_leaf = Mismatch(f"{where}: {leaf} stays whole on every device, although its axis {divisible[0]} "
-                           f"(length {shape[divisible[0]]}) splits over the {size} devices of 'fsdp'. FSDP splits "
-                           "every array it can: a whole copy per device is data parallelism's memory.")
-    if whole_leaf is not None:
-        raise whole_leaf
+    named = list(zip(_leaf_names(jax.tree.map(lambda s: 0, shapes, is_leaf=lambda s: isinstance(s, tuple))),
+                     jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P)),
+                     jax.tree.leaves(shapes, is_leaf=lambda s: isinstance(s, tuple))))
+    kinds = [_kind(name, spec, shape, mesh.shape["fsdp"]) for (name, _), spec, shape in named]
+    axes = [k if any(w in k for w in ("'data'", "not a PartitionSpec", "not an axis")) else
+            Said(f"params{name} {shape}: split over 'fsdp' only, or whole") for k, ((name, _), _, shape) in
+            zip(kinds, named)]
+    return axes, kinds                  # the mesh axes first: an array split over 'data' is the main error
+
+
+def _specs_as(axis_of, names=lambda mesh, a, i: "fsdp"):
+    """fsdp_specs with one mistake: ``axis_of(mesh, array)`` picks the axis to split (None: whole)."""
+    def fsdp_specs(params, mesh):
+        def spec(a):
+            i = axis_of(mesh, a)
+            return P() if i is None else P(*[None] * i, names(mesh, a, i))
+        return jax.tree.map(spec, params)
+    return fsdp_specs
+
+
+def _first(size):
+    return lambda mesh, a: next((i for i, n in enumerate(a.shape) if n % size(mesh) == 0), None)
+
+
+_HYBRID = ("In hybrid sharding each 'data' group holds a whole copy of the parameters, split only within the group "
+           "over 'fsdp': an array split over 'data' is gathered across the groups, on the slow links.")
+MISTAKES_12_1 = [
+    Mistake("over data", "Every array is split over 'data' where it can be. " + _HYBRID,
+            _specs_as(_first(lambda m: m.shape["data"]), lambda m, a, i: "data")),
+    Mistake("over both axes", "That is plain FSDP over all the devices where it fits. " + _HYBRID, _specs_as(
+        lambda m, a: _first(lambda m: m.size)(m, a) if _first(lambda m: m.size)(m, a) is not None else _first(
+            lambda m: m.shape["fsdp"])(m, a), lambda m, a, i: ("data", "fsdp") if a.shape[i] % m.size == 0
+        else "fsdp")),
+    Mistake("always axis 0", "Every array is split along its first axis, whatever its length. Choose, per array, "
+            "an axis the mesh's 'fsdp' size divides (read the size from the mesh you are given).",
+            _specs_as(lambda m, a: 0 if a.ndim else None)),
+    Mistake("always the last axis", "Every array is split along its last axis, whatever its length. Choose, per "
+            "array, an axis the mesh's 'fsdp' size divides (read the size from the mesh you are given).",
+            _specs_as(lambda m, a: a.ndim - 1 if a.ndim else None)),
+    Mistake("nothing split", "Every array stays whole on every device: that is data parallelism's memory. FSDP "
+            "splits every array it can.", _specs_as(lambda m, a: None)),
+]
 
 
 _NESTED = {"'dict' object has no attribute": "The params given are a nested pytree, not a flat dict of arrays: "
@@ -275,53 +304,33 @@ _NESTED = {"'dict' object has no attribute": "The params given are a nested pytr
           solution=solution_fsdp_specs,
           returns="a dict like params of PartitionSpecs, split over 'fsdp' only")
 def check_fsdp_specs(fsdp_specs):
-    if not callable(fsdp_specs):
-        raise Mismatch(f"expected a function fsdp_specs(params, mesh); got {describe_tree(fsdp_specs)}.")
+    cases = [Case((i,), f"on a {m[0]} x {m[1]} mesh", n=m[0] * m[1])       # the widest 'fsdp' first: all 8
+             for i, (m, _, _) in reversed(list(enumerate(_hybrid_cases())))]   # devices divide some axes
+    diagnose(fsdp_specs, cases, solution=solution_fsdp_specs, mistakes=MISTAKES_12_1, run=_specs_runner,
+             name="fsdp_specs")
     passed = []
-    for case, (mesh_shape, shapes, optimizer) in enumerate(_hybrid_cases()):      # the axes named, on every mesh
+    for case, (mesh_shape, shapes, optimizer) in enumerate(_hybrid_cases()):     # one step with the specs
         mesh = jax.make_mesh(mesh_shape, MESH_AXES, devices=jax.devices()[:mesh_shape[0] * mesh_shape[1]])
-        specs = call(fsdp_specs, jax.tree.map(jnp.asarray, _cnn_params(shapes, 40 + case)), mesh, name="fsdp_specs",
-                     hints=_NESTED)
-        _check_specs(specs, shapes, mesh, f"on a {mesh_shape[0]} x {mesh_shape[1]} mesh", names_only=True)
-    for case, (mesh_shape, shapes, optimizer) in enumerate(_hybrid_cases()):
-        mesh = jax.make_mesh(mesh_shape, MESH_AXES, devices=jax.devices()[:mesh_shape[0] * mesh_shape[1]])
-        where = f"on a {mesh_shape[0]} x {mesh_shape[1]} mesh"
         host = _cnn_params(shapes, 40 + case)
-        given = jax.tree.map(jnp.asarray, host)
-        specs = call(fsdp_specs, given, mesh, name="fsdp_specs", hints=_NESTED)
-        _check_specs(specs, shapes, mesh, where)
+        specs = fsdp_specs(jax.tree.map(jnp.asarray, host), mesh)
         rng = np.random.default_rng(50 + case)
-        batch = 4 * mesh_shape[0] * mesh_shape[1]
-        x = rng.normal(size=(batch, 4, 4, shapes["conv"]["w"][2])).astype(np.float32)
-        y = rng.integers(0, 10, batch).astype(np.int32)
+        x = rng.normal(size=(4 * mesh.size, 4, 4, shapes["conv"]["w"][2])).astype(np.float32)
+        y = rng.integers(0, 10, 4 * mesh.size).astype(np.int32)
         want = _jitted_update(case, False)(host, optimizer.init(host), x, y)
         with jax.set_mesh(mesh):
-            try:
-                params = jax.tree.map(lambda a, s: jax.device_put(a, NamedSharding(mesh, s)), host, specs,
-                                      is_leaf=lambda s: isinstance(s, P))
-            except Exception as e:
-                raise Mismatch(f"{where}: placing the arrays with your specs failed: {type(e).__name__}: "
-                               f"{_no_paths(e).splitlines()[0][:200]}") from None
-            opt_state = optimizer.init(params)
-            both = P(MESH_AXES)
-            xs, ys = jax.device_put(x, both), jax.device_put(y, both)
-            step = _jitted_update(case, True)
-            compiled = step.lower(params, opt_state, xs, ys).compile()
-            new_params, _, loss = step(params, opt_state, xs, ys)
-        if not np.isclose(float(loss), float(want[2]), rtol=1e-5, atol=1e-6):
-            raise Mismatch(f"{where}: the loss is {float(loss):.6f}, expected {float(want[2]):.6f}.")
-        for (name, got), w, spec in zip(_leaf_names(new_params), jax.tree.leaves(want[0]),
-                                        jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P))):
-            if not np.allclose(np.asarray(got), np.asarray(w), rtol=1e-4, atol=1e-5):
-                raise Mismatch(f"{where}: after one step params{name} differs from the single-device step.")
-            if got.sharding.spec != NamedSharding(mesh, spec).spec and \
-                    _spec_names(got.sharding.spec) != _spec_names(spec):
-                raise Mismatch(f"{where}: params{name} came back split as {got.sharding.spec}, not {spec}.")
-        text = compiled.as_text()
+            params = jax.tree.map(lambda a, s: jax.device_put(a, NamedSharding(mesh, s)), host, specs,
+                                  is_leaf=lambda s: isinstance(s, P))
+            args = (params, optimizer.init(params), *jax.device_put((x, y), P(MESH_AXES)))
+            text = _jitted_update(case, True).lower(*args).compile().as_text()
+            got = _jitted_update(case, True)(*args)
+        diff = difference((got[2], got[0]), (want[2], want[0]), rtol=1e-4, atol=1e-5)
+        if diff:
+            raise Mismatch(f"on a {mesh_shape[0]} x {mesh_shape[1]} mesh: after one step with your specs, (loss, "
+                           f"params) differ from the single-device step: {diff}.")
         axes = _gather_axes(text)
         if axes - {"fsdp"}:
-            raise Mismatch(f"{where}: the compiled step gathers over {sorted(axes)}; the parameters should be "
-                           "gathered over 'fsdp' only.")
+            raise Mismatch(f"on a {mesh_shape[0]} x {mesh_shape[1]} mesh: the compiled step gathers over "
+                           f"{sorted(axes)}; the parameters should be gathered over 'fsdp' only.")
         state = sum(int(np.prod(s)) * 4 // (mesh.shape["fsdp"] if _spec_names(spec) else 1) for s, spec in zip(
             jax.tree.leaves(shapes, is_leaf=lambda s: isinstance(s, tuple)),
             jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P))))
@@ -418,70 +427,65 @@ def _fsdp_grads(gather, mesh, specs=SPECS):
 
 def _fsdp_inputs(mesh, seed):
     rng = np.random.default_rng(seed)
-    x = rng.normal(size=(32, D)).astype(np.float32)
-    target = rng.normal(size=(32, D)).astype(np.float32)
-    host = _layer_params()
-    params = {k: jax.device_put(v, NamedSharding(mesh, SPECS[k])) for k, v in host.items()}
-    return host, params, jax.device_put(x, NamedSharding(mesh, P(AXIS))), \
-        jax.device_put(target, NamedSharding(mesh, P(AXIS))), x, target
+    put = lambda v, spec: jax.device_put(v, NamedSharding(mesh, spec))
+    return ({k: put(v, SPECS[k]) for k, v in _layer_params().items()},
+            *(put(rng.normal(size=(32, D)).astype(np.float32), P(AXIS)) for _ in range(2)))
+
+
+def _gather_runner(seen):
+    """(loss, gradients) of the checker's FSDP step with ``fn`` as its gather; its compiled text kept in seen."""
+    def run(fn, case):
+        f, args = _fsdp_grads(fn, _mesh(case.n)), _fsdp_inputs(_mesh(case.n), 200 + case.n)
+        try:
+            seen[case.label] = f.lower(*args).compile().as_text()
+        except _Bad as e:
+            raise Mismatch(_no_paths(e)) from None
+        except Mismatch:
+            raise
+        except Exception:
+            seen[case.label] = None                   # reported with the inputs by call() below
+        try:
+            return call(f, *args, name="the checker's FSDP step with your gather_layer", hints={
+                "unbound axis name": f"The mesh axis is named {AXIS!r}: use that name in the collective.",
+                "cannot reshape": f"Your gather assumes a number of devices; this run has {case.n}. Inside "
+                                  "shard_map, jax.lax.axis_size gives it, or let the collective join the slices "
+                                  "itself."})
+        except Mismatch as e:
+            raise type(e)(_no_paths(e)) from None
+    return run
+
+
+MISTAKES_12_2 = [
+    Mistake("slices reversed", "The slices were joined in reverse device order: the layers ran with other weights "
+            "than the model's. Join them in device order along the axis that was split (the last one).",
+            lambda layer: jax.tree.map(lambda w: jnp.concatenate(list(jax.lax.all_gather(w, AXIS)[::-1]), axis=-1),
+                                       layer)),
+    Mistake("gradient stopped", "No gradient reaches the slices: the gather's result was cut from the gradient path "
+            "(stop_gradient), so its transpose, the reduce-scatter, never runs.",
+            lambda layer: jax.tree.map(lambda w: jax.lax.stop_gradient(solution_gather_layer({"w": w})["w"]), layer)),
+]
 
 
 @exercise("12.2", "Gather one layer's weights inside the scan (FSDP)", solution=solution_gather_layer,
           returns="a dict like `layer`, each leaf whole (its last axis n_devices times longer)")
 def check_gather_layer(gather_layer):
-    if not callable(gather_layer):
-        raise Mismatch(f"expected a function gather_layer(layer); got {describe_tree(gather_layer)}.")
-    for n in _sizes():
-        mesh = _mesh(n)
-        where = f"on {n} devices"
-        host, params, xs, ts, x, target = _fsdp_inputs(mesh, 200 + n)
-        want_loss, want_grads = jax.jit(jax.value_and_grad(_stack_loss), static_argnums=3)(
-            host, x, target, lambda layer: layer)
-        f = _fsdp_grads(gather_layer, mesh)
-        try:
-            text = f.lower(params, xs, ts).compile().as_text()
-        except _NotStarted:
-            raise
-        except _Bad as e:
-            raise Mismatch(f"{where}: {_no_paths(e)}") from None
-        except Exception:
-            text = None
-        try:
-            got = call(f, params, xs, ts, name="the checker's FSDP step with your gather_layer", hints={
-                "unbound axis name": f"The mesh axis is named {AXIS!r}: use that name in the collective.",
-                "cannot reshape": f"Your gather assumes a number of devices; this run has {n}. Inside shard_map, "
-                                  "jax.lax.axis_size gives it, or let the collective join the slices itself.",
-            })
-        except _NotStarted:
-            raise
-        except Mismatch as e:
-            raise Mismatch(f"{where}: {_no_paths(e)}") from None
-        loss, grads = got
-        if not np.isclose(float(loss), float(want_loss), rtol=1e-5, atol=1e-6):
-            raise Mismatch(f"{where}: the loss is {float(loss):.6f}, expected {float(want_loss):.6f}: the layers ran "
-                           "with the wrong weights. The slices must be joined in device order along the axis that "
-                           "was split (the last one), so that each leaf comes back exactly as it was before "
-                           "sharding.")
-        diff = difference({k: grads[k] for k in host}, {k: want_grads[k] for k in host}, n=n, rtol=1e-4, atol=1e-6)
-        if diff:
-            raise Mismatch(f"{where}: the loss is right but the gradients are not: {diff}.")
-        found = compiled_collectives(text or "")
+    cases, seen = [Case((), f"on {n} devices", n=n) for n in _sizes()], {}
+    diagnose(gather_layer, cases, solution=solution_gather_layer, mistakes=MISTAKES_12_2, run=_gather_runner(seen),
+             name="gather_layer", rtol=1e-4, atol=1e-6)
+    for case in cases:
+        found = compiled_collectives(seen[case.label] or "")
         if "all-gather" not in found:
-            raise Mismatch(f"{where}: loss and gradients are right, but the compiled program has no all-gather "
+            raise Mismatch(f"{case.label}: loss and gradients are right, but the compiled program has no all-gather "
                            f"(it holds {', '.join(found) or 'no collectives'}): the slices were combined another "
                            "way, which moves more data. FSDP gathers each layer's weights with an all-gather.")
         if "reduce-scatter" not in found:
-            invariant = "all_gather_invariant" in str(jax.make_jaxpr(f)(params, xs, ts))
-            raise Mismatch(f"{where}: loss and gradients are right, but the compiled program has no reduce-scatter "
-                           f"(it holds {', '.join(found)}): each device receives the whole summed gradient and keeps "
-                           "a slice. " + (
-                               "Your gather is declared the same on every device (all_gather with "
-                               "to=\"invarying\"): jax.grad then sums its gradient everywhere before each device "
-                               "keeps its slice. A plain all_gather's transpose is a reduce-scatter."
-                               if invariant else "FSDP hands each device only its slice of the summed gradient."))
+            raise Mismatch(f"{case.label}: loss and gradients are right, but the compiled program has no "
+                           f"reduce-scatter (it holds {', '.join(found)}): each device receives the whole summed "
+                           "gradient and keeps a slice. If your gather is declared the same on every device "
+                           "(all_gather with to=\"invarying\"), jax.grad sums its gradient everywhere before each "
+                           "device keeps its slice; a plain all_gather's transpose is a reduce-scatter.")
     return ("each layer is gathered whole inside the scan, the compiled step holds all-gathers and their transposes, "
             "reduce-scatters, and the loss and gradients match the unsharded model.")
-
 
 
 # ----------------------------------------------------------------------------------------------

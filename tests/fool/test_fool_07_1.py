@@ -105,3 +105,42 @@ RIGHT = {
 def test_right_answer_passes(name):
     fb = check("07.1", RIGHT[name])
     assert fb, (name, fb.message)
+
+
+# ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
+# where the numbers confirm it); each right one in another form passes.
+import pytest as _pytest  # noqa: E402
+from course_lib.exercises import check as _check  # noqa: E402
+
+import jax as _jax  # noqa: E402
+import jax.numpy as _jnp  # noqa: E402
+from jax.sharding import PartitionSpec as _P  # noqa: E402
+from course_lib.exercises.lesson07 import solution_ported as _ported  # noqa: E402
+
+
+def _fresh_port(reduce, swap=False):
+    def ported(x, w, mesh):
+        def per(xb, wb):
+            h = _jnp.tanh(xb @ wb)
+            return h, reduce(h.sum(axis=0))
+        out = _jax.shard_map(per, mesh=mesh, in_specs=(_P("i"), _P()), out_specs=(_P("i"), _P()))(x, w)
+        return out[::-1] if swap else out
+    return ported
+
+
+FRESH = [
+    ("pmean times jax.device_count()", _fresh_port(lambda t: _jax.lax.pmean(t, "i") * _jax.device_count()),
+     "2x too large, a factor 4/8"),
+    ("outputs swapped", _fresh_port(lambda t: _jax.lax.psum(t, "i"), swap=True), "the leading axis of 16 is missing"),
+    ("returns None", lambda x, w, m: None, "returned None: write"),
+    ("a list, not a tuple", lambda x, w, m: list(_ported(x, w, m)), None),
+]
+
+
+@_pytest.mark.parametrize("answer, fragment", [f[1:] for f in FRESH], ids=[f[0] for f in FRESH])
+def test_a_fresh_answer_gets_what_differs(answer, fragment):
+    fb = _check('07.1', answer)
+    if fragment is None:
+        assert fb, fb.message
+    else:
+        assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message

@@ -71,9 +71,9 @@ def _own_adam(loss_fn, optimizer, mesh):                         # the lesson's 
 
 
 WRONG = {
-    "pmean without pcast (8x)": (_sm(pcast=False), ["8x too large, a factor of the device count", "already summed"]),
-    "psum without pcast (64x)": (_sm(pcast=False, reduce="psum"), ["64x too large"]),
-    "psum with pcast (8x)": (_sm(reduce="psum"), ["8x too large", "a psum sums too"]),
+    "pmean without pcast (8x)": (_sm(pcast=False), ["8 times the mean gradient", "already summed"]),
+    "psum without pcast (64x)": (_sm(pcast=False, reduce="psum"), ["summed twice", "(8 x 8 times"]),
+    "psum with pcast (8x)": (_sm(reduce="psum"), ["8 times the mean gradient", "a psum (it sums)"]),
     "SGD by hand, optimizer ignored": (_sm(own_update=0.1), ["never calls the optimizer it was given"]),
     "sharded jit, no shard_map": (_sharded_jit, ["no jax.shard_map"]),
     "no donation": (_sm(donate=False), ["does not donate"]),
@@ -102,7 +102,7 @@ def test_the_lessons_adam_instead_of_the_given_optimizer_fails():
 
 def test_old_optimizer_state_returned():
     fb = check("07.2", _sm(keep_state=True))
-    assert not fb and "(params, opt_state, loss) differ" in fb.message and ": [1]" in fb.message, fb.message
+    assert not fb and "the one that came in" in fb.message and "[1]" in fb.message, fb.message
 
 
 def _grad_outside(loss_fn, optimizer, mesh):                     # lesson 06's idiom 2: grad of a pmean-ed loss
@@ -152,3 +152,41 @@ RIGHT = {
 def test_right_answer_passes(name):
     fb = check("07.2", RIGHT[name])
     assert fb, (name, fb.message)
+
+
+# ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
+# where the numbers confirm it); each right one in another form passes.
+import pytest as _pytest  # noqa: E402
+from course_lib.exercises import check as _check  # noqa: E402
+
+import optax as _optax  # noqa: E402
+
+
+def _step(scale=1.0, loss_red="pmean", two=False):
+    def make(loss_fn, optimizer, mesh):
+        def per(params, opt_state, x, y):
+            local = jax.tree.map(lambda p: jax.lax.pcast(p, "i", to="varying"), params)
+            loss, g = jax.value_and_grad(loss_fn)(local, x, y)
+            g = jax.tree.map(lambda a: a * scale, jax.lax.pmean(g, "i"))
+            u, s = optimizer.update(g, opt_state, params)
+            out = (_optax.apply_updates(params, u), s, getattr(jax.lax, loss_red)(loss, "i"))
+            return out[:2] if two else out
+        return jax.jit(jax.shard_map(per, mesh=mesh, in_specs=SPECS["in_specs"],
+                                     out_specs=SPECS["out_specs"][:2 if two else 3]), donate_argnums=(0, 1))
+    return make
+
+
+FRESH = [
+    ("loss summed, not averaged", _step(loss_red="psum"), "[0][2]: 8x too large, a factor of the device count"),
+    ("only (params, opt_state)", _step(two=True), "should return a triple (params, opt_state, loss)"),
+    ("returns None", lambda l, o, m: None, "returned None: write"),
+]
+
+
+@_pytest.mark.parametrize("answer, fragment", [f[1:] for f in FRESH], ids=[f[0] for f in FRESH])
+def test_a_fresh_answer_gets_what_differs(answer, fragment):
+    fb = _check('07.2', answer)
+    if fragment is None:
+        assert fb, fb.message
+    else:
+        assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message

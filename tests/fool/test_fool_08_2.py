@@ -59,3 +59,28 @@ def test_every_declared_mistake_is_named():
     for m in L.MISTAKES_08_2:
         fb = check("08.2", m.fn)
         assert not fb and m.feedback in fb.message, (m.name, fb.message)
+
+
+# ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
+# where the numbers confirm it); each right one in another form passes.
+import pytest as _pytest  # noqa: E402
+from course_lib.exercises import check as _check  # noqa: E402
+
+import jax.numpy as _jnp  # noqa: E402
+from course_lib.exercises.lesson08 import solution_local_part as _local  # noqa: E402
+
+FRESH = [
+    ("the first half of the rows", lambda b, d, p: b[:len(b) // 2], "every value off by -24"),
+    ("a jax array (int32)", lambda b, d, p: _jnp.asarray(_local(b, d, p)), "dtype int32 where int64"),
+    ("returns None", lambda b, d, p: None, "returned None: write"),
+    ("a list of rows", lambda b, d, p: [b[i] for i, x in enumerate(d) if x.process_index == p], None),
+]
+
+
+@_pytest.mark.parametrize("answer, fragment", [f[1:] for f in FRESH], ids=[f[0] for f in FRESH])
+def test_a_fresh_answer_gets_what_differs(answer, fragment):
+    fb = _check('08.2', answer)
+    if fragment is None:
+        assert fb, fb.message
+    else:
+        assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message

@@ -39,7 +39,7 @@ WRONG = {
                                      ["number of processes (not of devices)"]),
     "two processes hard-coded": (_make(shape=lambda r: r.shape[0] * 2), ["not be a fixed number"]),
     "the shape as a list": (_list_shape, ["a tuple of ints"]),
-    "a cast to float16": (lambda r, m: _make()(r.astype(np.float16), m), ["float16", "Keep their dtype"]),
+    "a cast to float16": (lambda r, m: _make()(r.astype(np.float16), m), ["dtype float16 where float32"]),
     "the stacked pmap layout": (lambda r, m: jax.make_array_from_process_local_data(
         NamedSharding(m, P("data")), r.reshape(m.size, -1, r.shape[1]),
         (m.size, r.shape[0] * jax.process_count() // m.size, r.shape[1])), ["stacked (n, B // n, ...) layout"]),
@@ -76,3 +76,26 @@ def test_rows_of_any_rank():
     fb = check("08.3", lambda r, m: jax.make_array_from_process_local_data(
         NamedSharding(m, P("data")), r, (r.shape[0] * jax.process_count(), r.shape[1])))
     assert not fb and "shape (8, 2, 3)" in fb.message and "however many there are" in fb.message
+
+
+# ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
+# where the numbers confirm it); each right one in another form passes.
+import pytest as _pytest  # noqa: E402
+from course_lib.exercises import check as _check  # noqa: E402
+
+FRESH = [
+    ("rows times jax.device_count()", _make(shape=lambda r: r.shape[0] * jax.device_count()),
+     "number of processes (not of devices)"),
+    ("split over the second axis", _make(spec=P(None, "data")), "Split the batch's rows (axis 0)"),
+    ("returns None", lambda r, m: None, "returned None: write"),
+    ("P('data', None) written out", _make(spec=P("data", None)), None),
+]
+
+
+@_pytest.mark.parametrize("answer, fragment", [f[1:] for f in FRESH], ids=[f[0] for f in FRESH])
+def test_a_fresh_answer_gets_what_differs(answer, fragment):
+    fb = _check('08.3', answer)
+    if fragment is None:
+        assert fb, fb.message
+    else:
+        assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message

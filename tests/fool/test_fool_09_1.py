@@ -29,3 +29,27 @@ RIGHT = [
 
 verdict, test_a_wrong_answer_fails_and_its_feedback_names_the_mistake, \
     test_a_right_answer_written_another_way_passes = fool_tests(ID, WRONG, RIGHT)
+
+
+# ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
+# where the numbers confirm it); each right one in another form passes.
+import pytest as _pytest  # noqa: E402
+from course_lib.exercises import check as _check  # noqa: E402
+
+import numpy as _np  # noqa: E402
+
+FRESH = [
+    ("rounded to 1 decimal", lambda d, s, k: round(d / k + s, 1), "expected 0.363333, got 0.4"),
+    ("k - 1 steps share the dispatch", lambda d, s, k: d / (k - 1) + s if k > 1 else d + s, "1.32x too large"),
+    ("returns None", lambda d, s, k: None, "returned None: write"),
+    ("a NumPy float32", lambda d, s, k: _np.float32(d / k + s), None),
+]
+
+
+@_pytest.mark.parametrize("answer, fragment", [f[1:] for f in FRESH], ids=[f[0] for f in FRESH])
+def test_a_fresh_answer_gets_what_differs(answer, fragment):
+    fb = _check('09.1', answer)
+    if fragment is None:
+        assert fb, fb.message
+    else:
+        assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message

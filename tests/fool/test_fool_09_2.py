@@ -48,3 +48,28 @@ RIGHT = [("np.linalg.lstsq", lstsq), ("covariance formula", by_covariance),
 
 verdict, test_a_wrong_answer_fails_and_its_feedback_names_the_mistake, \
     test_a_right_answer_written_another_way_passes = fool_tests(ID, WRONG, RIGHT)
+
+
+# ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
+# where the numbers confirm it); each right one in another form passes.
+import pytest as _pytest  # noqa: E402
+from course_lib.exercises import check as _check  # noqa: E402
+
+import numpy as _np  # noqa: E402
+from course_lib.exercises.lesson09 import solution_fit_dispatch_and_step as _fit  # noqa: E402
+
+FRESH = [
+    ("the intercept only", lambda ks, ms: float(_np.polyfit(1 / _np.asarray(ks, float), ms, 1)[1]),
+     "expected a tuple of 2"),
+    ("rounded to 1 decimal", lambda ks, ms: tuple(round(v, 1) for v in _fit(ks, ms)), "1.2x too small"),
+    ("np.polyfit's array", lambda ks, ms: _np.polyfit(1 / _np.asarray(ks, float), ms, 1), None),
+]
+
+
+@_pytest.mark.parametrize("answer, fragment", [f[1:] for f in FRESH], ids=[f[0] for f in FRESH])
+def test_a_fresh_answer_gets_what_differs(answer, fragment):
+    fb = _check('09.2', answer)
+    if fragment is None:
+        assert fb, fb.message
+    else:
+        assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message

@@ -47,3 +47,27 @@ verdict, test_a_wrong_answer_fails_and_its_feedback_names_the_mistake, \
 def test_devices_written_in_is_not_told_adam_has_one_moment():
     message = verdict(lambda p, n, s: table(p, 8, s)).message
     assert "Adam keeps" not in message, message
+
+
+# ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
+# where the numbers confirm it); each right one in another form passes.
+import pytest as _pytest  # noqa: E402
+from course_lib.exercises import check as _check  # noqa: E402
+
+from course_lib.exercises.lesson10 import solution_zero_bytes as _zb  # noqa: E402
+
+FRESH = [
+    ("8 devices written in", lambda p, n, s: _zb(p, 8, s), "numbers for all of jax.devices()"),
+    ("2-byte params and grads", lambda p, n, s: {k: v / 2 if k != "opt_state" else v for k, v in _zb(p, n, s).items()},
+     "['params']: 2x too small"),
+    ("NumPy integers", lambda p, n, s: {k: __import__("numpy").int64(v) for k, v in _zb(p, n, s).items()}, None),
+]
+
+
+@_pytest.mark.parametrize("answer, fragment", [f[1:] for f in FRESH], ids=[f[0] for f in FRESH])
+def test_a_fresh_answer_gets_what_differs(answer, fragment):
+    fb = _check('10.1', answer)
+    if fragment is None:
+        assert fb, fb.message
+    else:
+        assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message

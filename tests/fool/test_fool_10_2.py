@@ -96,3 +96,37 @@ def _fixed_eight(p, g, lr):
     start = jax.lax.axis_index(A) * cols
     return jax.lax.all_gather(jax.lax.dynamic_slice_in_dim(p, start, cols, axis=1) - lr * mine, A, axis=1,
                               tiled=True)
+
+
+# ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
+# where the numbers confirm it); each right one in another form passes.
+import pytest as _pytest  # noqa: E402
+from course_lib.exercises import check as _check  # noqa: E402
+
+import jax as _jax  # noqa: E402
+
+
+def _zero(by):
+    def zero2_sgd(params, grads, lr):
+        n = _jax.lax.axis_size("data")
+        cols = params.shape[1] // n
+        mine = _jax.lax.psum_scatter(grads, "data", scatter_dimension=1, tiled=True) / by(n)
+        my = _jax.lax.dynamic_slice_in_dim(params, _jax.lax.axis_index("data") * cols, cols, axis=1)
+        return _jax.lax.all_gather(my - lr * mine, "data", axis=1, tiled=True)
+    return zero2_sgd
+
+
+FRESH = [
+    ("divided by jax.device_count()", _zero(lambda n: _jax.device_count()), "2x too small, a factor 4/8"),
+    ("divided by n - 1", _zero(lambda n: n - 1), "a factor 8/7"),
+    ("returns None", lambda p, g, lr: None, "returned None: write"),
+]
+
+
+@_pytest.mark.parametrize("answer, fragment", [f[1:] for f in FRESH], ids=[f[0] for f in FRESH])
+def test_a_fresh_answer_gets_what_differs(answer, fragment):
+    fb = _check('10.2', answer)
+    if fragment is None:
+        assert fb, fb.message
+    else:
+        assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message

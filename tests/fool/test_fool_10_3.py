@@ -84,3 +84,26 @@ def test_every_declared_mistake_is_named():
     for m in L.MISTAKES_10_3:
         feedback = verdict(m.fn)
         assert not feedback and m.feedback in feedback.message, (m.name, feedback.message)
+
+
+# ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
+# where the numbers confirm it); each right one in another form passes.
+import pytest as _pytest  # noqa: E402
+from course_lib.exercises import check as _check  # noqa: E402
+
+from course_lib.exercises.lesson10 import solution_choose_k as _k  # noqa: E402
+
+FRESH = [
+    ("the budget back", lambda m, s, b, n, budget: budget, "without building a single step"),
+    ("one K less", lambda *a: None if _k(*a) is None else max(_k(*a) - 1, 1), "expected 3, got 2"),
+    ("K as a float", lambda *a: None if _k(*a) is None else float(_k(*a)), None),
+]
+
+
+@_pytest.mark.parametrize("answer, fragment", [f[1:] for f in FRESH], ids=[f[0] for f in FRESH])
+def test_a_fresh_answer_gets_what_differs(answer, fragment):
+    fb = _check('10.3', answer)
+    if fragment is None:
+        assert fb, fb.message
+    else:
+        assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message

@@ -110,7 +110,7 @@ WRONG = [
     ("the local loss", lambda l, o: fsdp(l, o, pmean_loss=False), "average it over the mesh axis"),
     ("bfloat16 compute", lambda l, o: fsdp(l, o, dtype=jnp.bfloat16), "bfloat16"),
     ("its own SGD, another learning rate", own_sgd(0.1), "5x too small"),
-    ("its own SGD, the first case's rate", own_sgd(0.5), "the first step's update"),
+    ("its own SGD, the first case's rate", own_sgd(0.5), "['first update']"),
     ("no step", lambda l, o: "step", "expected the step function"),
     ("plain SGD, no optimizer call", plain_sgd_no_optimizer, "never calls the update of the optimizer"),
     ("divided by n twice (4x too small on 4 devices)", lambda l, o: fsdp(l, o, divide=lambda n: n * n),
@@ -123,3 +123,30 @@ RIGHT = [("reduce-scatter by hand", scatters_itself), ("loss divided inside, psu
 
 verdict, test_a_wrong_answer_fails_and_its_feedback_names_the_mistake, \
     test_a_right_answer_written_another_way_passes = fool_tests(ID, WRONG, RIGHT)
+
+
+# ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
+# where the numbers confirm it); each right one in another form passes.
+import pytest as _pytest  # noqa: E402
+from course_lib.exercises import check as _check  # noqa: E402
+
+def _psum_loss(loss_fn, optimizer):
+    step = fsdp(loss_fn, optimizer, pmean_loss=False)
+    return lambda *a: (lambda p, s, loss: (p, s, jax.lax.psum(loss, A)))(*step(*a))
+
+
+FRESH = [
+    ("divided by jax.device_count()", lambda l, o: fsdp(l, o, divide=lambda n: jax.device_count()),
+     "4x too small, a factor 2/8"),
+    ("the loss summed", _psum_loss, "['losses']: 8x too large"),
+    ("returns None", lambda l, o: None, "returned None: write"),
+]
+
+
+@_pytest.mark.parametrize("answer, fragment", [f[1:] for f in FRESH], ids=[f[0] for f in FRESH])
+def test_a_fresh_answer_gets_what_differs(answer, fragment):
+    fb = _check('10.4', answer)
+    if fragment is None:
+        assert fb, fb.message
+    else:
+        assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message

@@ -70,3 +70,28 @@ def test_feedback_never_prints_the_compiled_counts():
             for op, count in right.items():
                 if mine.get(op) != count:
                     assert f"'{op}': {count}" not in message, (name, message)
+
+
+# ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
+# where the numbers confirm it); each right one in another form passes.
+import pytest as _pytest  # noqa: E402
+from course_lib.exercises import check as _check  # noqa: E402
+
+from course_lib.exercises.lesson10 import solution_predict_collectives as _pc  # noqa: E402
+
+FRESH = [
+    ("zero2 gathers every micro-batch", lambda s, k: {**_pc(s, k), **({"all-gather": k} if s == "zero2" else {})},
+     "The all-gather runs once, after the loop"),
+    ("one scatter too many", lambda s, k: {**_pc(s, k), **({"reduce-scatter": k + 1} if s == "zero2" else {})},
+     "reduce-scatter (too many)"),
+    ("float counts", lambda s, k: {o: float(v) for o, v in _pc(s, k).items()}, None),
+]
+
+
+@_pytest.mark.parametrize("answer, fragment", [f[1:] for f in FRESH], ids=[f[0] for f in FRESH])
+def test_a_fresh_answer_gets_what_differs(answer, fragment):
+    fb = _check('10.5', answer)
+    if fragment is None:
+        assert fb, fb.message
+    else:
+        assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message

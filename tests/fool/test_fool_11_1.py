@@ -70,11 +70,11 @@ WRONG = {
     "the first n devices": (_first_devices, "the first 4 device(s), not the ones you were given"),
     "restored, then moved": (_restore_then_move, "Pass devices= to checkpoint.restore"),
     "like moved, not restored": (_like_moved, "restore the checkpoint, not like="),
-    "an older step": (_oldest_step, "the newest step in the directory is 10"),
+    "an older step": (_oldest_step, "restore the newest step in the directory"),
     "float16 target": (_half_precision, "float16"),
-    "only the params": (_params_only, "whole state with the saved structure"),
-    "Orbax with no target": (_orbax_without_target, "all the devices it was saved from"),
-    "one device of those given": (_one_device, "exactly the devices you were given"),
+    "only the params": (_params_only, "expected dict{'params'"),
+    "Orbax with no target": (_orbax_without_target, "the devices it was saved from"),
+    "one device of those given": (_one_device, "expected on devices [4, 5, 6, 7], got on device 4"),
 }
 
 
@@ -104,3 +104,27 @@ def _newest_by_number(directory, like, devices):
 def test_right_answers_written_otherwise_pass(answer):
     feedback = check("11.1", answer)
     assert feedback, feedback.message
+
+
+# ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
+# where the numbers confirm it); each right one in another form passes.
+import pytest as _pytest  # noqa: E402
+from course_lib.exercises import check as _check  # noqa: E402
+
+FRESH = [
+    ("onto all devices", lambda d, like, devs: checkpoint.restore(d, like, devices=jax.devices())[0],
+     "expected on devices [4, 5, 6, 7], got on devices [0, 1, 2, 3, 4, 5, 6, 7]."),
+    ("the extra dict only", lambda d, like, devs: checkpoint.restore(d, like, devices=devs)[1], "got dict{'position'"),
+    ("cast to float32", lambda d, like, devs: jax.tree.map(lambda a: a.astype(jnp.float32), checkpoint.restore(
+        d, like, devices=devs)[0]), "dtype float32 where bfloat16 was expected"),
+    ("returns None", lambda d, like, devs: None, "returned None: write"),
+]
+
+
+@_pytest.mark.parametrize("answer, fragment", [f[1:] for f in FRESH], ids=[f[0] for f in FRESH])
+def test_a_fresh_answer_gets_what_differs(answer, fragment):
+    fb = _check('11.1', answer)
+    if fragment is None:
+        assert fb, fb.message
+    else:
+        assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message

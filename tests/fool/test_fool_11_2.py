@@ -74,3 +74,26 @@ def _collective_ops_over_dispatch_spans(trace):     # collectives do not nest in
 def test_right_answers_written_otherwise_pass(answer):
     feedback = check("11.2", answer)
     assert feedback, feedback.message
+
+
+# ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
+# where the numbers confirm it); each right one in another form passes.
+import pytest as _pytest  # noqa: E402
+from course_lib.exercises import check as _check  # noqa: E402
+
+import numpy as _np  # noqa: E402
+
+FRESH = [
+    ("rounded to 2 decimals", lambda t: round(solution_collective_fraction(t), 2), "rounded to 2 decimals"),
+    ("returns None", lambda t: None, "returned None: write"),
+    ("a NumPy float32", lambda t: _np.float32(solution_collective_fraction(t)), None),
+]
+
+
+@_pytest.mark.parametrize("answer, fragment", [f[1:] for f in FRESH], ids=[f[0] for f in FRESH])
+def test_a_fresh_answer_gets_what_differs(answer, fragment):
+    fb = _check('11.2', answer)
+    if fragment is None:
+        assert fb, fb.message
+    else:
+        assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message

@@ -73,3 +73,28 @@ def _loop(trace):
 def test_right_answers_written_otherwise_pass(answer):
     feedback = check("11.3", answer)
     assert feedback, feedback.message
+
+
+# ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
+# where the numbers confirm it); each right one in another form passes.
+import pytest as _pytest  # noqa: E402
+from course_lib.exercises import check as _check  # noqa: E402
+
+import numpy as _np  # noqa: E402
+from course_lib.exercises.lesson11 import solution_stalled_step as _stalled  # noqa: E402
+
+FRESH = [
+    ("the longest duration, not its step", lambda t: max(m.dur_us for m in t.markers), "expected 103, got 5000"),
+    ("the step as text", lambda t: str(_stalled(t)), "got str '103'"),
+    ("returns None", lambda t: None, "returned None: write"),
+    ("a NumPy integer", lambda t: _np.int64(_stalled(t)), None),
+]
+
+
+@_pytest.mark.parametrize("answer, fragment", [f[1:] for f in FRESH], ids=[f[0] for f in FRESH])
+def test_a_fresh_answer_gets_what_differs(answer, fragment):
+    fb = _check('11.3', answer)
+    if fragment is None:
+        assert fb, fb.message
+    else:
+        assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message

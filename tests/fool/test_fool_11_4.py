@@ -88,9 +88,9 @@ def _arrays_only(d, like, mesh):               # drops the scalar leaves
 WRONG = {
     "no target": (_no_target, "devices it was saved from"),
     "every leaf whole": (_all_whole, "Keep each leaf's PartitionSpec"),
-    "the first devices": (_first_devices, "the mesh you were given holds"),
+    "the first devices": (_first_devices, "over devices [4, 5, 6, 7], got split as"),
     "bfloat16 target": (_bfloat16, "bfloat16"),
-    "step 7 written in": (_step_seven, "values of step 7"),
+    "step 7 written in": (_step_seven, "expected the values of step 11, got the values of step 7"),
     "newest step by its name as text": (_newest_by_text, "compared as text"),
     "the oldest step": (_oldest_step, "You restored the oldest step"),
     "restored where saved, then moved": (_then_move, "onto the sharding stored in the checkpoint"),
@@ -98,7 +98,7 @@ WRONG = {
     "course_lib instead of Orbax": (_course_lib, "called course_lib's checkpoint.restore"),
     "the lesson's rule for every leaf": (_lesson_rule, "Keep each leaf's PartitionSpec"),
     "axis name 'data' written in": (_axis_data, "names its axis differently"),
-    "only the arrays": (_arrays_only, "whole saved state"),
+    "only the arrays": (_arrays_only, "expected dict{"),
 }
 
 
@@ -126,3 +126,30 @@ def _restore_none_and_specs_from_like(directory, like, mesh):
 def test_right_answers_written_otherwise_pass(answer):
     feedback = check("11.4", answer)
     assert feedback, feedback.message
+
+
+# ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
+# where the numbers confirm it); each right one in another form passes.
+import pytest as _pytest  # noqa: E402
+from course_lib.exercises import check as _check  # noqa: E402
+
+def _second_newest(d, like, mesh):
+    with ocp.CheckpointManager(d) as manager:
+        steps = sorted(manager.all_steps())
+    return _restore(d, _on(mesh, like), step=steps[-2] if len(steps) > 1 else steps[-1])
+
+
+FRESH = [
+    ("the second newest step", _second_newest, "expected the values of step 11, got the values of step 10."),
+    ("like's own shardings", lambda d, like, mesh: _restore(d, like), "devices it was saved from"),
+    ("returns None", lambda d, like, mesh: None, "returned None: write"),
+]
+
+
+@_pytest.mark.parametrize("answer, fragment", [f[1:] for f in FRESH], ids=[f[0] for f in FRESH])
+def test_a_fresh_answer_gets_what_differs(answer, fragment):
+    fb = _check('11.4', answer)
+    if fragment is None:
+        assert fb, fb.message
+    else:
+        assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message

@@ -83,7 +83,7 @@ WRONG = [
     (always_axis_0, "do not divide"),                          # a conv kernel's axis 0 is 3
     (nothing_split, "stays whole on every device"),
     (over_data, "split over 'data'"),
-    (over_both_axes, "split over 'data'"),
+    (over_both_axes, "plain FSDP over all the devices"),
     (_first_divisible(lambda mesh: 4), "fsdp"),                  # a size written in: right on the 2 x 4 mesh only
     (matrices_only, "stays whole on every device"),              # biases left whole
     (last_axis_always, "do not divide"),
@@ -152,3 +152,25 @@ def test_the_main_mistake_is_named_before_a_leaf_left_whole():
     feedback = check("12.1", over_both_axes_where_all_divide)
     assert not feedback
     assert "split over 'data'" in feedback.message and "stays whole" not in feedback.message, feedback.message
+
+
+# ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
+# where the numbers confirm it); each right one in another form passes.
+import pytest as _pytest  # noqa: E402
+from course_lib.exercises import check as _check  # noqa: E402
+
+FRESH = [
+    ("the size from jax.device_count()", _first_divisible(lambda mesh: jax.device_count()),
+     "stays whole on every device, although its axis 0 (length 6)"),
+    ("size 2 written in", _first_divisible(lambda mesh: 2), "which the 8 devices of 'fsdp' do not divide"),
+    ("returns None", lambda p, m: None, "returned None: write"),
+]
+
+
+@_pytest.mark.parametrize("answer, fragment", [f[1:] for f in FRESH], ids=[f[0] for f in FRESH])
+def test_a_fresh_answer_gets_what_differs(answer, fragment):
+    fb = _check('12.1', answer)
+    if fragment is None:
+        assert fb, fb.message
+    else:
+        assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message

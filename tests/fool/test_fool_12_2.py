@@ -108,3 +108,28 @@ def test_success_gives_no_counts_away():          # 12.3 asks for these counts
     feedback = check("12.2", solution_gather_layer)
     assert feedback, feedback.message
     assert not any(ch.isdigit() for ch in feedback.message), feedback.message
+
+
+# ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
+# where the numbers confirm it); each right one in another form passes.
+import pytest as _pytest  # noqa: E402
+from course_lib.exercises import check as _check  # noqa: E402
+
+FRESH = [
+    ("only w_in gathered", lambda l: {**l, "w_in": jax.lax.all_gather(l["w_in"], "data", axis=-1, tiled=True)},
+     "still split over the devices"),
+    ("axis 1 for every leaf", lambda l: jax.tree.map(lambda w: jax.lax.all_gather(w, "data", axis=1, tiled=True), l),
+     "axis 1 is out of bounds"),
+    ("returns None", lambda l: None, "returned None: write"),
+    ("times 1.0", lambda l: jax.tree.map(lambda w: 1.0 * jax.lax.all_gather(w, "data", axis=-1, tiled=True), l),
+     None),
+]
+
+
+@_pytest.mark.parametrize("answer, fragment", [f[1:] for f in FRESH], ids=[f[0] for f in FRESH])
+def test_a_fresh_answer_gets_what_differs(answer, fragment):
+    fb = _check('12.2', answer)
+    if fragment is None:
+        assert fb, fb.message
+    else:
+        assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message

@@ -110,3 +110,28 @@ def test_feedback_never_prints_the_compiled_counts(answer):
     assert printed, message
     for counts in printed:                   # every count shown is the learner's own prediction
         assert counts in [answer(*case) for case in _CASES], message
+
+
+# ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
+# where the numbers confirm it); each right one in another form passes.
+import pytest as _pytest  # noqa: E402
+from course_lib.exercises import check as _check  # noqa: E402
+
+import jax.numpy as _jnp  # noqa: E402
+from course_lib.exercises.lesson12 import solution_predict as _sp  # noqa: E402
+
+FRESH = [
+    ("remat ignored", lambda n, k, i, o, r: _sp(n, k, i, o, True), "nothing is gathered again"),
+    ("an all-reduce per layer, plus one", lambda *a: {**_sp(*a), "all-reduce": a[0] + 1}, "all-reduce (too many)"),
+    ("returns None", lambda *a: None, "returned None: write"),
+    ("float32 counts", lambda *a: {k: _jnp.float32(v) for k, v in _sp(*a).items()}, None),
+]
+
+
+@_pytest.mark.parametrize("answer, fragment", [f[1:] for f in FRESH], ids=[f[0] for f in FRESH])
+def test_a_fresh_answer_gets_what_differs(answer, fragment):
+    fb = _check('12.3', answer)
+    if fragment is None:
+        assert fb, fb.message
+    else:
+        assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message
