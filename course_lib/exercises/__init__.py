@@ -157,6 +157,14 @@ class Exercise:
         except Exception as e:  # a safety net: the answer broke the checker itself
             return Feedback(self.id, False, self._could_not_use(e))
 
+    def mistakes(self) -> list:
+        """The mistakes this exercise declares as data: the ``Mistake`` list its lesson module names
+        ``MISTAKES_NN_K`` (``MISTAKES_02_1`` for 02.1). ``Mistake.submitted()`` is what a learner making one
+        submits, so a test can check that each is named."""
+        import sys
+        module = sys.modules[self.checker.__module__]
+        return list(getattr(module, "MISTAKES_" + self.id.replace(".", "_"), []))
+
     def _could_not_use(self, error: Exception) -> str:
         first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
         parts = []
