@@ -304,6 +304,45 @@ MISTAKES_05_2 = [Mistake(name, f"That is {text}.", fn) for name, text, fn in [
 ]]
 
 
+_COLLECTIVES = {"all_gather", "all_gather_invariant", "psum", "psum_invariant", "pmax", "pmin", "ppermute",
+                "all_to_all", "reduce_scatter", "pbroadcast"}
+
+
+def _gathers(fn, tree) -> str | None:
+    """How ``fn(tree)`` gathered the copies, if it did: a leaf read whole on the host (``np.asarray`` or
+    ``jax.device_get`` of the global array brings every device's copy at once), or a collective run on them.
+    Watched while it runs: ``ArrayImpl._value`` is what every host read of an array goes through, and a
+    primitive's ``bind`` what tracing a collective goes through (JAX's caches cleared, so that none is hidden)."""
+    from jax._src import array as _array, core as _core
+    leaves, read, used = {id(x) for x in jax.tree.leaves(tree)}, [], set()
+    value, bind = _array.ArrayImpl.__dict__["_value"], _core.Primitive.bind
+
+    def watched_value(self):
+        if id(self) in leaves:
+            read.append(self.shape)
+        return value.__get__(self)
+
+    def watched_bind(prim, *args, **params):
+        used.add(prim.name)
+        return bind(prim, *args, **params)
+
+    jax.clear_caches()
+    _array.ArrayImpl._value, _core.Primitive.bind = property(watched_value), watched_bind
+    try:
+        fn(tree)
+    except Exception:
+        return None                  # it ran in the checker already: this run only watches how
+    finally:
+        _array.ArrayImpl._value, _core.Primitive.bind = value, bind
+    if read:
+        return (f"it read a whole leaf, shape {read[0]}, on the host: the global array holds all the devices' "
+                "copies, and reading it (np.asarray, jax.device_get, .tolist()) gathers them into one host array")
+    if used & _COLLECTIVES:
+        return (f"it ran a collective ({', '.join(sorted(used & _COLLECTIVES))}) on the copies, gathering them "
+                "between devices")
+    return None
+
+
 @exercise("05.2", "Measure how far the replicas have drifted apart", solution=solution_max_divergence,
           returns="one number (a float): the largest absolute difference between any device's copy of any leaf "
                   "and the first device's copy",
@@ -344,6 +383,11 @@ def check_max_divergence(max_divergence):
               for n, what, copies in _drift_cases()]
     diagnose(max_divergence, cases, solution=solution_max_divergence, mistakes=MISTAKES_05_2,
              run=lambda fn, case: run(fn, *case.args), rtol=1e-6, atol=1e-7)
+    for case in cases[1:]:
+        how = _gathers(max_divergence, *case.args)
+        if how:
+            raise Mismatch(f"{case.label}: the value is right, but {how}. The exercise reads each device's copy "
+                           "where it lives, one copy at a time.")
     return "it finds the largest difference between any device's copy and the first one, on 8, 4 and 2 devices."
 
 
