@@ -132,10 +132,7 @@ def solution_block_on(y, i):
           hints=["Indexing y[i] is a computation on the global array, and its result is copied to every "
                  "device. Ask y for the piece device i already holds instead.",
                  "Section 3, \"Reading one device's result\": `jax.Array.addressable_shards` lists each device's "
-                 "block, and a shard's `data` is that block, still on its device.",
-                 "Compare the shape of a shard's data with the shape asked for (y's shape without its first "
-                 "axis): section 3 prints a shard's block shape. Where does its extra axis come from, and how "
-                 "does indexing remove one axis?"])
+                 "block, and a shard's `data` is that block, still on its device."])
 def check_block_on(block_on):
     devices = jax.devices()
     for shape in [(len(devices), 3), (len(devices), 2, 2), (len(devices), 1, 2), (4, 2, 3)]:

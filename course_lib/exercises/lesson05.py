@@ -58,13 +58,10 @@ def _first_copy(tree):
           returns="a triple (new_params, new_opt_state, loss): new_params a dict like params ({'w': (d,), 'b': ()} on "
                   "each device), new_opt_state like opt_state, loss one float32 number on each device",
           hints=["Start from single_step: the only thing missing is that every device must apply the SAME "
-                 "update, the one for the whole global batch.",
+                 "update, the one for the whole global batch. Averaging the parameters after the update is not "
+                 "the same thing: with Adam it gives another update.",
                  "jax.lax.pmean over the 'devices' axis (lesson 04, section 3) averages a pytree over the devices. "
-                 "psum would add n gradients, n times too large.",
-                 "Average the gradients, and the loss, over the devices right after computing them, BEFORE the "
-                 "optimizer sees them; everything after that line is single_step unchanged. Averaging the "
-                 "parameters after the update is not the same thing: with Adam it gives a different update and "
-                 "leaves each device's optimizer state following its own gradients."])
+                 "psum would add n gradients, n times too large."])
 def check_dp_step(dp_step):
     n_all = len(jax.devices())
     # Device counts, feature counts, rows per device and optimizers vary, so that an answer that fixes any of
@@ -349,10 +346,7 @@ def _gathers(fn, tree) -> str | None:
           hints=["Each leaf is one array with a copy on every device; compare each copy with the first, leaf by "
                  "leaf, and keep the worst difference over all of them.",
                  "jax.tree.leaves gives the leaves; a leaf's addressable_shards (lesson 02, exercise 02.3) hold "
-                 "each device's copy where it lives; np.asarray brings one copy to the host.",
-                 "For every leaf: bring each device's copy to the host, measure how far it is from the first "
-                 "device's copy (the largest absolute difference, whichever its sign), and keep the largest "
-                 "number seen over all leaves and devices, as a Python float."])
+                 "each device's copy where it lives; np.asarray brings one copy to the host."])
 def check_max_divergence(max_divergence):
     devs = jax.devices()
     one_number = "return one number for the whole tree, the worst difference over every leaf and device"
@@ -427,10 +421,7 @@ MISTAKES_05_3 = [
           hints=["Padding rows must count for nothing in the sum AND in the count you divide by; and a device "
                  "may get only padding.",
                  "A boolean mask becomes 0.0 and 1.0 once cast to a float dtype (astype); multiplying by it drops "
-                 "the padding rows from a sum. jnp.maximum keeps a count from being 0.",
-                 "Work it through for a device that got only padding: its weighted sum of squared errors is 0, "
-                 "and so is its count of real rows. Which of the two must change for the result to be 0.0, not "
-                 "0 / 0 = NaN, and which function of hint 2 changes it only when it is 0?"])
+                 "the padding rows from a sum. jnp.maximum keeps a count from being 0."])
 def check_masked_mse(masked_mse):
     rng = np.random.default_rng(5)
     cases = []
