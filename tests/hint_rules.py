@@ -70,13 +70,20 @@ def assert_no_combination_of_rungs_spells_the_solution(id_: str) -> None:
     assert not spelled, f"{id_}: the hints, read together, spell the solution's lines {spelled}"
 
 
-STEPS_WORDS = re.compile(r"^\s*(In words|The steps|Steps)\b", re.I)
+STEPS_WORDS = re.compile(r"^\s*(In words|The steps|Steps|Two steps)\b", re.I)
+# Words that order the steps of a procedure, and verbs that give one step each: a rung with two of the first, or
+# three clauses opened by the second ("bring ..., measure ..., and keep ..."), walks through the solution.
+SEQUENCE = re.compile(r"\b(then|first|repeat|at each|after that|afterwards|before|finally|start (?:with|by)|"
+                      r"\w+ times)\b", re.I)
+IMPERATIVE = re.compile(r"(?:^|[.:;,]\s*|\band\s+|\bthen\s+)(add|average|bring|compare|divide|keep|measure|multiply|"
+                        r"pass|pmap|print|read|repeat|reshape|return|send|start|store|sum|write)\b", re.I)
 
 
 def rungs_that_list_the_steps(id_: str) -> list[str]:
-    """Rungs that walk through the solution step by step ("In words: ..."): read with the API rung, they are the
-    answer. A ladder ends at the API or the cell to read."""
-    return [h for h in exercises()[id_].hints if STEPS_WORDS.search(h)]
+    """Rungs that walk through the solution step by step ("In words: ...", "first ..., then ...", three imperative
+    steps in a row): read with the API rung, they are the answer. A ladder ends at the API or the cell to read."""
+    return [h for h in exercises()[id_].hints if STEPS_WORDS.search(h)
+            or len({m.lower() for m in SEQUENCE.findall(h)}) >= 2 or len(IMPERATIVE.findall(h)) >= 3]
 
 
 def assert_the_ladder_ends_at_the_api(id_: str) -> None:

@@ -167,24 +167,36 @@ def test_mistake_feedback_fills_in_the_case():
 
 
 def _declared_mistakes():
-    """(exercise id, Mistake) for every mistake lessons 00-06 declare as data."""
-    import importlib
-    import re as _re
-    out = []
-    for lesson in range(7):
-        module = importlib.import_module(f"course_lib.exercises.lesson{lesson:02d}")
-        for name, value in vars(module).items():
-            match = _re.fullmatch(r"MISTAKES_(\d\d)_(\d)", name)
-            ids = [f"{match[1]}.{match[2]}"] if match else (["01.2", "01.3"] if name == "MISTAKES_NORMS" else [])
-            out += [(id_, m) for id_ in ids for m in value]
-    return out
+    """(exercise id, Mistake) for every mistake any exercise of lessons 00-13 declares (``Exercise.mistakes``)."""
+    return [(id_, m) for id_, e in ex.exercises().items() for m in e.mistakes()]
 
 
-@pytest.mark.parametrize("id_, mistake", _declared_mistakes(), ids=lambda v: v if isinstance(v, str) else v.name)
+# Declared mistakes the generic test cannot submit as they are, or that their checker does not name (lessons
+# 07-13 are engB's): (id, mistake name) -> reason. Each is an expected failure until its owner fixes it.
+_NOT_YET: dict[tuple[str, str], str] = {}
+
+
+def _param(id_, m):
+    reason = _NOT_YET.get((id_, m.name))
+    marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+    return pytest.param(id_, m, id=f"{id_}-{m.name}", marks=marks)
+
+
+@pytest.mark.parametrize("id_, mistake", [_param(i, m) for i, m in _declared_mistakes()])
 def test_every_declared_mistake_is_named_when_submitted(id_, mistake):
-    fb = ex.check(id_, mistake.fn)
+    fb = ex.exercises()[id_].check(mistake.submitted())
     assert not fb and fb.started, fb.message
     assert mistake.feedback.split("{")[0] in fb.message, fb.message
+
+
+def test_the_registry_finds_every_list_of_mistakes_a_lesson_declares():
+    import importlib
+    import re as _re
+    declared = set()
+    for lesson in range(14):
+        module = importlib.import_module(f"course_lib.exercises.lesson{lesson:02d}")
+        declared |= {f"{m[1]}.{m[2]}" for m in map(_re.compile(r"MISTAKES_(\d\d)_(\d)").fullmatch, vars(module)) if m}
+    assert declared and declared == {id_ for id_, _ in _declared_mistakes()}
 
 
 def test_a_bool_where_a_number_is_expected_is_a_type_not_a_factor():

@@ -133,7 +133,7 @@ WRONG = {
         ("keeps the device axis", lambda y, i: y.addressable_shards[i].data, "which a shard's data keeps"),
         ("every axis of size 1 squeezed", lambda y, i: y.addressable_shards[i].data.squeeze(),
          "Every axis of size 1 was dropped"),
-        ("device 0's shard", lambda y, i: y.addressable_shards[0].data[0], "holds device 0's block, not device 3's"),
+        ("device 0's shard", lambda y, i: y.addressable_shards[0].data[0], "That is device 0's block, whatever device"),
     ],
     "03.1": [
         ("scalar mapped", lambda x, s: jax.pmap(lambda a, f: a * f, devices=TWO)(x.reshape(2, -1, x.shape[1]), s),

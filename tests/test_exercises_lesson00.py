@@ -29,7 +29,7 @@ def test_00_1_on_device_3():
 def test_00_2_device_ids():
     assert check("00.2", solution_device_ids)
     fb = check("00.2", lambda a: a.devices())
-    assert not fb and "got set" in fb.message
+    assert not fb and "returned a set of Device; expected a list of ints" in fb.message
     fb = check("00.2", lambda a: [a.device.id])
     assert not fb and "raised AttributeError" in fb.message and "a.devices() is the set of devices" in fb.message
     fb = check("00.2", lambda a: list(range(len(a.devices()))))

@@ -27,7 +27,7 @@ def test_05_1_dp_step():
         return *update(optimizer, grads, opt_state, params), loss
 
     drift = check("05.1", no_pmean)
-    assert "the copies of the parameters differ by up to" in drift.message and "its own shard" in drift.message
+    assert "got the copies of the parameters differ from device to device" in drift.message
     assert "jax.lax.pmean" not in drift.message, "the fix is left to hint()"
 
     def with_psum(loss_fn, optimizer, params, opt_state, batch):
@@ -46,7 +46,7 @@ def test_05_1_dp_step():
         loss, grads = jax.value_and_grad(loss_fn)(params, batch)
         return *update(optimizer, jax.lax.pmean(grads, "devices"), opt_state, params), loss
 
-    assert "each device returned the loss of its own shard" in check("05.1", local_loss).message
+    assert "Each device returned the loss of its own shard" in check("05.1", local_loss).message
 
 
 def test_05_1_averaging_the_parameters_after_the_update_is_rejected_with_the_reason():
@@ -57,7 +57,7 @@ def test_05_1_averaging_the_parameters_after_the_update_is_rejected_with_the_rea
 
     fb = check("05.1", params_averaged)
     assert not fb and "with Adam" in fb.message and "the average was taken AFTER the optimizer" in fb.message
-    assert "the same numbers as averaging the gradients before it" in fb.message, "says why SGD could not tell"
+    assert "not linear in the gradient" in fb.message, "says why SGD could not tell"
 
     def everything_averaged(loss_fn, optimizer, params, opt_state, batch):
         loss, grads = jax.value_and_grad(loss_fn)(params, batch)
@@ -65,8 +65,8 @@ def test_05_1_averaging_the_parameters_after_the_update_is_rejected_with_the_rea
         return (jax.lax.pmean(new_params, "devices"), jax.lax.pmean(opt_state, "devices"),
                 jax.lax.pmean(loss, "devices"))
 
-    fb = check("05.1", everything_averaged)
-    assert not fb and "the average was taken AFTER the optimizer" in fb.message
+    fb = check("05.1", everything_averaged)      # no declared mistake: what differs, measured
+    assert not fb and "on 8 devices with Adam: new_params['w']: the largest difference is" in fb.message
 
 
 def test_05_1_psum_with_adam_is_caught_from_the_gradients_not_the_update():
@@ -82,7 +82,7 @@ def test_05_1_psum_with_adam_is_caught_from_the_gradients_not_the_update():
 
     fb = check("05.1", psum_adam_only)
     assert any(calls), "the checker runs Adam too"
-    assert not fb and "8 times too large" in fb.message and "only the gradients show it" in fb.message
+    assert not fb and "new_opt_state" in fb.message and "8x too large, a factor of the device count (8)" in fb.message
 
 
 def test_05_2_max_divergence():
@@ -162,7 +162,7 @@ def test_05_1_swapped_or_wrong_structure():
         return loss, new_state, new_params
 
     fb = check("05.1", swapped)
-    assert not fb and "the loss first and the parameters last" in fb.message
+    assert not fb and "expected dict{'b'" in fb.message and "got ndarray float32[]" in fb.message
     fb = check("05.1", lambda *a: solution_dp_step(*a)[0])
     assert not fb and "should return a triple (new_params, new_opt_state, loss)" in fb.message
     fb = check("05.1", lambda *a: (solution_dp_step(*a)[0], solution_dp_step(*a)[2]))
@@ -173,7 +173,7 @@ def test_05_1_swapped_or_wrong_structure():
         return {"weights": new_params["w"], "bias": new_params["b"]}, new_state, loss
 
     fb = check("05.1", renamed)
-    assert not fb and "new_params, the first thing dp_step returns should have the structure dict{'w'" in fb.message
+    assert not fb and "expected dict{'b'" in fb.message and "got dict{'bias'" in fb.message
 
     def wrong_key(loss_fn, optimizer, params, opt_state, batch):
         return params["weights"], opt_state, 0.0
@@ -209,7 +209,7 @@ def test_no_hint_or_wrong_answer_feedback_of_lesson_05_holds_solution_code():
             assert not [ln for ln in lines if ln in squashed], (id_, text)
             for snippet in re.findall(r"`([^`]*)`", text):
                 assert "(" not in snippet, (id_, snippet)
-        assert len(ex.hints) >= 3, f"{id_}: a ladder: nudge, API or section, steps in words"
+        assert len(ex.hints) >= 2, f"{id_}: a ladder: a nudge, then the API or the section to read"
 
 
 def test_05_1_an_average_fixed_to_8_devices_fails_on_4_with_the_reason():
@@ -219,8 +219,8 @@ def test_05_1_an_average_fixed_to_8_devices_fails_on_4_with_the_reason():
         return *update(optimizer, grads, opt_state, params), jax.lax.pmean(loss, "devices")
 
     fb = check("05.1", divide_by_8)
-    assert not fb and "on 4 devices with SGD with momentum the update is 0.5 times the right one" in fb.message
-    assert "divides by a fixed 8" in fb.message
+    assert not fb and "on 4 devices with SGD with momentum: " in fb.message
+    assert "divides by a fixed count, all the devices" in fb.message
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
@@ -230,7 +230,7 @@ def test_05_1_parameters_in_another_dtype_are_named(dtype):
         return jax.tree.map(lambda p: p.astype(dtype), new_params), new_state, loss
 
     fb = check("05.1", cast)
-    assert not fb and f"is {jnp.dtype(dtype).name}; params are float32" in fb.message
+    assert not fb and f"dtype {jnp.dtype(dtype).name} where float32 was expected" in fb.message
 
 
 def test_05_1_returning_the_old_optimizer_state_is_caught_with_adam():
@@ -248,7 +248,7 @@ def test_05_1_a_loss_not_averaged_or_summed_is_named():
         return new_params, new_state, loss_fn(params, batch)
 
     fb = check("05.1", own_loss)
-    assert not fb and "each device returned the loss of its own shard" in fb.message
+    assert not fb and "Each device returned the loss of its own shard" in fb.message
 
     def summed_loss(loss_fn, optimizer, params, opt_state, batch):
         new_params, new_state, loss = solution_dp_step(loss_fn, optimizer, params, opt_state, batch)

@@ -12,15 +12,15 @@ from course_lib.exercises.lesson06 import solution_place, solution_stats_out_spe
 def test_06_1_place():
     assert check("06.1", solution_place)
     stacked = check("06.1", lambda p, b, m: (sharding.replicate(p), jax.device_put(b, NamedSharding(m, P("i")))))
-    assert "a stacked copy per device is the pmap way" in stacked.message
+    assert "shape (8, 2) where (2,) was expected: an extra leading axis of 8" in stacked.message
     replicated_batch = check("06.1", lambda p, b, m: (jax.device_put(p, NamedSharding(m, P())),
                                                       jax.device_put(b, NamedSharding(m, P()))))
     assert "every device holds the whole batch" in replicated_batch.message
     on_host = check("06.1", lambda p, b, m: (p, b))
-    assert "still a ndarray on the host" in on_host.message
+    assert "still on the host" in on_host.message
     one_device = check("06.1", lambda p, b, m: (jax.device_put(p, jax.devices()[0]),
                                                 jax.device_put(b, NamedSharding(m, P("i")))))
-    assert "every one of the 8 devices needs the whole array" in one_device.message
+    assert "got params['b'] whole on 1 device" in one_device.message
 
 
 def test_06_2_out_specs():
@@ -32,12 +32,12 @@ def test_06_2_out_specs():
 
 def test_06_1_swapped_or_wrong_structure_or_raises():
     fb = check("06.1", lambda p, b, m: solution_place(p, b, m)[::-1])
-    assert not fb and "place returned (batch, params): the batch first" in fb.message
+    assert not fb and "(batch, params): the batch first" in fb.message
     fb = check("06.1", lambda p, b, m: jax.device_put((p, b), NamedSharding(m, P("j"))))
     assert not fb and "place(dict, dict, Mesh) raised" in fb.message
     fb = check("06.1", lambda p, b, m: [jax.device_put(p["w"], NamedSharding(m, P())),
                                         jax.device_put(b["x"], NamedSharding(m, P("i")))])
-    assert not fb and "the params place returns should have the structure dict{'w'" in fb.message
+    assert not fb and "expected dict{'b'" in fb.message and "got ndarray float32[3, 2]" in fb.message
     fb = check("06.1", lambda p, b, m: {"params": p, "batch": b})
     assert not fb and "should return a pair (params, batch); got dict{'params'" in fb.message
 
@@ -84,7 +84,7 @@ def test_06_hints_are_a_ladder_without_solution_code():
 def test_06_1_a_cast_is_named_with_its_dtype():
     # bfloat16 holds these small whole numbers exactly: the values alone would pass.
     fb = check("06.1", lambda p, b, m: solution_place(p, jax.tree.map(lambda v: v.astype(jnp.bfloat16), b), m))
-    assert not fb and "batch['x'] came back as bfloat16" in fb.message and "float32" in fb.message
+    assert not fb and "batch['x']: dtype bfloat16 where float32 was expected" in fb.message and "float32" in fb.message
     fb = check("06.1", lambda p, b, m: solution_place(jax.tree.map(lambda v: v.astype(jnp.float16), p), b, m))
     assert not fb and "float16" in fb.message
 

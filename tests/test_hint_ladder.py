@@ -163,7 +163,7 @@ def test_the_combination_rule_finds_a_line_spelled_across_rungs(monkeypatch):
 
 # The exercises whose last rung used to walk through the solution in words (issue 44): their ladders end at the
 # API or the cell to read.
-NO_STEPS = ["00.1", "00.2", "01.1", "01.2", "01.3", "02.2", "06.1", "06.2"]
+NO_STEPS = [id_ for id_ in ALL if id_ < "07"]
 
 
 @pytest.mark.parametrize("id_", NO_STEPS)
@@ -181,3 +181,19 @@ def test_the_steps_rule_finds_a_rung_in_words(monkeypatch):
 
     monkeypatch.setattr(hint_rules, "exercises", lambda: {"99.9": Fake()})
     assert hint_rules.rungs_that_list_the_steps("99.9") == ["In words: reshape x and return it."]
+
+
+@pytest.mark.parametrize("rung", [
+    "Two steps: first the global mean; then the deviations from it.",
+    "Keep a running total. Repeat n - 1 times: pass the value one hop, then add what arrived.",
+    "For every leaf: bring each copy to the host, measure its distance, and keep the largest.",
+    "Start with an array of zeros; at each hop, store what arrives in its row.",
+])
+def test_the_steps_rule_finds_steps_however_they_begin(monkeypatch, rung):
+    import hint_rules
+
+    class Fake:
+        hints = ["A nudge.", rung]
+
+    monkeypatch.setattr(hint_rules, "exercises", lambda: {"99.9": Fake()})
+    assert hint_rules.rungs_that_list_the_steps("99.9") == [rung]

@@ -4,7 +4,7 @@ Each lesson's exercises live in ``course_lib/exercises/lessonNN.py``. A notebook
 
     from course_lib.exercises import check, hint, solution
     check("02.1", split_batch)      # prints ✔ or ✘ with what was expected and what came back
-    hint("02.1")                     # the next hint: a nudge, then the API or cell to read, then the steps in words
+    hint("02.1")                     # the next hint: a nudge, then the API or cell to read
     solution("02.1")                 # prints a reference solution, when the hints are not enough
     progress()                       # which exercises you have tried and passed, per lesson (a file every
                                      # lesson's kernel shares: course_lib/progress.py)
@@ -157,6 +157,14 @@ class Exercise:
         except Exception as e:  # a safety net: the answer broke the checker itself
             return Feedback(self.id, False, self._could_not_use(e))
 
+    def mistakes(self) -> list:
+        """The mistakes this exercise declares as data: the ``Mistake`` list its lesson module names
+        ``MISTAKES_NN_K`` (``MISTAKES_02_1`` for 02.1). ``Mistake.submitted()`` is what a learner making one
+        submits, so a test can check that each is named."""
+        import sys
+        module = sys.modules[self.checker.__module__]
+        return list(getattr(module, "MISTAKES_" + self.id.replace(".", "_"), []))
+
     def _could_not_use(self, error: Exception) -> str:
         first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
         parts = []
@@ -179,7 +187,7 @@ def exercise(id: str, title: str, *, solution: Callable, returns: str = "", hint
     Args:
       returns: what a right answer returns (structure, shapes, dtypes), quoted when an answer breaks the checker.
       hints: a ladder shown one at a time by ``hint(id)``: a nudge toward the idea, then the API or the lesson
-        cell to read, then at most the steps in words. No hint holds code: code is only in ``solution(id)``.
+        cell to read; never the steps in words. No hint holds code: code is only in ``solution(id)``.
     """
 
     def register(checker):
@@ -272,7 +280,7 @@ _record_problems: set[str] = set()
 
 
 def hint(id: str) -> None:
-    """Print the next hint for exercise ``id``: a nudge, then the API or cell to read, then the steps in words;
+    """Print the next hint for exercise ``id``: a nudge, then the API or cell to read;
     ``solution(id)`` comes after. Hints are shown even where solutions are withheld (``COURSE_SOLUTIONS=off``)."""
     from course_lib import solutions as _solutions
     ex = _get(id)

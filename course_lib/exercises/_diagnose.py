@@ -70,6 +70,11 @@ class Mistake:
     name: str
     feedback: str
     fn: Callable
+    answer: Callable | None = None   # the answer a learner who made it would submit, when that is not ``fn``
+
+    def submitted(self) -> Callable:
+        """What a learner making this mistake submits to ``check`` (``answer``, else ``fn`` itself)."""
+        return self.answer or self.fn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +94,7 @@ def _default_run(fn, case: Case, name: str):
 
 def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Sequence[Mistake] = (),
              run: Callable | None = None, name: str | None = None, rtol: float = 1e-5, atol: float = 1e-6,
-             dtype: bool = True, strict_containers: bool = False) -> list:
+             dtype: bool = True, strict_containers: bool = False, names: str | Sequence[str] = "out") -> list:
     """Run ``answer`` and ``solution`` on every case; return the answer's results, or raise ``Mismatch``.
 
     Args:
@@ -98,11 +103,13 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
         ``Mismatch``, with the cases it got right added.
       rtol, atol: the tolerance (loosened for float16/bfloat16 expected values).
       dtype: whether an array's dtype must be the expected one (0-d values are compared by value only).
+      names: how feedback names a part of the result: ``"out"`` gives ``out[0][1]``; a sequence names the
+        items of a returned tuple, ``("params", "state")`` gives ``params['w']``.
     """
     name = name or getattr(answer, "__name__", "your function")
     if run is None:
         run = lambda fn, case: _default_run(fn, case, name)  # noqa: E731
-    opts = dict(rtol=rtol, atol=atol, dtype=dtype, strict=strict_containers)
+    opts = dict(rtol=rtol, atol=atol, dtype=dtype, strict=strict_containers, names=names)
     rows, results, right_on, failed = [], [], [], []
     for case in cases:
         saved = dict(_last_call)
@@ -197,14 +204,14 @@ def _leaf(x) -> bool:
     return not isinstance(x, (tuple, list, dict))
 
 
-def _pairs(got, expected, strict: bool, path: str = ""):
+def _pairs(got, expected, strict: bool, path: tuple = ()):
     """(path, got leaf, expected leaf) pairs, or a ``str`` saying how the structures differ."""
     if isinstance(expected, dict):
         if not isinstance(got, dict) or set(got) != set(expected):
             return f"expected {describe_tree(expected)}, got {describe_tree(got)}"
         out = []
         for k in expected:
-            sub = _pairs(got[k], expected[k], strict, f"{path}[{k!r}]")
+            sub = _pairs(got[k], expected[k], strict, path + (k,))
             if isinstance(sub, str):
                 return sub
             out += sub
@@ -223,7 +230,7 @@ def _pairs(got, expected, strict: bool, path: str = ""):
                     f"got {describe_tree(got)}")
         out = []
         for i, (g, e) in enumerate(zip(items, expected)):
-            sub = _pairs(g, e, strict, f"{path}[{i}]")
+            sub = _pairs(g, e, strict, path + (i,))
             if isinstance(sub, str):
                 return sub
             out += sub
@@ -263,16 +270,26 @@ def same(got, expected, *, rtol: float = 1e-5, atol: float = 1e-6, dtype: bool =
 
 
 def difference(got, expected, *, n: int | None = None, rtol: float = 1e-5, atol: float = 1e-6,
-               dtype: bool = True, strict: bool = False) -> str | None:
-    """None when ``got`` equals ``expected``; otherwise what differs, with a measured relation."""
+               dtype: bool = True, strict: bool = False, names: str | Sequence[str] = "out") -> str | None:
+    """None when ``got`` equals ``expected``; otherwise what differs, with a measured relation, and where:
+    ``out[0][1]: ...`` (``names``: see ``diagnose``)."""
     pairs = _pairs(got, expected, strict)
     if isinstance(pairs, str):
         return pairs
     for path, g, e in pairs:
         text = _leaf_difference(g, e, n, rtol, atol, dtype)
         if text is not None:
-            return f"{path}: {text}" if path and not isinstance(e, Said) else text
+            return f"{_readable(path, names)}: {text}" if path and not isinstance(e, Said) else text
     return None
+
+
+def _readable(path: tuple, names: str | Sequence[str]) -> str:
+    """A path of keys and indices as Python reads it: ``out[0][1]``, ``params['w']``."""
+    if not isinstance(names, str) and path and isinstance(path[0], int) and path[0] < len(names):
+        root, path = names[path[0]], path[1:]
+    else:
+        root = names if isinstance(names, str) else "out"
+    return root + "".join(f"[{k!r}]" for k in path)
 
 
 def _leaf_difference(g, e, n, rtol, atol, dtype) -> str | None:

@@ -6,7 +6,7 @@ import numpy as np
 
 from jax.sharding import PartitionSpec as P
 
-from . import Case, Mismatch, Mistake, call, diagnose, exercise, placement
+from . import Case, Mismatch, Mistake, call, describe_tree, diagnose, exercise, placement
 
 
 def _data(shape, seed):
@@ -96,6 +96,12 @@ def _ids_and_set(fn, case):
         raise Mismatch("device_ids changed the set that a.devices() returns (a set's pop or remove takes the "
                        "element out): JAX keeps that set with the array's sharding, so later code would see a "
                        "device missing. Read the set without changing it.")
+    if isinstance(got, (set, frozenset)):           # what came back against what is asked, no guessed cause
+        want = solution_device_ids(a)
+        ints = all(isinstance(i, (int, np.integer)) for i in got)
+        shown = f"the set {set(int(i) for i in got)}" if ints else f"a set of {describe_tree(list(got))[5:-1]}"
+        raise Mismatch(f"returned {shown}; expected a list of ints in ascending order, {want}"
+                       + (": a set has no order." if ints else "."))
     if isinstance(got, (list, tuple)) and got and all(isinstance(i, (int, np.integer)) and not isinstance(i, bool)
                                                       for i in got):
         return np.array(got, dtype=np.int64)        # ids as one array: an order or a count shows as such

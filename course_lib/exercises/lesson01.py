@@ -12,7 +12,7 @@ def _batch(b, d, seed):
     return np.random.default_rng(seed).normal(size=(b, d)).astype(np.float32)
 
 
-MISTAKES_NORMS = [
+MISTAKES_01_2 = MISTAKES_01_3 = [
     Mistake("squared norms", "That is the squared norm of each row (the sum of its squares): the square root is "
             "missing.", lambda x: jnp.sum(x ** 2, axis=1)),
     Mistake("one norm per column", "That is one value per column: the norms were taken over axis 0, not over each "
@@ -99,7 +99,7 @@ def check_batched_norms(batched_norms):
                            "devices. The exercise is jax.vmap: the whole batch on one device (section 3).")
         return got
 
-    diagnose(batched_norms, cases, solution=solution_batched_norms, mistakes=MISTAKES_NORMS, rtol=1e-4, run=run)
+    diagnose(batched_norms, cases, solution=solution_batched_norms, mistakes=MISTAKES_01_2, rtol=1e-4, run=run)
     if vmaps == 0:
         raise Mismatch("batched_norms has the right values, but no jax.vmap ran while it computed them: it works "
                        "on the whole batch at once (a norm or a sum over axis 1) or loops over the rows in Python. "
@@ -128,7 +128,7 @@ def check_norms_on_devices(norms_on_devices):
     devices = jax.devices()
     cases = [Case((jnp.asarray(_batch(n, d, seed=n + d)),), f"norms_on_devices(x {(n, d)})", n=n)
              for n, d in [(len(devices), 3), (4, 6), (2, 5)]]
-    results = diagnose(norms_on_devices, cases, solution=solution_norms_on_devices, mistakes=MISTAKES_NORMS,
+    results = diagnose(norms_on_devices, cases, solution=solution_norms_on_devices, mistakes=MISTAKES_01_3,
                        rtol=1e-4, name="norms_on_devices")
     for case, got in zip(cases, results):
         n, what = case.n, case.label

@@ -4,9 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import (Case, Mismatch, Mistake, as_array, call, describe, diagnose, exercise, expect_array,
-               expect_placed_on, primitives)
-from .lesson00 import expect_dtype
+from . import Case, Mismatch, Mistake, Said, call, diagnose, exercise, expect_placed_on, placement, primitives
 
 
 def _data(shape, seed):
@@ -127,55 +125,49 @@ def solution_block_on(y, i):
     return y.addressable_shards[i].data[0]
 
 
+def _y(shape):
+    """A fresh pmap result each time: NumPy keeps a host copy of an array it has read once."""
+    return jax.pmap(lambda x: x * 2)(jnp.asarray(_data(shape, seed=shape[-1])))
+
+
+def _block_and_place(fn, case):
+    """What reading a block gives: its values, where it lives, and whether building it moved data."""
+    shape, i = case.args
+    got = call(fn, _y(shape), i, name="block_on")
+    moved = _moves_data(fn, _y(shape), i)
+    return got, placement(got), Said(f"building it moved data ({moved})" if moved else "building it moved no data")
+
+
+_READ_IN_PLACE = " Read the block the device already holds instead (section 3)."
+MISTAKES_02_3 = [
+    Mistake("global index", "Indexing the global array (y[i]) computes the value on every device and copies it to "
+            "all of them." + _READ_IN_PLACE, lambda y, i: y[i]),
+    Mistake("copied back", "It was computed elsewhere and copied to the device (an index into the global array, "
+            "then a device_put)." + _READ_IN_PLACE, lambda y, i: jax.device_put(y[i], jax.devices()[i])),
+    Mistake("on the host", "It was copied to the host: return the jax.Array that the device holds.",
+            lambda y, i: np.asarray(y)[i]),
+    Mistake("device axis kept", "The extra leading axis of size 1 is pmap's device axis, which a shard's data "
+            "keeps.", lambda y, i: y.addressable_shards[i].data),
+    Mistake("every size-1 axis dropped", "Every axis of size 1 was dropped, including y's own: only the leading "
+            "axis of the shard's data, pmap's device axis, should go (a squeeze with no axis named removes them "
+            "all).", lambda y, i: y.addressable_shards[i].data.squeeze()),
+    Mistake("device 0's block", "That is device 0's block, whatever device is asked for: each shard says which "
+            "device holds it.", lambda y, i: y.addressable_shards[0].data[0]),
+    Mistake("the device before", "That is the block of the device before the one asked for (device i - 1): each "
+            "shard says which device holds it.", lambda y, i: y.addressable_shards[i - 1].data[0]),
+]
+
+
 @exercise("02.3", "Read one device's block where it lives", solution=solution_block_on,
           returns="a jax.Array of shape y.shape[1:], living on device i only",
           hints=["Indexing y[i] is a computation on the global array, and its result is copied to every "
                  "device. Ask y for the piece device i already holds instead.",
                  "Section 3, \"Reading one device's result\": `jax.Array.addressable_shards` lists each device's "
-                 "block, and a shard's `data` is that block, still on its device.",
-                 "Compare the shape of a shard's data with the shape asked for (y's shape without its first "
-                 "axis): section 3 prints a shard's block shape. Where does its extra axis come from, and how "
-                 "does indexing remove one axis?"])
+                 "block, and a shard's `data` is that block, still on its device."])
 def check_block_on(block_on):
-    devices = jax.devices()
-    for shape in [(len(devices), 3), (len(devices), 2, 2), (len(devices), 1, 2), (4, 2, 3)]:
-        def make_y():  # a fresh array each time: NumPy keeps a host copy of an array it has read once
-            return jax.pmap(lambda x: x * 2)(jnp.asarray(_data(shape, seed=shape[-1])))
-
-        y = make_y()
-        for i in sorted({0, 3, shape[0] - 1}):
-            got = call(block_on, y, i, name="block_on")
-            what = f"block_on(y {y.shape}, {i})"
-            expect_dtype(got, y.dtype, what=what)
-            if tuple(as_array(got, what=what, expected_shape=shape[1:]).shape) == (1,) + shape[1:]:
-                raise Mismatch(f"{what} has shape {(1,) + shape[1:]}; expected {shape[1:]}: the extra leading axis "
-                               "of size 1 is pmap's device axis, which a shard's data keeps.")
-            squeezed = tuple(size for size in shape[1:] if size != 1)
-            if squeezed != shape[1:] and tuple(np.shape(got)) == squeezed:
-                raise Mismatch(f"{what} has shape {squeezed}; expected {shape[1:]}. Every axis of size 1 was "
-                               "dropped, including y's own: only the leading axis of the shard's data, pmap's "
-                               "device axis, should go (a squeeze with no axis named removes them all).")
-            values = as_array(got, what=what)
-            rows = np.asarray(y)
-            if values.shape == shape[1:] and not np.allclose(values, rows[i]):
-                other = [j for j in range(shape[0]) if j != i and np.allclose(values, rows[j])]
-                if other:
-                    raise Mismatch(f"{what} holds device {other[0]}'s block, not device {i}'s: which shard "
-                                   f"belongs to device {i}? Each shard says which device holds it.")
-            expect_array(got, rows[i], what=what)
-            if not isinstance(got, jax.Array):
-                raise Mismatch(f"{what} is a {describe(got)}, copied to the host; return the jax.Array that "
-                               f"device {i} holds.")
-            if got.devices() != {devices[i]}:
-                ids = sorted(d.id for d in got.devices())
-                hint = (" Indexing the global array (y[i]) computes the value on every device and copies it to "
-                        "all of them; read the block device i already holds instead (section 3)."
-                        if len(ids) == shape[0] > 1 else "")
-                raise Mismatch(f"{what} lives on devices {ids}; expected device {i} only.{hint}")
-            moved = _moves_data(block_on, make_y(), i)
-            if moved:
-                raise Mismatch(f"{what} has the right values on device {i}, but building it moved data ({moved}): "
-                               "it was computed elsewhere and copied to device "
-                               f"{i} (an index into the global array, then a device_put, or a trip through NumPy). "
-                               f"Read the block device {i} already holds instead (section 3).")
+    n = len(jax.devices())
+    cases = [Case((shape, i), f"block_on(y {shape}, {i})", n=shape[0])
+             for shape in [(n, 3), (n, 2, 2), (n, 1, 2), (4, 2, 3)] for i in sorted({0, 3, shape[0] - 1})]
+    diagnose(block_on, cases, solution=solution_block_on, mistakes=MISTAKES_02_3, run=_block_and_place,
+             names=("the block", "placement", "moves"))
     return "you read device i's block where it lives, with nothing copied to the other devices."

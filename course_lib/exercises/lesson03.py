@@ -99,9 +99,7 @@ MISTAKES_03_1 = [
           hints=["pmap gives each device one slice of the leading axis, so the leading axis must be 2 here; and "
                  "the scalar is the same for both devices: it must not be split.",
                  "Section 5 of the lesson, \"The classic example, done right\". pmap's `in_axes` (section 1) "
-                 "marks an argument that goes whole to every device; its `devices` argument picks the devices.",
-                 "In words: reshape x to two blocks of B // 2 rows, pmap the multiplication over those blocks on "
-                 "the first two devices with the scalar broadcast, and reshape the result back to x's shape."])
+                 "marks an argument that goes whole to every device; its `devices` argument picks the devices."])
 def check_scale_on_two(scale_on_two):
     two = jax.devices()[:2]
     cases = [Case((jnp.asarray(_data(shape, seed=shape[0] * shape[1])), s), f"scale_on_two(x {shape}, {s})")
@@ -149,10 +147,7 @@ MISTAKES_03_2 = [
           hints=["The parameters are the same for every device: they must not be split, nor copied by hand "
                  "into a stack of n.",
                  "`in_axes` (section 1, \"A pytree of parameters\"): one entry per positional argument, and an "
-                 "entry can be None for a whole pytree, or a pytree of entries.",
-                 "In words: pmap a function of (parameters, one block) that multiplies the block by w and adds b. "
-                 "Then ask, argument by argument, which one pmap should split over the devices and which one "
-                 "every device gets whole, and say so in in_axes (section 1's pytree example)."])
+                 "entry can be None for a whole pytree, or a pytree of entries."])
 def check_predict(predict):
     devices = jax.devices()
     name = getattr(predict, "__name__", "predict")
@@ -225,10 +220,7 @@ MISTAKES_03_3 = [
           hints=["pmap stacks the per-device results along some axis of the output; you choose which one, "
                  "inside pmap, not with a transpose afterwards.",
                  "`out_axes` (section 4 of the lesson) is the output's counterpart of in_axes: the axis of the "
-                 "result along which the per-device results are stacked.",
-                 "In words: pmap a function that doubles one row. Section 4 prints the result's shape for "
-                 "the default out_axes and for another value: count the axes of the (b, n) result from 0 to "
-                 "find where the device axis must go."])
+                 "result along which the per-device results are stacked."])
 def check_device_axis_last(device_axis_last):
     devices = jax.devices()
     cases = [Case((jnp.asarray(_data((n, b), seed=n + 10 * b)),), f"device_axis_last(xs {(n, b)})", n=n)

@@ -223,10 +223,7 @@ def _no_collectives(fn, xs, banned=_COLLECTIVES, readable=False) -> None:
                  "arrives from its left. How many hops until every value has visited every device?",
                  "One hop is one jax.lax.ppermute with the ring shift of section 2 (a list of (source, "
                  "destination) pairs). jax.lax.axis_size gives the device count as a Python int, so an ordinary "
-                 "Python for loop can repeat the hop.",
-                 "Keep two values: a running total that starts as your own x, and the value in transit, also "
-                 "your own x at first. Repeat n - 1 times: pass the value in transit one hop to the right, then add "
-                 "what arrived to the total."])
+                 "Python for loop can repeat the hop."])
 def check_ring_allreduce(ring_allreduce):
     cases = _cases([(), (3,), (2, 2)], seed=1, other_dtype=np.int32)
     _no_collectives(ring_allreduce, cases[1].args[0], readable=True)      # the mechanism, read first
@@ -297,10 +294,7 @@ MISTAKES_04_2 = [
           hints=["Each device sees only its shard. The statistics of ALL the data need a collective; and the "
                  "variance must measure deviations from the global mean, not the shard's.",
                  "jax.lax.pmean averages a value over the devices (section 2). Every shard has the same size, so "
-                 "the average of the shard means is the mean of all the data.",
-                 "Two steps: first the global mean (each shard's mean, averaged over the devices); then the mean "
-                 "squared deviation from THAT mean, computed on each shard and averaged over the devices the "
-                 "same way."])
+                 "the average of the shard means is the mean of all the data."])
 def check_global_mean_var(global_mean_var):
     diagnose(global_mean_var, _cases([(6,), (3,)], seed=2, spread=3.0), solution=solution_global_mean_var,
              mistakes=MISTAKES_04_2, run=_runner("global_mean_var"), rtol=1e-4, atol=1e-4)
@@ -331,10 +325,7 @@ MISTAKES_04_3 = [
           hints=["One collective, one hop: every device sends its x to its right-hand neighbour, and the last "
                  "device's x wraps round to device 0.",
                  "jax.lax.ppermute takes a list of (source, destination) pairs: section 2's ring shift. "
-                 "jax.lax.axis_size gives the number of devices n, so the list can be built for any n.",
-                 "Print the perm of section 2's ring shift cell and read it as a rule: which destination does "
-                 "each source get, and what is special about the last device? Then write that rule as a list "
-                 "comprehension over range(n)."])
+                 "jax.lax.axis_size gives the number of devices n, so the list can be built for any n."])
 def check_rotate_right(rotate_right):
     cases = _cases([(2,), (2, 3)], seed=3, other_dtype=np.float16)
     diagnose(rotate_right, cases, solution=solution_rotate_right, mistakes=MISTAKES_04_3,
@@ -381,10 +372,7 @@ MISTAKES_04_4 = [
           hints=["The ring of 04.1 again, but instead of adding what arrives, store it; and keep track of "
                  "which device each arriving value came from.",
                  "jax.lax.axis_index tells a device where it is (section 1); an array's .at[...].set method "
-                 "writes one row of a new array, and works with a traced index.",
-                 "Start with an (n, *x.shape) array of zeros holding your own x in your own row. At each of the "
-                 "n - 1 hops to the right, the value that arrives comes from one device further to the left than "
-                 "the one before: store it in that device's row, and pass it on."])
+                 "writes one row of a new array, and works with a traced index."])
 def check_gather_all(gather_all):
     cases = _cases([(), (2,)], seed=4, other_dtype=np.float16)
     diagnose(gather_all, cases, solution=solution_gather_all, mistakes=MISTAKES_04_4, run=_runner("gather_all"))
@@ -434,16 +422,12 @@ MISTAKES_04_5 = [
 @exercise("04.5", "Optional: the bandwidth-optimal ring all-reduce", solution=solution_ring_allreduce_chunked,
           returns="on each device, an array shaped like x (a vector whose length divides by n): the sum of every "
                   "device's x",
-          hints=["Section 4's ring never sends a whole x. Cut x into n pieces: first make each device the owner "
-                 "of one fully summed piece (a reduce-scatter), then pass the finished pieces round (an "
-                 "all-gather). Each phase is n - 1 hops of one piece.",
+          hints=["Section 4's ring never sends a whole x. Cut x into n pieces: a reduce-scatter makes each device "
+                 "the owner of one fully summed piece, and an all-gather passes the finished pieces round. Each "
+                 "phase is n - 1 hops of one piece.",
                  "Reshaping x to (n, V / n) gives the pieces; jax.lax.axis_index says which device you are, and "
                  "indexing with it (or an .at[...].set) works with the traced index. jax.lax.psum_scatter and "
-                 "jax.lax.all_gather (section 2) are the two phases you are rebuilding.",
-                 "Reduce-scatter: start by sending your own piece number me; at each hop add to what arrives your "
-                 "own copy of the piece it is a partial sum of (one further to the left each hop) and send that "
-                 "on. After n - 1 hops you hold the full sum of piece me + 1 (mod n). All-gather: pass that piece "
-                 "round n - 1 times, storing each arrival in its row."])
+                 "jax.lax.all_gather (section 2) are the two phases you are rebuilding."])
 def check_ring_allreduce_chunked(ring_allreduce):
     rng = np.random.default_rng(5)
     cases = [Case(((rng.normal(size=(n, 3 * n)) * 3).astype(np.float32),), f"on {n} devices, each x a vector of "

@@ -8,8 +8,7 @@ import numpy as np
 import optax
 
 from .. import data, sharding
-from . import (Case, Mismatch, Mistake, as_array, call, describe_tree, diagnose, exercise, expect_array,
-               expect_structure, same)
+from . import Case, Mismatch, Mistake, Said, call, describe_tree, diagnose, exercise, same
 
 AXIS = "devices"
 
@@ -35,18 +34,12 @@ def solution_dp_step(loss_fn, optimizer, params, opt_state, batch):
 def _copies(tree) -> list[list[np.ndarray]]:
     """Each leaf's per-device copies (pmap layout: copy i is row i, on device i), read where they live."""
     return [[np.asarray(s.data[0]) for s in sorted(leaf.addressable_shards, key=lambda s: s.device.id)]
-            for leaf in jax.tree.leaves(tree)]
+            for leaf in jax.tree.leaves(tree) if isinstance(leaf, jax.Array) and leaf.ndim]
 
 
-def _spread(tree) -> float:
-    return max(((float(np.max(np.abs(c.astype(np.float64) - cs[0]))) if c.size else 0.0)
-                for cs in _copies(tree) for c in cs), default=0.0)
-
-
-def _close(a, b, rtol=1e-4, atol=1e-6) -> bool:
-    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    return len(la) == len(lb) and all(np.shape(x) == np.shape(y) and np.allclose(x, y, rtol=rtol, atol=atol)
-                                      for x, y in zip(la, lb))
+def _agree(tree, what: str) -> Said:
+    same_ = all(np.array_equal(c, cs[0]) for cs in _copies(tree) for c in cs)
+    return Said(f"the copies of {what} {'agree' if same_ else 'differ from device to device'}")
 
 
 def _first_copy(tree):
@@ -54,153 +47,100 @@ def _first_copy(tree):
                         if isinstance(leaf, jax.Array) and leaf.ndim else np.asarray(leaf), tree)
 
 
+_STEP_HINTS = {"has no attribute 'tree_map'": "jax.tree_map was removed from JAX: use jax.tree.map.",
+               "unbound axis name": f"The axis is named {AXIS!r}: use that name in the collective.",
+               "not a valid JAX type": "A function run under pmap returns arrays (or pytrees of them), not strings "
+                                       "or other Python objects: return the jax.numpy results."}
+
+
+def _stepped(fn, case):
+    """One pmapped step of ``fn`` on the case: (do the copies agree, new params, new state (device 0's copies),
+    each device's loss). The loss function records the rows it sees: a gathered batch shows."""
+    optimizer, params, x, y, rows = case.args
+    devs, seen = jax.devices()[:case.n], []
+
+    def loss_fn(p, b):
+        seen.append(np.shape(jax.tree.leaves(b)[0])[0] if jax.tree.leaves(b) else 0)
+        return regression_loss(p, b)
+
+    step = jax.pmap(functools.partial(fn, loss_fn, optimizer), axis_name=AXIS, devices=devs)
+    out = call(step, sharding.replicate(params, devs), sharding.replicate(optimizer.init(params), devs),
+               sharding.shard({"x": x, "y": y}, case.n), name="pmap(dp_step)", hints=_STEP_HINTS)
+    if seen and max(seen) > rows:
+        raise Mismatch(f"the loss function was called on a batch of {max(seen)} rows; each device's shard has "
+                       f"{rows}: every device computed on the gathered global batch, {max(seen) // rows} times the "
+                       "work of its own shard. In data parallelism each device computes the gradient of its own "
+                       "shard where it lives; the collective averages the gradients.")
+    if not isinstance(out, (tuple, list)) or len(out) != 3:
+        raise Mismatch(f"dp_step should return a triple (new_params, new_opt_state, loss), as single_step does; got "
+                       f"{describe_tree(out)}.")
+    new_params, new_state, loss = out
+    return (_agree(new_params, "the parameters"), _agree(new_state, "the optimizer state"),
+            _first_copy(new_params), _first_copy(new_state), np.asarray(loss))
+
+
+def _step_with(grads_of=lambda g: jax.lax.pmean(g, AXIS), loss_of=lambda v: jax.lax.pmean(v, AXIS),
+               after=None, keep_state=False):
+    """A dp_step variant: the gradients and the loss combined by ``grads_of``/``loss_of``; ``after`` averages
+    the optimizer's updates instead; ``keep_state`` returns the state it was given."""
+    def step(loss_fn, optimizer, params, opt_state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        updates, new_state = optimizer.update(grads_of(grads), opt_state, params)
+        updates = after(updates) if after else updates
+        return optax.apply_updates(params, updates), opt_state if keep_state else new_state, loss_of(loss)
+    return step
+
+
+MISTAKES_05_1 = [
+    Mistake("no collective", "The copies of the parameters differ after one step: each device applied the "
+            "gradient of its own shard, not the global batch's.", _step_with(grads_of=lambda g: g)),
+    Mistake("psum", "The {n} gradients were added (psum), not averaged: the update is {n} times too large, or, "
+            "with an optimizer that rescales the gradient (Adam, RMSprop), its state holds {n} times the right "
+            "gradient.", _step_with(grads_of=lambda g: jax.lax.psum(g, AXIS))),
+    Mistake("fixed count", "The average divides by a fixed count, all the devices, not by the number of devices "
+            "the step runs on.", _step_with(grads_of=lambda g: jax.tree.map(
+                lambda v: jax.lax.psum(v, AXIS) / len(jax.devices()), g))),
+    Mistake("averaged after the optimizer", "The parameters are the average of per-device updates, each made "
+            "by the optimizer from that device's own gradients: the average was taken AFTER the optimizer (of its "
+            "updates, or of the new parameters), not of the gradients it takes. With an optimizer whose update "
+            "is not linear in the gradient (Adam, RMSprop, momentum) that is another update, and each device's "
+            "optimizer state still follows its own gradients.",
+            _step_with(grads_of=lambda g: g, after=lambda u: jax.lax.pmean(u, AXIS))),
+    Mistake("own SGD", "The update is the one optax.sgd(0.1) makes, not the one of the optimizer dp_step was "
+            "given: the step ignored its optimizer argument.",
+            lambda lf, opt, p, s, b: _step_with()(lf, optax.sgd(0.1), p, optax.sgd(0.1).init(p), b)[:1]
+            + _step_with()(lf, opt, p, s, b)[1:]),
+    Mistake("own loss", "Each device returned the loss of its own shard, not the loss of the global batch: the "
+            "loss needs the same average over the devices as the gradients.", _step_with(loss_of=lambda v: v)),
+    Mistake("summed loss", "The loss returned is {n} times the loss of the global batch: the {n} per-device "
+            "losses were added, not averaged.", _step_with(loss_of=lambda v: jax.lax.psum(v, AXIS))),
+    Mistake("stale state", "The optimizer state returned is the one dp_step was given, unchanged: the optimizer "
+            "advances its state at every update (Adam its step count and running averages), so the next step "
+            "would use a stale one.", _step_with(keep_state=True)),
+]
+
+
 @exercise("05.1", "Write the data-parallel step from the single-device one", solution=solution_dp_step,
           returns="a triple (new_params, new_opt_state, loss): new_params a dict like params ({'w': (d,), 'b': ()} on "
                   "each device), new_opt_state like opt_state, loss one float32 number on each device",
           hints=["Start from single_step: the only thing missing is that every device must apply the SAME "
-                 "update, the one for the whole global batch.",
+                 "update, the one for the whole global batch. Averaging the parameters after the update is not "
+                 "the same thing: with Adam it gives another update.",
                  "jax.lax.pmean over the 'devices' axis (lesson 04, section 3) averages a pytree over the devices. "
-                 "psum would add n gradients, n times too large.",
-                 "Average the gradients, and the loss, over the devices right after computing them, BEFORE the "
-                 "optimizer sees them; everything after that line is single_step unchanged. Averaging the "
-                 "parameters after the update is not the same thing: with Adam it gives a different update and "
-                 "leaves each device's optimizer state following its own gradients."])
+                 "psum would add n gradients, n times too large."])
 def check_dp_step(dp_step):
-    n_all = len(jax.devices())
     # Device counts, feature counts, rows per device and optimizers vary, so that an answer that fixes any of
     # them (8 devices, the lesson's optimizer, a batch of 16 per device) gives another number somewhere.
-    # Each case compiles the answer once, so there are four: a first momentum step is an SGD step, so the 4-device
-    # case also shows a fixed divisor; it comes before RMSprop, whose first update hides a scaled gradient.
-    for n, d, rows, name, optimizer in [(n_all, 3, 16, "SGD", optax.sgd(0.1)),
-                                        (n_all, 3, 16, "Adam", optax.adam(0.1)),
+    cases = []
+    for n, d, rows, name, optimizer in [(len(jax.devices()), 3, 16, "SGD", optax.sgd(0.1)),
+                                        (len(jax.devices()), 3, 16, "Adam", optax.adam(0.1)),
                                         (4, 4, 10, "SGD with momentum", optax.sgd(0.05, momentum=0.9)),
                                         (2, 5, 8, "RMSprop", optax.rmsprop(0.01))]:
-        devs = jax.devices()[:n]
         x, y, _ = data.regression_data(n=rows * n, d=d, seed=n + d)
         params = {"w": jnp.asarray(np.linspace(-1, 1, d), jnp.float32), "b": jnp.float32(0.3)}
-        opt_state = optimizer.init(params)
-        batch = sharding.shard({"x": x, "y": y}, n)
-        on = f"on {n} devices with {name}"
-        seen = []                       # the batch sizes the loss is called with: one shard's rows, or more
-
-        def loss_fn(p, b):
-            seen.append(np.shape(jax.tree.leaves(b)[0])[0] if jax.tree.leaves(b) else 0)
-            return regression_loss(p, b)
-
-        step = jax.pmap(functools.partial(dp_step, loss_fn, optimizer), axis_name=AXIS, devices=devs)
-        out = call(step, sharding.replicate(params, devs), sharding.replicate(opt_state, devs), batch,
-                   name="pmap(dp_step)", hints={
-                       "has no attribute 'tree_map'": "jax.tree_map was removed from JAX: use jax.tree.map.",
-                       "unbound axis name": f"The axis is named {AXIS!r}: use that name in the collective.",
-                       "not a valid JAX type": "A function run under pmap returns arrays (or pytrees of them), not "
-                                               "strings or other Python objects: return the jax.numpy results.",
-                   })
-        if not isinstance(out, (tuple, list)) or len(out) != 3:
-            raise Mismatch(f"dp_step should return a triple (new_params, new_opt_state, loss), as single_step "
-                           f"does; got {describe_tree(out)}.")
-        new_params, new_state, loss = out
-        if seen and max(seen) > rows:
-            raise Mismatch(f"{on} the loss function was called on a batch of {max(seen)} rows; each device's shard "
-                           f"has {rows}: every device computed on the gathered global batch, {max(seen) // rows} "
-                           "times the work of its own shard. In data parallelism each device computes the gradient "
-                           "of its own shard where it lives; the collective averages the gradients.")
-        if isinstance(loss, dict) and not isinstance(new_params, dict):
-            raise Mismatch(f"dp_step returned ({describe_tree(new_params)}, ..., {describe_tree(loss)}): the loss "
-                           "first and the parameters last. Return them in the order (new_params, new_opt_state, "
-                           "loss).")
-        expect_structure(new_params, params, what="new_params, the first thing dp_step returns",
-                         hint="Return the updated parameters with the same keys as params.")
-        for key, leaf in new_params.items():
-            if not isinstance(leaf, jax.Array) or np.shape(leaf) != (n,) + np.shape(params[key]):
-                raise Mismatch(f"new_params[{key!r}] should be, under pmap, one copy per device, shape "
-                               f"{(n,) + np.shape(params[key])}; got {describe_tree(leaf)}.")
-        expect_structure(new_state, opt_state, what="new_opt_state, the second thing dp_step returns",
-                         hint="Return the optimizer state that optimizer.update gives back.")
-        if np.shape(loss) != (n,) or as_array(loss, what="the loss").dtype == bool:
-            raise Mismatch(f"the loss dp_step returns should be one number per device (shape ({n},) under pmap); "
-                           f"got {describe_tree(loss)}.")
-        # What each variant gives, computed here from private copies of the inputs.
-        shards = [{"x": x[i * rows:(i + 1) * rows], "y": y[i * rows:(i + 1) * rows]} for i in range(n)]
-        grads = jax.grad(regression_loss)(params, {"x": x, "y": y})
-        updates, want_state = optimizer.update(grads, opt_state, params)
-        want = optax.apply_updates(params, updates)
-        summed_updates, summed_state = optimizer.update(jax.tree.map(lambda g: n * g, grads), opt_state, params)
-        summed = optax.apply_updates(params, summed_updates)
-        got, got_state = _first_copy(new_params), _first_copy(new_state)
-        right = _close(got, want)       # the variants below are worked out only for an answer that is not
-
-        def params_averaged():
-            per_device = [optax.apply_updates(params, optimizer.update(jax.grad(regression_loss)(params, s),
-                                                                       opt_state, params)[0]) for s in shards]
-            return jax.tree.map(lambda *ps: np.mean(np.stack(ps), axis=0), *per_device)
-
-        if name != "SGD" and not right and _close(got, params_averaged()):
-            raise Mismatch(f"{on}: the parameters are the average of {n} per-device updates, each made by the "
-                           "optimizer from that device's own gradients: the average was taken AFTER the optimizer "
-                           "(of its updates, or of the new parameters), not of the gradients it takes. With plain SGD "
-                           f"that gives the same numbers as averaging the gradients before it (the update is linear "
-                           f"in the gradient), but not with {name}, whose update is not linear in the gradient; and "
-                           "each device's optimizer state still follows its own gradients.")
-        spread = _spread(new_params)
-        if spread > 0:
-            raise Mismatch(f"{on} the copies of the parameters differ by up to {spread:.2e} after one step: each "
-                           "device applied the gradient of its own shard, not the global batch's.")
-        state_spread = _spread(new_state)
-        if state_spread > 0:
-            raise Mismatch(f"{on} the parameters agree, but the copies of the optimizer state differ by up to "
-                           f"{state_spread:.2e}: each device's optimizer saw its own gradients.")
-        step_size = np.asarray(params["w"]) - got["w"]
-        want_size = np.asarray(params["w"]) - np.asarray(want["w"])
-        if name.startswith("SGD") and n > 1 and np.allclose(step_size, n * want_size, rtol=1e-4, atol=1e-6):
-            raise Mismatch(f"{on} the update is {n} times too large: the {n} gradients were added (psum), not "
-                           "averaged; the gradient of the global batch's mean loss is their mean.")
-        for key in params:
-            dtype = np.asarray(got[key]).dtype
-            if dtype != np.float32:
-                raise Mismatch(f"{on} new_params[{key!r}] is {dtype.name}; params are float32. The step changed "
-                               "the parameters' dtype: something casts the gradients or the update.")
-        ratio = step_size / np.where(want_size == 0, np.nan, want_size)
-        if n != n_all and np.all(np.isfinite(ratio)) and np.allclose(ratio, n / n_all, rtol=1e-3):
-            raise Mismatch(f"{on} the update is {n / n_all:g} times the right one, and right on {n_all} devices: the "
-                           f"average divides by a fixed {n_all}, not by the number of devices the step runs on.")
-        if name != "SGD" and n > 1 and _close(got_state, summed_state, rtol=1e-4, atol=1e-7) \
-                and not _close(got_state, want_state, rtol=1e-4, atol=1e-7):
-            raise Mismatch(f"{on} the gradients the optimizer received were {n} times too large (its state holds "
-                           f"{n} times the right gradient): the {n} gradients were added (psum), not averaged. "
-                           f"{name} rescales the gradient, so its update, and the loss curve, can hide this: only "
-                           "the gradients show it.")
-        if name != "SGD" and n > 1 and not right and _close(got, summed):
-            raise Mismatch(f"{on} the update is the one for a gradient {n} times too large: the {n} gradients were "
-                           "added (psum), not averaged.")
-        for label, other in () if right else (("optax.sgd(0.1)", optax.sgd(0.1)), ("optax.adam(0.1)", optax.adam(0.1)),
-                                              ("optax.adam(0.05)", optax.adam(0.05)),
-                                              ("optax.sgd(0.05)", optax.sgd(0.05))):
-            other_params = optax.apply_updates(params, other.update(grads, other.init(params), params)[0])
-            if not _close(other_params, want) and _close(got, other_params):
-                raise Mismatch(f"{on} the update is the one {label} makes, not the one of the optimizer dp_step "
-                               "was given: the step ignored its optimizer argument.")
-        expect_array(got["w"], want["w"], what=f"w after one step {on}", rtol=1e-4, atol=1e-6)
-        expect_array(got["b"], want["b"], what=f"b after one step {on}", rtol=1e-4, atol=1e-6)
-        global_loss = float(regression_loss(params, {"x": x, "y": y}))
-        losses = np.asarray(loss, np.float64)
-        own = np.array([float(regression_loss(params, s)) for s in shards])
-        if not np.allclose(losses, global_loss, rtol=1e-4) and np.allclose(losses, own, rtol=1e-4):
-            raise Mismatch(f"{on} the update is right, but each device returned the loss of its own shard "
-                           f"(device 0: {losses[0]:.4f}, device 1: {losses[1]:.4f}), not the loss of the global "
-                           f"batch, {global_loss:.4f}: the loss needs the same average over the devices as the "
-                           "gradients.")
-        if np.allclose(losses, n * global_loss, rtol=1e-4):
-            raise Mismatch(f"{on} the loss returned is {losses[0]:.4f}, {n} times the loss of the global batch "
-                           f"({global_loss:.4f}): the {n} per-device losses were added, not averaged.")
-        expect_array(losses[0], global_loss,
-                     what=f"the loss returned {on} (the mean over the whole global batch)", rtol=1e-4)
-        if not _close(got_state, want_state, rtol=1e-4, atol=1e-7):
-            unchanged = _close(got_state, opt_state, rtol=0, atol=0)
-            raise Mismatch(f"{on} the parameters and the loss are right, but the optimizer state returned is "
-                           + ("the one dp_step was given, unchanged: " if unchanged else "not the one the update "
-                              "gives: ")
-                           + f"{name} advances its state at every update (Adam its step count and running "
-                           "averages), so the next step would use a stale one.")
+        cases.append(Case((optimizer, params, x, y, rows), f"on {n} devices with {name}", n=n))
+    diagnose(dp_step, cases, solution=solution_dp_step, mistakes=MISTAKES_05_1, run=_stepped, rtol=1e-4,
+             atol=1e-6, names=("copies", "state copies", "new_params", "new_opt_state", "loss"))
     return ("gradients averaged with pmean before the update, on 8, 4 and 2 devices with SGD, momentum, Adam and "
             "RMSprop: the same update and the same optimizer state everywhere, so the copies stay identical.")
 
@@ -304,16 +244,52 @@ MISTAKES_05_2 = [Mistake(name, f"That is {text}.", fn) for name, text, fn in [
 ]]
 
 
+_COLLECTIVES = {"all_gather", "all_gather_invariant", "psum", "psum_invariant", "pmax", "pmin", "ppermute",
+                "all_to_all", "reduce_scatter", "pbroadcast"}
+
+
+def _gathers(fn, tree) -> str | None:
+    """How ``fn(tree)`` gathered the copies, if it did: a leaf read whole on the host (``np.asarray`` or
+    ``jax.device_get`` of the global array brings every device's copy at once), or a collective run on them.
+    Watched while it runs: ``ArrayImpl._value`` is what every host read of an array goes through, and a
+    primitive's ``bind`` what tracing a collective goes through (JAX's caches cleared, so that none is hidden)."""
+    from jax._src import array as _array, core as _core
+    leaves, read, used = {id(x) for x in jax.tree.leaves(tree)}, [], set()
+    value, bind = _array.ArrayImpl.__dict__["_value"], _core.Primitive.bind
+
+    def watched_value(self):
+        if id(self) in leaves:
+            read.append(self.shape)
+        return value.__get__(self)
+
+    def watched_bind(prim, *args, **params):
+        used.add(prim.name)
+        return bind(prim, *args, **params)
+
+    jax.clear_caches()
+    _array.ArrayImpl._value, _core.Primitive.bind = property(watched_value), watched_bind
+    try:
+        fn(tree)
+    except Exception:
+        return None                  # it ran in the checker already: this run only watches how
+    finally:
+        _array.ArrayImpl._value, _core.Primitive.bind = value, bind
+    if read:
+        return (f"it read a whole leaf, shape {read[0]}, on the host: the global array holds all the devices' "
+                "copies, and reading it (np.asarray, jax.device_get, .tolist()) gathers them into one host array")
+    if used & _COLLECTIVES:
+        return (f"it ran a collective ({', '.join(sorted(used & _COLLECTIVES))}) on the copies, gathering them "
+                "between devices")
+    return None
+
+
 @exercise("05.2", "Measure how far the replicas have drifted apart", solution=solution_max_divergence,
           returns="one number (a float): the largest absolute difference between any device's copy of any leaf "
                   "and the first device's copy",
           hints=["Each leaf is one array with a copy on every device; compare each copy with the first, leaf by "
                  "leaf, and keep the worst difference over all of them.",
                  "jax.tree.leaves gives the leaves; a leaf's addressable_shards (lesson 02, exercise 02.3) hold "
-                 "each device's copy where it lives; np.asarray brings one copy to the host.",
-                 "For every leaf: bring each device's copy to the host, measure how far it is from the first "
-                 "device's copy (the largest absolute difference, whichever its sign), and keep the largest "
-                 "number seen over all leaves and devices, as a Python float."])
+                 "each device's copy where it lives; np.asarray brings one copy to the host."])
 def check_max_divergence(max_divergence):
     devs = jax.devices()
     one_number = "return one number for the whole tree, the worst difference over every leaf and device"
@@ -344,6 +320,11 @@ def check_max_divergence(max_divergence):
               for n, what, copies in _drift_cases()]
     diagnose(max_divergence, cases, solution=solution_max_divergence, mistakes=MISTAKES_05_2,
              run=lambda fn, case: run(fn, *case.args), rtol=1e-6, atol=1e-7)
+    for case in cases[1:]:
+        how = _gathers(max_divergence, *case.args)
+        if how:
+            raise Mismatch(f"{case.label}: the value is right, but {how}. The exercise reads each device's copy "
+                           "where it lives, one copy at a time.")
     return "it finds the largest difference between any device's copy and the first one, on 8, 4 and 2 devices."
 
 
@@ -383,10 +364,7 @@ MISTAKES_05_3 = [
           hints=["Padding rows must count for nothing in the sum AND in the count you divide by; and a device "
                  "may get only padding.",
                  "A boolean mask becomes 0.0 and 1.0 once cast to a float dtype (astype); multiplying by it drops "
-                 "the padding rows from a sum. jnp.maximum keeps a count from being 0.",
-                 "Work it through for a device that got only padding: its weighted sum of squared errors is 0, "
-                 "and so is its count of real rows. Which of the two must change for the result to be 0.0, not "
-                 "0 / 0 = NaN, and which function of hint 2 changes it only when it is 0?"])
+                 "the padding rows from a sum. jnp.maximum keeps a count from being 0."])
 def check_masked_mse(masked_mse):
     rng = np.random.default_rng(5)
     cases = []

@@ -1,11 +1,14 @@
 """Lesson 06 exercises: placing arrays on a mesh, out_specs that check_vma accepts."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import Case, Mismatch, Mistake, call, describe_tree, diagnose, exercise, expect_array, expect_structure
+from .. import sharding
+from . import Case, Mismatch, Mistake, Said, call, describe_tree, diagnose, exercise
 
 AXIS = "i"
 
@@ -45,6 +48,85 @@ def _leaves(tree):
     return [(jax.tree_util.keystr(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
+def _layout(leaf) -> str:
+    """How ``leaf`` is laid out, in words: ``on the host``, ``whole on 4 devices``, ``in blocks of (3, 2) on 4
+    devices``."""
+    if not isinstance(leaf, jax.Array):
+        return "on the host"
+    k = len(leaf.devices())
+    if leaf.sharding.is_fully_replicated:
+        return f"whole on {k} device{'s' * (k != 1)}"
+    blocks = sorted({s.data.shape for s in leaf.addressable_shards})
+    return f"in blocks of {blocks[0] if len(blocks) == 1 else blocks} on {k} devices"
+
+
+_PLACE_HINTS = {
+    "must be >= the product of mesh_shape": "Use the mesh you were given (the argument mesh); do not build "
+                                            "another one.",
+    "is not found in mesh": "The mesh you were given names its axis 'i': a spec can only name the axes of "
+                                "that mesh.",
+    "if a PartitionSpec is passed": "A PartitionSpec alone does not say which mesh it refers to: pair it with "
+                                    "the mesh you were given (lesson 06, section 1).",
+}
+
+
+def _placed(fn, case):
+    """What a placing answer gives: (params' values, batch's values, where each leaf lives, in words)."""
+    try:
+        out = call(fn, *case.args, name="place", hints=_PLACE_HINTS)
+    except Mismatch as e:                    # JAX's own words say which array was split, and how many times
+        split = re.search(r"axis (\d+) is partitioned (\d+) times.*?Got shape: \(([\d, ]*)\)", str(e))
+        if not split:
+            raise
+        axis, times, shape = int(split[1]), int(split[2]), tuple(int(v) for v in split[3].split(",") if v.strip())
+        if times != case.n:
+            raise Mismatch(f"it split an array over {times} devices, and the mesh given has {case.n}: build the "
+                           "NamedSharding on the mesh you were given (the argument mesh).") from None
+        part = "a parameter" if any(np.shape(v) == shape for _, v in _leaves(case.args[0])) else "a batch leaf"
+        raise Mismatch(f"it split {part} of shape {shape} along axis {axis} over 'i', and {times} devices do not "
+                       "divide that axis. Only the batch is split, along axis 0, its rows; the parameters stay "
+                       "whole on every device.") from None
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise Mismatch(f"place should return a pair (params, batch); got {describe_tree(out)}.")
+    values = tuple(jax.tree.map(lambda v: np.asarray(v) if hasattr(v, "shape") else v, part) for part in out)
+    return values + ([Said(f"{root}{name} {_layout(leaf)}") for root, part in zip(("params", "batch"), out)
+                      for name, leaf in _leaves(part)],)
+
+
+def _put(params_spec, batch_spec, mesh=None, cast=None):
+    """A placing mistake: these specs, on ``mesh`` (default: the one given), after ``cast`` (of a part)."""
+    def place(params, batch, given):
+        m = mesh or given
+        params, batch = cast(params, batch) if cast else (params, batch)
+        return (jax.device_put(params, NamedSharding(m, params_spec)),
+                jax.device_put(batch, NamedSharding(m, batch_spec)))
+    return place
+
+
+def _to_f32(tree):
+    return jax.tree.map(lambda v: np.asarray(v).astype(np.float32), tree)
+
+
+NO_CAST = " Placing an array should not change its dtype: no cast."
+MISTAKES_06_1 = [
+    Mistake("batch replicated", "The batch is replicated: every device holds the whole batch, where each should "
+            "hold only its own rows.", _put(P(), P())),
+    Mistake("stacked copies", "A stacked copy per device is the pmap way (sharding.replicate). On a mesh the "
+            "array keeps its own shape; its sharding alone says that every device holds all of it (lesson 06, "
+            "section 1).", lambda p, b, m: (sharding.replicate(p, devices=list(m.devices.flat)),
+                                            jax.device_put(b, NamedSharding(m, P(AXIS))))),
+    Mistake("left on the host", "Nothing was placed: the arrays are still on the host.", lambda p, b, m: (p, b)),
+    Mistake("swapped", "That is (batch, params): the batch first. Return them in the order (params, batch).",
+            lambda p, b, m: solution_place(p, b, m)[::-1]),
+    Mistake("params on one device", "The parameters are on one device; every device of the mesh needs the whole "
+            "array.", lambda p, b, m: (jax.device_put(p, m.devices.flat[0]), solution_place(p, b, m)[1])),
+    Mistake("batch cast", "The batch came back as float32." + NO_CAST,
+            _put(P(), P(AXIS), cast=lambda p, b: (p, _to_f32(b)))),
+    Mistake("params cast", "The parameters came back as float32." + NO_CAST,
+            _put(P(), P(AXIS), cast=lambda p, b: (_to_f32(p), b))),
+]
+
+
 @exercise("06.1", "Replicate the parameters and split the batch on a mesh", solution=solution_place,
           returns="a pair (params, batch) with the same keys and shapes as the inputs: params leaves replicated "
                   "on the mesh (P()), batch leaves split along axis 0 over 'i' (P('i'))",
@@ -54,85 +136,10 @@ def _leaves(tree):
                  "Lesson 06, section 1: `jax.device_put` with a `NamedSharding`, and the cells that print a "
                  "PartitionSpec's layout. device_put accepts a whole pytree (a dict of arrays) at once."])
 def check_place(place):
-    for n, params, batch in _place_cases(len(jax.devices())):
-        mesh = _mesh(n)
-        where = f"on a mesh of {n} devices"
-        try:
-            out = call(place, params, batch, mesh, name="place", hints={
-                "must be >= the product of mesh_shape": "Use the mesh you were given (the argument mesh); do not "
-                                                        "build another one.",
-                "is not found in mesh": "The mesh you were given names its axis 'i': a spec can only name the "
-                                        "axes of that mesh.",
-                "if a PartitionSpec is passed": "A PartitionSpec alone does not say which mesh it refers to: pair "
-                                                "it with the mesh you were given (lesson 06, section 1).",
-            })
-        except Mismatch as e:
-            import re
-            shape = re.search(r"Got shape: \(([\d, ]*)\)", str(e))
-            axis = re.search(r"array axis (\d+) is partitioned", str(e))
-            if not shape:
-                raise
-            shape = tuple(int(s) for s in shape.group(1).split(",") if s.strip())
-            size = re.search(r"Mesh\('[^']*': (\d+)", str(e))
-            if size and int(size.group(1)) != n:
-                raise Mismatch(f"place {where} put an array on a mesh of {size.group(1)} devices: build the "
-                               "NamedSharding on the mesh you were given (the argument mesh), not on another "
-                               "one.") from None
-            if any(np.shape(v) == shape for _, v in _leaves(params)):
-                raise Mismatch(f"place {where} split a parameter of shape {shape} over 'i', and its size does not "
-                               "divide over the devices. Only the batch is split; the parameters stay whole on "
-                               "every device.") from None
-            raise Mismatch(f"place {where} split a batch leaf of shape {shape} along axis "
-                           f"{axis.group(1) if axis else '?'}. The batch is split along axis 0, its rows, and "
-                           "along no other axis.") from None
-        if not isinstance(out, (tuple, list)) or len(out) != 2:
-            raise Mismatch(f"place should return a pair (params, batch); got {describe_tree(out)}.")
-        p, b = out
-        if isinstance(p, dict) and isinstance(b, dict) and set(p) == set(batch) and set(b) == set(params):
-            raise Mismatch("place returned (batch, params): the batch first. Return them in the order "
-                           "(params, batch).")
-        expect_structure(p, params, what="the params place returns")
-        expect_structure(b, batch, what="the batch place returns")
-        for (name, leaf), (_, given) in zip(_leaves(p), _leaves(params)):
-            name = f"params{name}"
-            if not isinstance(leaf, jax.Array):
-                raise Mismatch(f"{name} is still a {type(leaf).__name__} on the host: use jax.device_put.")
-            if leaf.ndim == np.ndim(given) + 1 and leaf.shape[0] == n:
-                raise Mismatch(f"{name} has shape {leaf.shape}: a stacked copy per device is the pmap way "
-                               "(sharding.replicate). On a mesh the array keeps its own shape; its sharding alone "
-                               "says that every device holds all of it (lesson 06, section 1).")
-            if len(leaf.devices()) != n and isinstance(leaf.sharding, NamedSharding) and leaf.sharding.mesh.size > 1:
-                raise Mismatch(f"{name} lives on a mesh of {len(leaf.devices())} devices, but the mesh you were given "
-                               f"has {n}: build the NamedSharding on that mesh (the argument mesh), not on another "
-                               "one.")
-            if not leaf.sharding.is_fully_replicated or len(leaf.devices()) != n:
-                raise Mismatch(f"{name} has sharding {_spec(leaf)} on {len(leaf.devices())} device(s); every one of "
-                               f"the {n} devices needs the whole array.")
-        for (name, leaf), (_, given) in zip(_leaves(b), _leaves(batch)):
-            name = f"batch{name}"
-            if not isinstance(leaf, jax.Array):
-                raise Mismatch(f"{name} is still a {type(leaf).__name__} on the host: use jax.device_put.")
-            if len(leaf.devices()) != n and isinstance(leaf.sharding, NamedSharding) and leaf.sharding.mesh.size > 1:
-                raise Mismatch(f"{name} lives on a mesh of {len(leaf.devices())} devices, but the mesh you were given "
-                               f"has {n}: build the NamedSharding on that mesh (the argument mesh), not on another "
-                               "one.")
-            if leaf.sharding.is_fully_replicated:
-                raise Mismatch(f"{name} is replicated: every device holds the whole batch, where each "
-                               "should hold only its own rows.")
-            rows = np.shape(given)[0] // n
-            blocks = {s.data.shape for s in leaf.addressable_shards}
-            if blocks != {(rows,) + np.shape(given)[1:]}:
-                raise Mismatch(f"{name} {where} is split into blocks of shape {sorted(blocks)}; expected axis 0 split "
-                               f"over the {n} devices, blocks of {(rows,) + np.shape(given)[1:]}.")
-        for (name, leaf), (_, given) in zip(_leaves((p, b)), _leaves((params, batch))):
-            name = ("params" if name.startswith("[0]") else "batch") + name[3:]
-            if np.dtype(leaf.dtype) != np.dtype(jnp.asarray(given).dtype):
-                raise Mismatch(f"{name} came back as {np.dtype(leaf.dtype).name}; it came in as "
-                               f"{np.dtype(given.dtype).name} (as {np.dtype(jnp.asarray(given).dtype).name} on the "
-                               "devices). Placing an array should not change its dtype: no cast.")
-            if np.dtype(leaf.dtype) == np.dtype(jnp.bfloat16):   # compared exactly, in a dtype NumPy checks
-                leaf, given = np.asarray(leaf).astype(np.float32), np.asarray(given).astype(np.float32)
-            expect_array(leaf, given, what=f"{name} (the values must not change)", rtol=0, atol=0)
+    cases = [Case((params, batch, _mesh(n)), f"on a mesh of {n} devices", n=n)
+             for n, params, batch in _place_cases(len(jax.devices()))]
+    diagnose(place, cases, solution=solution_place, mistakes=MISTAKES_06_1, run=_placed, rtol=0, atol=0,
+             names=("params", "batch", "placement"))
     return "parameters whole on every device (P()), the batch split along axis 0 (P('i')), on 8, 4 and 2 devices."
 
 

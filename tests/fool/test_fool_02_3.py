@@ -13,12 +13,12 @@ WRONG = [
     ("global index", lambda y, i: y[i], "Indexing the global array"),
     ("global index moved back", lambda y, i: jax.device_put(y[i], jax.devices()[i]), "moved data"),
     ("through NumPy", lambda y, i: jax.device_put(np.asarray(y)[i], jax.devices()[i]), "moved data"),
-    ("on the host", lambda y, i: np.asarray(y)[i], "copied to the host"),
+    ("on the host", lambda y, i: np.asarray(y)[i], "It was copied to the host"),
     ("keeps the device axis", lambda y, i: y.addressable_shards[i].data, "pmap's device axis"),
     ("every axis of size 1 squeezed", lambda y, i: y.addressable_shards[i].data.squeeze(),
      "Every axis of size 1 was dropped"),
-    ("device 0's shard", lambda y, i: y.addressable_shards[0].data[0], "holds device 0's block, not device 3's"),
-    ("off by one", lambda y, i: y.addressable_shards[i - 1].data[0], "holds device 7's block, not device 0's"),
+    ("device 0's shard", lambda y, i: y.addressable_shards[0].data[0], "That is device 0's block, whatever device is asked for"),
+    ("off by one", lambda y, i: y.addressable_shards[i - 1].data[0], "got ([3.09164, 1.09021, -1.01046], on device 7"),
 ]
 RIGHT = [
     ("squeeze axis 0", lambda y, i: jnp.squeeze(y.addressable_shards[i].data, 0)),

@@ -74,9 +74,9 @@ def old_tree_map(loss_fn, optimizer, params, opt_state, batch):
 WRONG = [
     (no_pmean, ["the copies of the parameters differ", "its own shard"]),
     (psum_grads, ["8 times too large", "added (psum), not averaged"]),
-    (fixed_eight, ["divides by a fixed 8"]),
+    (fixed_eight, ["divides by a fixed count, all the devices"]),
     (own_sgd, ["the one optax.sgd(0.1) makes", "ignored its optimizer argument"]),
-    (local_loss, ["each device returned the loss of its own shard"]),
+    (local_loss, ["Each device returned the loss of its own shard"]),
     (summed_loss, ["8 times the loss of the global batch"]),
     (params_averaged, ["the average was taken AFTER the optimizer"]),
     (updates_averaged, ["the average was taken AFTER the optimizer", "of its updates, or of the new parameters"]),

@@ -34,6 +34,14 @@ WRONG = [
      ["The value is right, but it was computed from the global view"]),
     (over_leaves(lambda c: np.max(np.abs(c.astype(np.float16) - c[0].astype(np.float16)))),
      ["rounded to float16 precision"]),
+    (lambda tree: max(float(np.max(np.abs(np.asarray(v) - np.asarray(v)[0]))) for v in jax.tree.leaves(tree)),
+     ["the value is right, but it read a whole leaf", "on the host"]),                  # a host gather
+    (lambda tree: max(float(np.max(np.abs(c - c[0]))) for c in jax.tree.leaves(jax.device_get(tree))),
+     ["the value is right, but it read a whole leaf", "on the host"]),
+    (lambda tree: max(float(np.max(np.abs(c - c[0]))) for c in (
+        np.asarray(jax.pmap(lambda x: jax.lax.all_gather(x, "i"), axis_name="i",
+                            devices=sorted(v.devices(), key=lambda d: d.id))(v).addressable_shards[0].data[0])
+        for v in jax.tree.leaves(tree))), ["the value is right, but it ran a collective (all_gather)"]),
     (lambda tree: np.float16(max(float(np.max(np.abs(c - c[0]))) for c in map(copies_of, jax.tree.leaves(tree)))),
      ["dtype float16 where float32 was expected"]),
 ]

@@ -19,21 +19,21 @@ def _put(params_spec, batch_spec, mesh=None):
 
 
 WRONG = {
-    "parameters split too": (_put(P("i"), P("i")), ["split a parameter", "stay whole"]),
+    "parameters split too": (_put(P("i"), P("i")), ["split a parameter of shape", "stay whole"]),
     "batch replicated": (_put(P(), P()), ["every device holds the whole batch"]),
     "batch split along axis 1": (lambda p, b, m: (jax.device_put(p, NamedSharding(m, P())),
                                                   jax.tree.map(lambda v: jax.device_put(
                                                       v, NamedSharding(m, P(None, "i") if v.ndim > 1 else P("i"))),
-                                                      b)), ["along axis 1", "axis 0, its rows"]),
+                                                      b)), ["along axis 1 over 'i'", "axis 0, its rows"]),
     "stacked copies (pmap style)": (lambda p, b, m: (sharding.replicate(p, devices=list(m.devices.flat)),
                                                      jax.device_put(b, NamedSharding(m, P("i")))),
                                     ["stacked copy per device is the pmap way"]),
-    "left on the host": (lambda p, b, m: (p, b), ["still a ndarray on the host"]),
+    "left on the host": (lambda p, b, m: (p, b), ["got params['b'] on the host", "still on the host"]),
     "swapped order": (lambda p, b, m: _put(P(), P("i"))(p, b, m)[::-1], ["the batch first"]),
     "an 8-device mesh of its own": (_put(P(), P("i"), mesh=jax.make_mesh((8,), ("i",))),
                                     ["the mesh you were given"]),
     "one device only": (lambda p, b, m: (jax.device_put(p, jax.devices()[0]), _put(P(), P("i"))(p, b, m)[1]),
-                        ["every one of the"]),
+                        ["every device of the mesh needs the whole array"]),
     "the lesson's axis name": (_put(P(), P("data")), ["names its axis 'i'"]),
     "a cast to float32": (lambda p, b, m: _put(P(), P("i"))(p, jax.tree.map(lambda v: v.astype(np.float32), b), m),
                           ["came back as float32", "no cast"]),
