@@ -215,3 +215,15 @@ def test_the_exercises_material_is_on_the_main_path_and_each_has_its_stuck_line(
         assert text.rstrip().splitlines()[-1].startswith(f'Stuck? `hint("12.{k}")` first'), text
     # no upstream issue cited for the donation trap (those threads are about writeable NumPy buffers)
     assert not any("jax-ml/jax#37830" in t or "jax/pull/38086" in t for t in texts)
+
+
+def test_one_figure_for_the_state_ratio_and_three_rules_listed():
+    """Learner reading 2026-11-29: the state's ratio is the printed 1/6.7 wherever it is named; "Three rules" lists
+    three; the GPU's run-ahead is cited in round numbers from the hardware notes."""
+    texts = _cells("markdown")
+    rules = next(t for t in texts if "Three rules" in t)
+    assert sum(line.startswith("* **") for line in rules.splitlines()) == 3
+    assert not any("7-fold" in t for t in texts)
+    assert sum("1/6.7" in t for t in texts) >= 2
+    assert "state (arguments), FSDP against data parallelism: 1/6.7" in _outputs()
+    assert any("about 3 to 25 steps (estimated from timings" in t for t in texts)

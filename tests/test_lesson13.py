@@ -123,3 +123,19 @@ def test_expert_items_of_2026_11_29_are_printed_and_cited():
     assert "assumed" in text and "an ASSUMED figure" in source
     assert "TPU peak" in text and "compiler's peak" in text and "GB of HBM" not in text
     assert "XProf" in markdown and "https://docs.jax.dev/en/latest/profiling.html" in markdown
+
+
+def test_a_refusal_states_the_whole_need_and_the_cell_shows_it_counts_arguments():
+    """Learner reading 2026-11-29: the compiler's "HLO temporaries" figure is the program's whole need per chip,
+    arguments included; a sum over one argument (no temporaries) shows it. Gathers are counted per dtype, and the
+    MaxText-flags result, not rerun here, says so."""
+    nb = json.loads(PATH.read_text())
+    text = "".join(output_text(c) for c in code_cells())
+    markdown = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    assert "does not fit: needs 18.09 GiB in all, 15.75 GiB available" in text
+    assert "does not fit: needs 26.09 GiB in all" in text and "of temporaries" not in text
+    assert "jnp.sum of a 12 GiB argument: fits: compiler's peak 12.00 GiB" in text
+    assert "jnp.sum of a 20 GiB argument: does not fit: needs 20.00 GiB in all" in text
+    assert "on the TPU {'bf16': 7, 'f32': 1}" in text
+    assert "measured once, not rerun here" in markdown
+    assert "predict the training state's bytes per chip" in markdown
