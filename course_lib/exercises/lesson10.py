@@ -732,7 +732,7 @@ MISTAKES_10_5 = [
           returns='a dict {collective: runs per step}, e.g. {"all-reduce": 1}, for a stage ("replicated", '
                   '"zero1" or "zero2") and k micro-batches')
 def check_predict_collectives(predict):
-    from .lesson12 import confirmed_mistake
+    from .lesson12 import confirmed_mistake, counts_off
     cases, got, want = [], [], []
     for (stage, k), (counts_wanted, _) in _compiled_counts().items():
         cases.append((stage, k))
@@ -744,8 +744,6 @@ def check_predict_collectives(predict):
                 "ZeRO-1 communicates once per step like data parallelism; ZeRO-2 scatters every micro-batch and "
                 "gathers once.")
     (stage, k), counts, right = cases[wrong[0]], got[wrong[0]], want[wrong[0]]
-    off = [f"{op} ({'too many' if counts.get(op, 0) > right.get(op, 0) else 'too few'})"
-           for op in sorted(set(right) | set(counts)) if counts.get(op, 0) != right.get(op, 0)]
     mistake = confirmed_mistake(MISTAKES_10_5, cases, got, [{op: v for op, v in w.items()} for w in want])
     why = mistake.feedback if mistake else {
         "replicated": "Which accumulator does data parallelism keep across micro-batches, and when must it be "
@@ -753,9 +751,9 @@ def check_predict_collectives(predict):
         "zero1": "ZeRO-1 keeps a whole local accumulator: when does it need its slice of the sum?",
         "zero2": "ZeRO-2 keeps only its slice of the accumulator: when must each micro-batch's gradient be "
                  "scattered?"}[stage]
-    raise Mismatch(f"{stage}, k = {k}: you predicted {_shown_counts(counts)} per step; the compiled program of "
-                   f"sharded_state's {stage!r} step with accumulate={k} runs another number of {' and '.join(off)} "
-                   f"(its counts are the answer: run the cells below to read them). {why}")
+    raise Mismatch(f"{stage}, k = {k}: you predicted {_shown_counts(counts)} per step: {counts_off(counts, right)} "
+                   f"for the compiled program of sharded_state's {stage!r} step with accumulate={k} (its counts are "
+                   f"the answer: run the cells below to read them). {why}")
 
 
 def _read_prediction(got, stage, k) -> dict:
