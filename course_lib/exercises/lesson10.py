@@ -16,9 +16,9 @@ AXIS = "data"
 HINTS = {
     "10.1": ["Start from the replicated form: how many bytes per parameter do the parameters, the gradients and "
              "Adam's state take in float32? Then ask, stage by stage, which of the three is split over the devices.",
-             "Section 1 and the table of section 3: ZeRO-1 splits one of the three, ZeRO-2 two, FSDP all three.",
-             "Check your numbers against the mechanism: build each stage with sharded_state.init_state and read "
-             "sharded_state.state_bytes of it, or look at the shape of one device's shard of each part."],
+             "Section 1, then sections 2 and 3: which of the three parts does each stage split over the devices?",
+             "Check your numbers against the mechanism: Going further, \"The four stages, side by side\", builds "
+             "each stage with sharded_state.init_state and reads sharded_state.state_bytes of it."],
     "10.2": ["Each device needs only its own slice of the summed gradient, never the whole sum. Which collective "
              "hands each device just its slice, and along which axis are the slices cut here?",
              "jax.lax.psum_scatter and jax.lax.all_gather (both tiled, both with an axis argument), "
@@ -174,8 +174,8 @@ def check_zero_bytes(zero_bytes):
                        "own answer to this exercise. Write the count yourself: bytes per parameter of each part, "
                        "divided where the stage shards it.")
     return ("replicated 16 bytes per parameter per device; zero1 cuts Adam's 8, zero2 also the gradient "
-            "accumulator's 4, fsdp also the parameters' 4: 16 / n in the end. Section 3 compares it with the "
-            "compiled programs.")
+            "accumulator's 4, fsdp also the parameters' 4: 16 / n in the end. Going further, \"The four stages, "
+            "side by side\", compares it with the compiled programs.")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -188,7 +188,8 @@ def solution_zero2_sgd(params, grads, lr):
     mine = jax.lax.psum_scatter(grads, "data", scatter_dimension=1, tiled=True) / n     # (R, C // n), averaged
     start = jax.lax.axis_index("data") * cols
     my_params = jax.lax.dynamic_slice_in_dim(params, start, cols, axis=1)              # my block of columns
-    return jax.lax.all_gather(my_params - lr * mine, "data", axis=1, tiled=True)       # (R, C) on every device
+    return jax.lax.all_gather(my_params - lr * mine, "data", axis=1, tiled=True,     # (R, C) on every device,
+                              to="invarying")                                          # typed the same on all
 
 
 def _zero(p, g, lr, mean=True, tiled=True, gather_axis=1, start_at=None):
