@@ -596,14 +596,14 @@ def _fsdp_runner(answer, seen):
 _FSDP_SOLVED: dict = {}
 
 
-def _fsdp_as(by=lambda n: n):
-    """The FSDP step with its gradient divided by ``by(n)`` instead of n."""
+def _fsdp_as(by=lambda n: n, then=lambda g: g):
+    """The FSDP step with its gradient divided by ``by(n)`` instead of n, then passed through ``then``."""
     def make(loss_fn, optimizer):
         def step(my_params, opt_state, batch):
             n = jax.lax.axis_size(AXIS)
             loss, grads = jax.value_and_grad(lambda p: loss_fn(jax.tree.map(
                 lambda s: jax.lax.all_gather(s, AXIS, tiled=True), p), batch))(my_params)
-            updates, opt_state = optimizer.update(jax.tree.map(lambda g: g / by(n), grads), opt_state, my_params)
+            updates, opt_state = optimizer.update(jax.tree.map(lambda g: then(g / by(n)), grads), opt_state, my_params)
             return optax.apply_updates(my_params, updates), opt_state, jax.lax.pmean(loss, AXIS)
         return step
     return make
@@ -614,6 +614,12 @@ MISTAKES_10_4 = [
             "of a slice arrives summed over the devices (the transpose of a gather is a reduce-scatter, a sum), and "
             "the update needs the mean. With Adam this bug hardly shows, which is why the checker uses SGD too.",
             _fsdp_as(by=lambda n: 1)),
+    *[Mistake(name, "Each device's gradient is the mean of all the devices' gradient slices, different rows of each "
+              "leaf: a pmean after the reduce-scatter mixes them. The reduce-scatter already summed each slice over "
+              "the devices" + (", and dividing by the device count makes that sum the mean." if by else
+                               "; divide it by the device count, with no collective."),
+              _fsdp_as(by=by or (lambda n: 1), then=lambda g: jax.lax.pmean(g, AXIS)))
+      for name, by in [("pmean of the scattered slices", None), ("pmean after dividing", lambda n: n)]],
 ]
 
 
