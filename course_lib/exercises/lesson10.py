@@ -21,9 +21,9 @@ HINTS = {
              "each stage with sharded_state.init_state and reads sharded_state.state_bytes of it."],
     "10.2": ["Each device needs only its own slice of the summed gradient, never the whole sum. Which collective "
              "hands each device just its slice, and along which axis are the slices cut here?",
-             "jax.lax.psum_scatter and jax.lax.all_gather (both tiled, both with an axis argument), "
-             "jax.lax.axis_index with jax.lax.dynamic_slice_in_dim: section 2's step cuts a flat vector, yours "
-             "cuts another axis.",
+             "Section 2's step (cell \"The step\"): the same collectives and the same slicing of this device's "
+             "block, but it cuts a flat vector and yours cuts another axis: read the axis arguments of "
+             "jax.lax.psum_scatter in its documentation.",
              "Run your function under jax.shard_map on a small matrix whose columns differ, and print "
              "sharded_state.collectives of the compiled program and the shape each device gets back from the "
              "scatter: is it a reduce-scatter, and is it a block of columns?"],
@@ -36,8 +36,8 @@ HINTS = {
              "parts change with K, and does their total fall steadily?"],
     "10.4": ["FSDP keeps only a slice of each parameter on each device: the whole parameters exist only while the "
              "loss is computed. Where must the gathers happen so that jax.grad turns them into reduce-scatters?",
-             "Section 3, the hand-written FSDP step: jax.lax.all_gather (tiled) inside the function you "
-             "differentiate, here once per leaf with jax.tree.map; its transpose is jax.lax.psum_scatter, a sum.",
+             "Section 3, the hand-written FSDP step: where its jax.lax.all_gather sits relative to the function "
+             "that jax.grad differentiates, and what that does to the gradient of a slice.",
              "Compile your step under jax.shard_map and print sharded_state.collectives of it: one all-gather "
              "and one reduce-scatter per sharded leaf, and no gradient-sized all-reduce, is the mechanism."],
     "10.5": ["Ask, per stage, what each device keeps across the micro-batches: a whole accumulator or only its "
