@@ -151,7 +151,7 @@ def test_08_3_global_shape_not_a_tuple_or_a_bare_spec():
     # Devices, not processes: the feedback names the difference.
     fb = check("08.3", lambda rows, mesh: jax.make_array_from_process_local_data(
         NamedSharding(mesh, P("data")), rows, (rows.shape[0] * jax.device_count(),) + rows.shape[1:]))
-    assert not fb and "number of processes (not of devices)" in fb.message
+    assert not fb and "the number of processes, then every other axis" in fb.message
     # After a non-tuple shape, the next check starts clean.
     assert check("08.3", solution_global_batch)
 

@@ -44,7 +44,7 @@ def test_09_2_every_declared_mistake_is_named_and_other_forms_pass():
     assert "got dict{'dispatch_ms': float" in wrong("09.2", lambda ks, ms: {"dispatch_ms": 0.6, "step_ms": 0.12})
     two_points = wrong("09.2", lambda ks, ms: ((ms[0] - ms[-1]) / (1 - 1 / ks[-1]),
                                                ms[-1] - (ms[0] - ms[-1]) / (1 - 1 / ks[-1]) / ks[-1]))
-    assert "expected (" in two_points and not any(m.feedback in two_points for m in MISTAKES_09_2)
+    assert "expected (" in two_points and "runs through two points, the first and the last" in two_points
 
 
 def test_09_2_in_place_and_half_precision():

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import Case, Mismatch, Mistake, call, describe_tree, diagnose, exercise, primitives
+from . import Case, Mismatch, Mistake, call, describe_tree, diagnose, exercise, primitives, same
 from .lesson06 import AXIS, _mesh, _spec
 
 
@@ -114,13 +114,11 @@ MISTAKES_07_1 = [
             "devices' values; this one is the same on every device, and pmap's out_axes=None returned it once.",
             _ported_as(out_specs=(P("i"), P("i")))),
     Mistake("rows claimed replicated", "tanh(x @ w) came back as one device's block: an out_specs entry naming no "
-            "axis returns a single block, as if all were the same (with check_vma=False nothing checks that "
-            "claim): name the axis the rows are split over.", _ported_as(out_specs=(P(), P()))),
+            "axis claims the output is the same on every device and returns a single block (JAX refuses that "
+            "claim where it can check it; with check_vma=False nothing does): name the axis the rows are split "
+            "over.", _ported_as(out_specs=(P(), P()))),
 ]
 _PORT_HINTS = {
-    "can't be statically inferred": "An out_specs entry naming no axis claims that the output is the same on every "
-                                    "device. tanh(x @ w) differs from device to device (each has its own rows); "
-                                    "only the total that came out of the collective is the same everywhere.",
     "does not match the specs of the input": "in_specs must match how the inputs are placed: x split over 'i', w "
                                              "whole on every device.",
     **dict.fromkeys(("marked as manual", "not found in mesh"), "A spec names a mesh axis that this mesh does "
@@ -132,20 +130,55 @@ _PORT_HINTS = {
 }
 
 
+@contextlib.contextmanager
+def _vma_unchecked():
+    """``jax.shard_map`` with check_vma=False inside: what an answer JAX refused would have returned."""
+    real = jax.shard_map
+    jax.shard_map = lambda *a, **k: real(*a, **{**k, "check_vma": False})
+    try:
+        yield
+    finally:
+        jax.shard_map = real
+
+
+def _full_error(fn, *args) -> str:
+    """The whole text of the error ``fn(*args)`` raises (feedback quotes only its first lines)."""
+    try:
+        fn(*args)
+    except Exception as e:  # noqa: BLE001: the learner's error, read not raised
+        return str(e)
+    return ""
+
+
 def _port_runner(fn, case):
     x, w, mesh = case.args
     try:
         return call(fn, x, w, mesh, name="ported", hints=_PORT_HINTS)
     except Mismatch as e:
-        if "raised KeyError: 'i'" in str(e):
+        text = str(e)
+        if "raised KeyError: 'i'" in text:
             raise Mismatch(f"{case.label} raised KeyError: 'i'. That is what jax.pmap does with arrays already "
                            "placed on a mesh with an Explicit axis, as x and w are here. The port replaces "
                            "pmap: the per-device function runs under jax.shard_map on the given mesh, on the "
                            "global x with no reshape (lesson 07, migration table).") from None
-        if "evenly divi" in str(e) or ("dot_general" in str(e) and "contracting" in str(e)):
+        size = re.search(r"mesh given has shape \((\d+),\)", text)
+        if size and int(size.group(1)) != mesh.size:
+            raise Mismatch(f"{case.label} raised an error: its shard_map ran on a mesh of {size.group(1)} devices, "
+                           f"not on the mesh of {mesh.size} it was given, and x's {x.shape[0]} rows do not split "
+                           "over that many. Build the shard_map on the `mesh` argument.") from None
+        if "evenly divi" in text and "args[1]" in _full_error(fn, x, w, mesh) or "contracting" in text:
             raise Mismatch(f"{case.label} raised an error: w is split over 'i' too. w is broadcast in the pmap "
                            "version (in_axes=None), so every device needs all of it, and its in_specs entry "
                            "should split nothing.") from None
+        if "can't be statically inferred" in text:
+            with _vma_unchecked():   # what it returns unchecked: diagnose then names its mistake or what differs
+                got = call(fn, x, w, mesh, name="ported")
+            if not same(got, solution_ported(x, w, mesh), rtol=1e-4, atol=1e-5):
+                return got
+            raise Mismatch(f"{case.label}: JAX refused an out_specs entry that names no axis (P()): such an entry "
+                           "claims the output is the same on every device, and JAX could not verify it. Only a "
+                           "value that came out of a collective over 'i' is known to be the same everywhere; a "
+                           "value computed from one device's rows alone differs per device.") from None
         raise
 
 

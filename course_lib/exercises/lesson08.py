@@ -51,6 +51,16 @@ MISTAKES_08_1 = [
             "devices it owns.", lambda b, n, p: slice(p, b, n)),
     Mistake("one row too many", "It selects one row too many: a slice stops before its stop.",
             lambda b, n, p: slice(p * (b // n), (p + 1) * (b // n) + 1)),
+    Mistake("one row short", "It selects one row short: stop is exclusive, so a block of k rows from start "
+            "stops at start + k.", lambda b, n, p: slice(p * (b // n), (p + 1) * (b // n) - 1)),
+    Mistake("divided by 1", "Its blocks are the whole batch long: it divides by 1 (jax.process_count() is 1 in "
+            "this single process), not by the num_processes it is given; process 0 gets every row, the others "
+            "none.", lambda b, n, p: slice(p * b, (p + 1) * b)),
+    Mistake("divided by 8", "Its blocks are global_batch // 8 rows in every case: it divides by 8 (this "
+            "machine's device count, or an 8 written in), not by the num_processes it is given.", lambda b, n, p: slice(p * (b // 8), (p + 1) * (b // 8))),
+    Mistake("ids from 1", "It counts processes from 1: process_id starts at 0, so process 0 got no rows "
+            "(a slice from -k to 0 is empty) and every other block is one block early.",
+            lambda b, n, p: slice((p - 1) * (b // n), p * (b // n))),
     Mistake("start at the process id", "It starts at row process_id: process p's block comes right after the "
             "blocks of the p processes before it, in process order.", lambda b, n, p: slice(p, p + b // n)),
 ]
@@ -109,6 +119,9 @@ MISTAKES_08_2 = [
                                                                           if d.process_index == 0])),
     Mistake("owner test reversed", "It returns the rows of the other processes' devices: the owner test is "
             "reversed.", _rows(lambda ds, p: [i for i, d in enumerate(ds) if d.process_index != p])),
+    Mistake("id compared with process_index", "It compares each device's id with process_index: an id names a "
+            "device, not its process. The owner is the device's process_index.",
+            _rows(lambda ds, p: [i for i, d in enumerate(ds) if d.id == p])),
     Mistake("owner from the id", "It reads the owner from the id; which process owns a device is its "
             "process_index, whatever its id.", _rows(lambda ds, p: [i for i, d in enumerate(ds) if d.id // 2048 == p])),
 ]
@@ -261,8 +274,8 @@ def _batch_runner(fn, case):
 def _batch_hints(full):
     return {"does not evenly divide": "Split the batch's rows (axis 0) over 'data', nothing else.",
             "should be None or equal to local_data.shape": f"Here one process holds all {len(full)} rows, shape "
-            f"{full.shape}: the global shape must follow from this process's rows and the number of processes (not "
-            "of devices), then every other axis of the rows, however many there are: it must not be a fixed "
+            f"{full.shape}: the global shape must follow from this process's rows and the number of processes, then "
+            "every other axis of the rows, however many there are: it must not be a fixed "
             "number.",
             "pytree structure error": "The global shape is a tuple of ints, like an array's .shape.",
             "if a PartitionSpec is passed": "A PartitionSpec alone does not say which mesh it refers to: pair it "

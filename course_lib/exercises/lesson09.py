@@ -11,7 +11,13 @@ from . import Case, Mismatch, Mistake, call, diagnose, exercise
 
 def _run(fn, case, name):
     """``fn(*case.args)``; a half-precision result is named (its 3 digits would pass for a wrong value)."""
-    got = call(fn, *case.args, name=name)
+    try:
+        got = call(fn, *case.args, name=name)
+    except Mismatch as e:
+        if "ZeroDivisionError" in str(e) and case.args[-1] == 1:
+            raise Mismatch(f"{str(e).rstrip('.')}. At k = 1 your formula divides by zero; there one dispatch runs one step, which "
+                           "carries the whole dispatch cost: k steps share one dispatch.") from None
+        raise
     for v in (got if isinstance(got, (tuple, list)) else (got,)):
         if str(getattr(v, "dtype", "")) in ("float16", "bfloat16"):
             raise Mismatch(f"{case.label} came back as {v.dtype}, which keeps only about 3 significant digits: "
@@ -41,6 +47,8 @@ MISTAKES_09_1 = [
             "with k. That is the time of the whole dispatch's work, not of one step.", lambda d, s, k: d / k + s * k),
     Mistake("floor division", "Floor division (//) dropped the fraction of the dispatch's share: a share of a "
             "millisecond is a fraction, so divide with /.", lambda d, s, k: d // k + s),
+    Mistake("shared by k - 1", "The dispatch is shared by k - 1 steps (at least 1); one dispatch runs k steps, "
+            "so each step carries 1/k of it.", lambda d, s, k: d / max(k - 1, 1) + s),
     Mistake("k ignored", "k has no effect. The fixed cost is paid once per dispatch, and one dispatch now runs "
             "k steps.", lambda d, s, k: d + s),
 ]
@@ -85,15 +93,19 @@ def _fake_measurements(dispatch, step, ks, noise, seed):
 MISTAKES_09_2 = [
     Mistake("swapped", "Swapped. The slope against 1/k is the dispatch cost, the intercept the step cost: return "
             "(dispatch_ms, step_ms).", lambda ks, ms: solution_fit_dispatch_and_step(ks, ms)[::-1]),
-    Mistake("line in k", "That is a straight line fitted in k itself; the model of 09.1 is not linear in k. Look "
-            "again at how k enters that formula.", lambda ks, ms: tuple(np.polyfit(np.asarray(ks, float), ms, 1))),
-    Mistake("line in k, swapped", "That is a straight line fitted in k itself; the model of 09.1 is not linear in "
-            "k. Look again at how k enters that formula.",
-            lambda ks, ms: tuple(np.polyfit(np.asarray(ks, float), ms, 1)[::-1])),
-    Mistake("time per dispatch against k", "That is a least-squares fit of the time per dispatch (k times ms) "
-            "against k. That fits other errors: the point at the largest k weighs far more than the point at "
-            "k = 1. Fit the times per step, ms, as measured.",
-            lambda ks, ms: tuple(np.polyfit(np.asarray(ks, float), np.asarray(ks, float) * ms, 1)[::-1])),
+    *[Mistake(name + swapped, feedback + (" The pair is swapped too." if swapped else ""),
+              lambda ks, ms, fit=fit, swapped=swapped: tuple(fit(np.asarray(ks, float), np.asarray(ms, float)))[
+                  ::-1 if swapped else 1])
+      for name, feedback, fit in [
+          ("line in k", "That is a straight line fitted in k itself; the model of 09.1 is not linear in k. Look "
+           "again at how k enters that formula.", lambda ks, ms: np.polyfit(ks, ms, 1)),
+          ("time per dispatch against k", "That is a least-squares fit of the time per dispatch (k times ms) "
+           "against k. That fits other errors: the point at the largest k weighs far more than the point at "
+           "k = 1. Fit the times per step, ms, as measured.", lambda ks, ms: np.polyfit(ks, ks * ms, 1)[::-1]),
+          ("first and last points", "That line runs through two points, the first and the last; a least-squares "
+           "fit uses every point, so the noise of each one weighs less.",
+           lambda ks, ms: (lambda a: (a, ms[-1] - a / ks[-1]))((ms[0] - ms[-1]) / (1 / ks[0] - 1 / ks[-1])))]
+      for swapped in ("", ", swapped")],
 ]
 
 

@@ -16,14 +16,14 @@ AXIS = "data"
 HINTS = {
     "10.1": ["Start from the replicated form: how many bytes per parameter do the parameters, the gradients and "
              "Adam's state take in float32? Then ask, stage by stage, which of the three is split over the devices.",
-             "Section 1 and the table of section 3: ZeRO-1 splits one of the three, ZeRO-2 two, FSDP all three.",
-             "Check your numbers against the mechanism: build each stage with sharded_state.init_state and read "
-             "sharded_state.state_bytes of it, or look at the shape of one device's shard of each part."],
+             "Section 1, then sections 2 and 3: which of the three parts does each stage split over the devices?",
+             "Check your numbers against the mechanism: Going further, \"The four stages, side by side\", builds "
+             "each stage with sharded_state.init_state and reads sharded_state.state_bytes of it."],
     "10.2": ["Each device needs only its own slice of the summed gradient, never the whole sum. Which collective "
              "hands each device just its slice, and along which axis are the slices cut here?",
-             "jax.lax.psum_scatter and jax.lax.all_gather (both tiled, both with an axis argument), "
-             "jax.lax.axis_index with jax.lax.dynamic_slice_in_dim: section 2's step cuts a flat vector, yours "
-             "cuts another axis.",
+             "Section 2's step (cell \"The step\"): the same collectives and the same slicing of this device's "
+             "block, but it cuts a flat vector and yours cuts another axis: read the axis arguments of "
+             "jax.lax.psum_scatter in its documentation.",
              "Run your function under jax.shard_map on a small matrix whose columns differ, and print "
              "sharded_state.collectives of the compiled program and the shape each device gets back from the "
              "scatter: is it a reduce-scatter, and is it a block of columns?"],
@@ -36,8 +36,8 @@ HINTS = {
              "parts change with K, and does their total fall steadily?"],
     "10.4": ["FSDP keeps only a slice of each parameter on each device: the whole parameters exist only while the "
              "loss is computed. Where must the gathers happen so that jax.grad turns them into reduce-scatters?",
-             "Section 3, the hand-written FSDP step: jax.lax.all_gather (tiled) inside the function you "
-             "differentiate, here once per leaf with jax.tree.map; its transpose is jax.lax.psum_scatter, a sum.",
+             "Section 3, the hand-written FSDP step: where its jax.lax.all_gather sits relative to the function "
+             "that jax.grad differentiates, and what that does to the gradient of a slice.",
              "Compile your step under jax.shard_map and print sharded_state.collectives of it: one all-gather "
              "and one reduce-scatter per sharded leaf, and no gradient-sized all-reduce, is the mechanism."],
     "10.5": ["Ask, per stage, what each device keeps across the micro-batches: a whole accumulator or only its "
@@ -174,8 +174,8 @@ def check_zero_bytes(zero_bytes):
                        "own answer to this exercise. Write the count yourself: bytes per parameter of each part, "
                        "divided where the stage shards it.")
     return ("replicated 16 bytes per parameter per device; zero1 cuts Adam's 8, zero2 also the gradient "
-            "accumulator's 4, fsdp also the parameters' 4: 16 / n in the end. Section 3 compares it with the "
-            "compiled programs.")
+            "accumulator's 4, fsdp also the parameters' 4: 16 / n in the end. Going further, \"The four stages, "
+            "side by side\", compares it with the compiled programs.")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -188,7 +188,8 @@ def solution_zero2_sgd(params, grads, lr):
     mine = jax.lax.psum_scatter(grads, "data", scatter_dimension=1, tiled=True) / n     # (R, C // n), averaged
     start = jax.lax.axis_index("data") * cols
     my_params = jax.lax.dynamic_slice_in_dim(params, start, cols, axis=1)              # my block of columns
-    return jax.lax.all_gather(my_params - lr * mine, "data", axis=1, tiled=True)       # (R, C) on every device
+    return jax.lax.all_gather(my_params - lr * mine, "data", axis=1, tiled=True,     # (R, C) on every device,
+                              to="invarying")                                          # typed the same on all
 
 
 def _zero(p, g, lr, mean=True, tiled=True, gather_axis=1, start_at=None):
@@ -595,14 +596,14 @@ def _fsdp_runner(answer, seen):
 _FSDP_SOLVED: dict = {}
 
 
-def _fsdp_as(by=lambda n: n):
-    """The FSDP step with its gradient divided by ``by(n)`` instead of n."""
+def _fsdp_as(by=lambda n: n, then=lambda g: g):
+    """The FSDP step with its gradient divided by ``by(n)`` instead of n, then passed through ``then``."""
     def make(loss_fn, optimizer):
         def step(my_params, opt_state, batch):
             n = jax.lax.axis_size(AXIS)
             loss, grads = jax.value_and_grad(lambda p: loss_fn(jax.tree.map(
                 lambda s: jax.lax.all_gather(s, AXIS, tiled=True), p), batch))(my_params)
-            updates, opt_state = optimizer.update(jax.tree.map(lambda g: g / by(n), grads), opt_state, my_params)
+            updates, opt_state = optimizer.update(jax.tree.map(lambda g: then(g / by(n)), grads), opt_state, my_params)
             return optax.apply_updates(my_params, updates), opt_state, jax.lax.pmean(loss, AXIS)
         return step
     return make
@@ -613,6 +614,12 @@ MISTAKES_10_4 = [
             "of a slice arrives summed over the devices (the transpose of a gather is a reduce-scatter, a sum), and "
             "the update needs the mean. With Adam this bug hardly shows, which is why the checker uses SGD too.",
             _fsdp_as(by=lambda n: 1)),
+    *[Mistake(name, "Each device's gradient is the mean of all the devices' gradient slices, different rows of each "
+              "leaf: a pmean after the reduce-scatter mixes them. The reduce-scatter already summed each slice over "
+              "the devices" + (", and dividing by the device count makes that sum the mean." if by else
+                               "; divide it by the device count, with no collective."),
+              _fsdp_as(by=by or (lambda n: 1), then=lambda g: jax.lax.pmean(g, AXIS)))
+      for name, by in [("pmean of the scattered slices", None), ("pmean after dividing", lambda n: n)]],
 ]
 
 
@@ -732,7 +739,7 @@ MISTAKES_10_5 = [
           returns='a dict {collective: runs per step}, e.g. {"all-reduce": 1}, for a stage ("replicated", '
                   '"zero1" or "zero2") and k micro-batches')
 def check_predict_collectives(predict):
-    from .lesson12 import confirmed_mistake
+    from .lesson12 import confirmed_mistake, counts_off
     cases, got, want = [], [], []
     for (stage, k), (counts_wanted, _) in _compiled_counts().items():
         cases.append((stage, k))
@@ -744,8 +751,6 @@ def check_predict_collectives(predict):
                 "ZeRO-1 communicates once per step like data parallelism; ZeRO-2 scatters every micro-batch and "
                 "gathers once.")
     (stage, k), counts, right = cases[wrong[0]], got[wrong[0]], want[wrong[0]]
-    off = [f"{op} ({'too many' if counts.get(op, 0) > right.get(op, 0) else 'too few'})"
-           for op in sorted(set(right) | set(counts)) if counts.get(op, 0) != right.get(op, 0)]
     mistake = confirmed_mistake(MISTAKES_10_5, cases, got, [{op: v for op, v in w.items()} for w in want])
     why = mistake.feedback if mistake else {
         "replicated": "Which accumulator does data parallelism keep across micro-batches, and when must it be "
@@ -753,9 +758,9 @@ def check_predict_collectives(predict):
         "zero1": "ZeRO-1 keeps a whole local accumulator: when does it need its slice of the sum?",
         "zero2": "ZeRO-2 keeps only its slice of the accumulator: when must each micro-batch's gradient be "
                  "scattered?"}[stage]
-    raise Mismatch(f"{stage}, k = {k}: you predicted {_shown_counts(counts)} per step; the compiled program of "
-                   f"sharded_state's {stage!r} step with accumulate={k} runs another number of {' and '.join(off)} "
-                   f"(its counts are the answer: run the cells below to read them). {why}")
+    raise Mismatch(f"{stage}, k = {k}: you predicted {_shown_counts(counts)} per step: {counts_off(counts, right)} "
+                   f"for the compiled program of sharded_state's {stage!r} step with accumulate={k} (its counts are "
+                   f"the answer: run the cells below to read them). {why}")
 
 
 def _read_prediction(got, stage, k) -> dict:

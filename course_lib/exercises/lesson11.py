@@ -322,6 +322,8 @@ MISTAKES_11_3 = [
     Mistake("shortest", "You returned the shortest step: the stalled one took the longest.",
             lambda t: min(t.markers, key=lambda m: m.dur_us).step),
     Mistake("first", "That is the first step's number, whatever the durations.", lambda t: t.markers[0].step),
+    Mistake("last", "That is the last step's number (the marker that starts latest), whatever the durations.",
+            lambda t: t.markers[-1].step),
     # (device 1's longest dispatch is the longest summed over the devices, by the cases' construction)
     Mistake("device 0's longest dispatch", _FROM_DEVICES, lambda t: _step_of_longest(t, _dispatch_durations(t, 0))),
     Mistake("devices' summed dispatches", _FROM_DEVICES, lambda t: _step_of_longest(t, _dispatch_durations(t))),
@@ -367,9 +369,37 @@ def check_stalled_step(stalled_step):
     # a step, while the other steps' durations vary
     cases = [Case((_stall_trace(*args),), f"stalled_step(trace of {args[2]} steps from step {args[1]})")
              for args in [(3, 100, 8, 5000.0), (6, 40, 8, 1700.0), (11, 7, 12, 2600.0), (0, 1000, 5, 1800.0)]]
-    diagnose(stalled_step, cases, solution=solution_stalled_step, mistakes=MISTAKES_11_3, name="stalled_step",
-             run=lambda fn, case: _no_bool(_trace_runner("stalled_step")(fn, case), case.label))
+    run = lambda fn, case: _no_bool(_trace_runner("stalled_step")(fn, case), case.label)  # noqa: E731
+    try:
+        diagnose(stalled_step, cases, solution=solution_stalled_step, mistakes=MISTAKES_11_3, name="stalled_step",
+                 run=run)
+    except Mismatch as e:
+        found = None if any(m.feedback in str(e) for m in MISTAKES_11_3) else _which_marker(stalled_step, cases, run)
+        if found is None:
+            raise
+        raise Mismatch(found) from None
     return "the longest host step, named by its own step number."
+
+
+def _which_marker(stalled_step, cases, run) -> str | None:
+    """For the first case answered with another step number: which marker that number names, and how long it
+    lasted against the longest (a ratio of step numbers means nothing); None if the answer is not a number."""
+    for case in cases:
+        try:
+            got, (t,) = run(stalled_step, case), case.args
+        except Mismatch:
+            return None
+        if not isinstance(got, (int, np.integer)) or got == solution_stalled_step(t):
+            continue
+        longest = max(m.dur_us for m in t.markers)
+        found = [(i, m) for i, m in enumerate(t.markers) if m.step == got]
+        if not found:
+            return (f"{case.label} returned {got}: no marker carries that step number (the markers' .step run "
+                    f"from {t.markers[0].step} to {t.markers[-1].step}).")
+        i, m = found[0]
+        return (f"{case.label} returned step {got}, marker {i + 1} of {len(t.markers)}, which lasted "
+                f"{m.dur_us:,.0f} µs; the stalled step's marker lasted the longest, {longest:,.0f} µs.")
+    return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -477,8 +507,9 @@ def _onto(like, mesh, spec=lambda x: x.sharding.spec):
 _SPECS = "Keep each leaf's PartitionSpec (they differ from leaf to leaf) and change only the mesh."
 _NEWEST = " Restore the newest step, whatever its number."
 MISTAKES_11_4 = [
-    Mistake("the saved mesh", "Those are the devices it was saved from: the sharding stored in the checkpoint and "
-            "the shardings in like= both name the old mesh; the target must name the new one.",
+    Mistake("the saved mesh", "Those are the devices it was saved from: Orbax puts each array back on the "
+            "sharding stored with it unless the restore's target names another (like='s arrays name the old mesh "
+            "too). Give the restore a target whose shardings name the new mesh.",
             lambda d, like, mesh: _orbax_restore(d, like)),
     Mistake("every leaf whole", "Every leaf came back whole on every device. " + _SPECS,
             lambda d, like, mesh: _orbax_restore(d, _onto(like, mesh, lambda x: jax.sharding.PartitionSpec()))),

@@ -25,9 +25,8 @@ AXIS = "data"
 HINTS = {
     "12.1": ["FSDP here is a sharding of each array and nothing else. For every array: which of its axes can the "
              "'fsdp' axis divide evenly? And which mesh axis should no parameter be split over in hybrid sharding?",
-             "Going further, \"Your own layers on an Explicit mesh\" (CNN_SPECS) and \"A 2-D mesh: data parallelism "
-             "across groups, FSDP within them\" (SPECS_2D). A PartitionSpec names, "
-             "per array axis, the mesh axis it is split over (None: not split); mesh.shape gives each axis's size.",
+             "Section 5, \"Hybrid FSDP on a 2-D mesh\" (HYBRID_SPECS), and for convolutions and biases Going "
+             "further, \"Your own layers on an Explicit mesh\" (CNN_SPECS).",
              "What the checker reads: the bytes of state per device (every array that can be split over 'fsdp' is "
              "split) and the mesh axes that each all-gather of the compiled step runs over (only 'fsdp', the fast "
              "links). Walk the parameters with jax.tree.map and decide per array from its shape."],
@@ -40,7 +39,7 @@ HINTS = {
              "gather's transpose, a reduce-scatter, so no stop on the gradient path."],
     "12.3": ["Count one layer first, then multiply: a scan over n_layers runs its body n_layers times. Which passes "
              "over a layer need its whole weights, and which of its arrays does each pass need?",
-             "Going further, \"Which arrays the backward gathers again\": its cell counts the all-gathers of each "
+             "Section 4, \"Which arrays the backward gathers again\": its cell counts the all-gathers of each "
              "array of one layer (a bias inside and a bias at the end of the layer); and section 4's jax.checkpoint "
              "bullet.",
              "The mechanism: without jax.checkpoint, the backward pass reads what the forward pass saved; with it, "
@@ -409,8 +408,8 @@ def _fsdp_grads(gather, mesh, specs=SPECS):
             if len(out[key].shape) == len(whole) + 1 and int(np.prod(out[key].shape)) == size:
                 raise _Bad(f"gather_layer returned layer[{key!r}] with shape {tuple(out[key].shape)}: the "
                            f"{jax.lax.axis_size(AXIS)} slices came back stacked along a new axis instead of joined "
-                           f"into the whole leaf {whole}. See all_gather's tiled option (hint 2, and lesson section "
-                           "4).")
+                           f"into the whole leaf {whole}. See jax.lax.all_gather's tiled option (lesson section "
+                           "4, where gather_layer uses it).")
             if tuple(out[key].shape) != whole:
                 raise _Bad(f"gather_layer returned layer[{key!r}] with shape {tuple(out[key].shape)}; the whole leaf "
                            f"is {whole} (the slices are joined along the last axis, the one that was split).")
@@ -599,6 +598,13 @@ MISTAKES_12_3 = [
 ]
 
 
+def counts_off(got: dict, want: dict) -> str:
+    """Which counts of a prediction are off, not by how much (the right counts stay unprinted):
+    ``"too many reduce-scatters and too few all-gathers"``."""
+    return " and ".join(f"too {'many' if got.get(op, 0) > want.get(op, 0) else 'few'} {op}s"
+                        for op in sorted(set(got) | set(want)) if got.get(op, 0) != want.get(op, 0))
+
+
 def confirmed_mistake(mistakes, cases, got, want):
     """The one mistake whose results equal the answer's ``got`` on every case (argument tuples) and differ from the
     right ``want`` on one; None when none or several do. For predictions, whose right results stay unprinted."""
@@ -633,15 +639,17 @@ def check_predict(predict):
     wrong = [i for i in range(len(_CASES)) if got[i] != want[i]]
     if wrong:
         i = wrong[0]
-        off = [f"{kind} ({'too many' if got[i][kind] > want[i][kind] else 'too few'})" for kind in kinds
-               if got[i][kind] != want[i][kind]]
         mistake = confirmed_mistake(MISTAKES_12_3, _CASES, got, want)
         right = [shown[j] for j in range(len(_CASES)) if j not in wrong]
-        raise Mismatch(f"{shown[i]}: you predicted {got[i]}; the compiled step runs another number of "
-                       f"{' and '.join(off)} (its counts are the answer: the checker does not print them). "
+        gathers = any(g["all-gather"] != w["all-gather"] for g, w in zip(got, want))
+        nudge = ("Count per layer the arrays each pass needs whole, then the passes." if gathers else
+                 "Your all-gathers are right in every case. Each all-gather has a transpose in the backward pass "
+                 "(section 4, the paragraph before gather_layer's cell), and the loss is averaged over the devices.")
+        raise Mismatch(f"{shown[i]}: you predicted {got[i]}: {counts_off(got[i], want[i])} for the compiled step "
+                       "(its counts are the answer: the checker does not print them). "
                        + (mistake.feedback if mistake else
                           f"Right for {len(right)} of {len(_CASES)} cases" + (f", e.g. {right[0]}" if right else "")
-                          + ". Count per layer the arrays each pass needs whole, then the passes."))
+                          + f". {nudge}"))
     return ("right in every case: the forward gathers every array of every layer; with jax.checkpoint the backward "
             "gathers again what the recomputation reads; each sharded array's gradient is reduce-scattered once per "
             "layer, and the loss's mean is the one all-reduce. (These are the CPU compiler's counts: a GPU merges "

@@ -46,7 +46,7 @@ def _short_form_in_set_mesh(x, w, m):
 
 WRONG = {
     "pmap kept, x reshaped to blocks": (_pmap_kept, ["still runs jax.pmap on stacked blocks"]),
-    "rows claimed replicated": (_port(out_specs=(P(), P())), ["same on every device", "differs from device"]),
+    "rows claimed replicated": (_port(out_specs=(P(), P())), ["same on every device", "one device's block"]),
     "total stacked per device": (_port(out_specs=(P("i"), P("i"))), ["once per device", "returned it once"]),
     "sums divided by a written-in 8": (_port(reduce=lambda v, a: jax.lax.psum(v, a) * jax.lax.axis_size(a) / 8),
                                        ["It is right in the other 1 case", "a factor"]),
@@ -144,3 +144,30 @@ def test_a_fresh_answer_gets_what_differs(answer, fragment):
         assert fb, fb.message
     else:
         assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message
+
+
+def _own_mesh_of_eight(x, w, mesh):                                   # builds its own mesh of all 8 devices
+    return _ported(x, w, _jax.make_mesh((8,), ("i",)))
+
+
+def _fresh_specs(in_w=_P(), check=True):
+    def ported(x, w, mesh):
+        def per(xb, wb):
+            h = _jnp.tanh(xb @ wb)
+            return h, (_jax.lax.psum(h.sum(axis=0), "i") if check else h.sum(axis=0))
+        return _jax.shard_map(per, mesh=mesh, in_specs=(_P("i"), in_w), out_specs=(_P("i"), _P()))(x, w)
+    return ported
+
+
+FRESH_CAUSES = [
+    ("own mesh of 8", _own_mesh_of_eight, "its shard_map ran on a mesh of 8 devices, not on the mesh of 4"),
+    ("no psum, out_specs P()", _fresh_specs(check=False), "The column sums are those of device 0's rows only"),
+    ("w split over 'i'", _fresh_specs(in_w=_P("i")), "w is split over 'i' too"),
+]
+
+
+@_pytest.mark.parametrize("answer, fragment", [f[1:] for f in FRESH_CAUSES], ids=[f[0] for f in FRESH_CAUSES])
+def test_a_fresh_answer_is_told_its_own_cause(answer, fragment):
+    fb = _check('07.1', answer)
+    assert not fb and fragment in fb.message and "_rem_singleton" not in fb.message, fb.message
+    assert "w is split" not in fb.message or fragment == "w is split over 'i' too", fb.message

@@ -16,7 +16,7 @@ WRONG = {
                              ["every value off by +32"]),
     "a list of row numbers": (lambda b, n, p: list(range(p * (b // n), (p + 1) * (b // n))),
                               ["should return a slice"]),
-    "the device count, not the processes": (lambda b, n, p: slice(p * (b // 8), (p + 1) * (b // 8)), ["shape (8,) where (32,) was expected"]),
+    "the device count, not the processes": (lambda b, n, p: slice(p * (b // 8), (p + 1) * (b // 8)), ["global_batch // 8 rows in every case"]),
 }
 
 
@@ -59,7 +59,10 @@ import pytest as _pytest  # noqa: E402
 from course_lib.exercises import check as _check  # noqa: E402
 
 FRESH = [
-    ("8 processes written in", lambda b, n, p: slice(p * (b // 8), (p + 1) * (b // 8)), "axis 0 is 4x too short"),
+    ("8 processes written in", lambda b, n, p: slice(p * (b // 8), (p + 1) * (b // 8)), "global_batch // 8 rows in every case"),
+    ("one row short", lambda b, n, p: slice(p * (b // n), (p + 1) * (b // n) - 1), "one row short: stop is exclusive"),
+    ("jax.process_count()", lambda b, n, p: slice(p * b, (p + 1) * b), "divides by 1 (jax.process_count() is 1"),
+    ("ids from 1", lambda b, n, p: slice((p - 1) * (b // n), p * (b // n)), "process 0 got no rows"),
     ("float division", lambda b, n, p: slice(p * b / n, (p + 1) * b / n), "start and stop must be ints"),
     ("a (start, stop) tuple", lambda b, n, p: (p * (b // n), (p + 1) * (b // n)), "should return a slice"),
 ]

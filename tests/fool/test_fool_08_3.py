@@ -36,7 +36,7 @@ WRONG = {
     "replicated": (_make(spec=P()), ["expected axis 0 split over the mesh axis 'data'"]),
     "an imported name": (_imported_name, ["by a name imported from jax"]),
     "rows times the local devices": (_make(shape=lambda r: r.shape[0] * jax.local_device_count()),
-                                     ["number of processes (not of devices)"]),
+                                     ["the number of processes, then every other axis"]),
     "two processes hard-coded": (_make(shape=lambda r: r.shape[0] * 2), ["not be a fixed number"]),
     "the shape as a list": (_list_shape, ["a tuple of ints"]),
     "a cast to float16": (lambda r, m: _make()(r.astype(np.float16), m), ["dtype float16 where float32"]),
@@ -85,7 +85,8 @@ from course_lib.exercises import check as _check  # noqa: E402
 
 FRESH = [
     ("rows times jax.device_count()", _make(shape=lambda r: r.shape[0] * jax.device_count()),
-     "number of processes (not of devices)"),
+     "the number of processes, then every other axis"),
+    ("rows times a written-in 2", _make(shape=lambda r: r.shape[0] * 2), "the number of processes, then every other"),
     ("split over the second axis", _make(spec=P(None, "data")), "Split the batch's rows (axis 0)"),
     ("returns None", lambda r, m: None, "returned None: write"),
     ("P('data', None) written out", _make(spec=P("data", None)), None),

@@ -40,7 +40,7 @@ import numpy as _np  # noqa: E402
 
 FRESH = [
     ("rounded to 1 decimal", lambda d, s, k: round(d / k + s, 1), "expected 0.363333, got 0.4"),
-    ("k - 1 steps share the dispatch", lambda d, s, k: d / (k - 1) + s if k > 1 else d + s, "1.32x too large"),
+    ("k - 1 steps share the dispatch", lambda d, s, k: d / (k - 1) + s if k > 1 else d + s, "shared by k - 1 steps"),
     ("returns None", lambda d, s, k: None, "returned None: write"),
     ("a NumPy float32", lambda d, s, k: _np.float32(d / k + s), None),
 ]
@@ -53,3 +53,9 @@ def test_a_fresh_answer_gets_what_differs(answer, fragment):
         assert fb, fb.message
     else:
         assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message
+
+
+def test_a_dispatch_shared_by_k_minus_1_is_told_so():
+    from course_lib.exercises import check as _c
+    assert "shared by k - 1 steps" in _c("09.1", lambda d, s, k: d / max(k - 1, 1) + s).message
+    assert "zero. At k = 1 your formula divides by zero" in _c("09.1", lambda d, s, k: d / (k - 1) + s).message

@@ -73,3 +73,13 @@ def test_a_fresh_answer_gets_what_differs(answer, fragment):
         assert fb, fb.message
     else:
         assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message
+
+
+def test_fits_in_either_order_and_two_point_lines_are_named():
+    import numpy as _n
+    from course_lib.exercises import check as _c
+    k_ms = lambda ks, ms: tuple(_n.polyfit(_n.asarray(ks, float), _n.asarray(ks) * ms, 1))
+    assert "time per dispatch (k times ms)" in _c("09.2", k_ms).message
+    assert "The pair is swapped too" in _c("09.2", k_ms).message
+    two = lambda ks, ms: (lambda a: (a, ms[-1] - a / ks[-1]))((ms[0] - ms[-1]) / (1 - 1 / ks[-1]))
+    assert "runs through two points" in _c("09.2", two).message

@@ -135,10 +135,23 @@ def _psum_loss(loss_fn, optimizer):
     return lambda *a: (lambda p, s, loss: (p, s, jax.lax.psum(loss, A)))(*step(*a))
 
 
+def _extra_pmean(loss_fn, optimizer):                        # the scattered slices pmean'd once more
+    def step(my, opt_state, batch):
+        n = jax.lax.axis_size(A)
+        loss, grads = jax.value_and_grad(lambda p: loss_fn(jax.tree.map(
+            lambda s: jax.lax.all_gather(s, A, tiled=True), p), batch))(my)
+        grads = jax.tree.map(lambda g: jax.lax.pmean(g / n, A), grads)
+        updates, opt_state = optimizer.update(grads, opt_state, my)
+        return optax.apply_updates(my, updates), opt_state, jax.lax.pmean(loss, A)
+    return step
+
+
 FRESH = [
     ("divided by jax.device_count()", lambda l, o: fsdp(l, o, divide=lambda n: jax.device_count()),
      "4x too small, a factor 2/8"),
     ("the loss summed", _psum_loss, "['losses']: 8x too large"),
+    ("an extra pmean of the slices", _extra_pmean,
+     "a pmean after the reduce-scatter mixes them"),
     ("returns None", lambda l, o: None, "returned None: write"),
 ]
 

@@ -83,7 +83,7 @@ FRESH = [
     ("zero2 gathers every micro-batch", lambda s, k: {**_pc(s, k), **({"all-gather": k} if s == "zero2" else {})},
      "The all-gather runs once, after the loop"),
     ("one scatter too many", lambda s, k: {**_pc(s, k), **({"reduce-scatter": k + 1} if s == "zero2" else {})},
-     "reduce-scatter (too many)"),
+     "too many reduce-scatters"),
     ("float counts", lambda s, k: {o: float(v) for o, v in _pc(s, k).items()}, None),
 ]
 

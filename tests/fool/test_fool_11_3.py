@@ -86,6 +86,8 @@ from course_lib.exercises.lesson11 import solution_stalled_step as _stalled  # n
 FRESH = [
     ("the longest duration, not its step", lambda t: max(m.dur_us for m in t.markers), "expected 103, got 5000"),
     ("the step as text", lambda t: str(_stalled(t)), "got str '103'"),
+    ("the latest start", lambda t: max(t.markers, key=lambda m: m.start_us).step, "That is the last step's number"),
+    ("the third marker", lambda t: t.markers[2].step, "marker 3 of 8, which lasted"),
     ("returns None", lambda t: None, "returned None: write"),
     ("a NumPy integer", lambda t: _np.int64(_stalled(t)), None),
 ]

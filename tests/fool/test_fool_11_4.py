@@ -142,6 +142,8 @@ def _second_newest(d, like, mesh):
 FRESH = [
     ("the second newest step", _second_newest, "expected the values of step 11, got the values of step 10."),
     ("like's own shardings", lambda d, like, mesh: _restore(d, like), "devices it was saved from"),
+    ("a target with no sharding", lambda d, like, mesh: _restore(d, jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), like)), "unless the restore's target names another"),
     ("returns None", lambda d, like, mesh: None, "returned None: write"),
 ]
 

@@ -97,7 +97,7 @@ def test_every_declared_mistake_is_named_and_a_near_miss_is_not():
         assert not feedback and m.feedback in feedback.message, (m.name, feedback.message)
     off_by_one = _answer(lambda n, k, i, o, r: n * (2 * (k + i) + o) + 1 if r else n * (k + i + o))
     message = check("12.3", off_by_one).message
-    assert "all-gather (too many)" in message and not any(m.feedback in message for m in L.MISTAKES_12_3)
+    assert "too many all-gathers" in message and not any(m.feedback in message for m in L.MISTAKES_12_3)
 
 
 @pytest.mark.parametrize("answer", [a for a, _ in WRONG[:9]], ids=[f"wrong-{i}" for i in range(9)])
@@ -122,7 +122,9 @@ from course_lib.exercises.lesson12 import solution_predict as _sp  # noqa: E402
 
 FRESH = [
     ("remat ignored", lambda n, k, i, o, r: _sp(n, k, i, o, True), "nothing is gathered again"),
-    ("an all-reduce per layer, plus one", lambda *a: {**_sp(*a), "all-reduce": a[0] + 1}, "all-reduce (too many)"),
+    ("an all-reduce per layer, plus one", lambda *a: {**_sp(*a), "all-reduce": a[0] + 1}, "too many all-reduces"),
+    ("two reduce-scatters per array", lambda *a: {**_sp(*a), "reduce-scatter": 2 * _sp(*a)["reduce-scatter"]},
+     "Your all-gathers are right in every case. Each all-gather has a transpose"),
     ("returns None", lambda *a: None, "returned None: write"),
     ("float32 counts", lambda *a: {k: _jnp.float32(v) for k, v in _sp(*a).items()}, None),
 ]

@@ -31,7 +31,10 @@ WRONG = {
     "one moment": (per_chip(8), "two per parameter"),
     "gradients counted (16 bytes)": (per_chip(16), "temporaries, not arguments"),
     "bfloat16 state": (per_chip(6), "float32"),
-    "everything divided by the chips": (per_chip(12, split_rest=True), "divide"),
+    "everything divided by the chips": (lambda c, n, f: 12 * sum(counts(c)) / n, "divides the whole state"),
+    "every array divided under FSDP": (lambda c, n, f: 12 * sum(counts(c)) / (n if f else 1),
+                                       "splits only the stacked layers' weights: the embeddings"),
+    "bfloat16 parameters, float32 moments": (per_chip(10), "parameters in float32 too"),
     "FSDP not split": (per_chip(12, split_layers=False), "splits the stacked layers"),
     "only the layers": (lambda c, n, f: 12 * (counts(c)[0] / (n if f else 1)), "leaves out the arrays outside"),
     "data parallelism split like FSDP": (lambda c, n, f: 12 * (counts(c)[0] / n + counts(c)[1]),
@@ -59,7 +62,7 @@ def test_every_declared_mistake_is_named():
 def test_near_misses_are_told_what_differs_not_a_mistake_they_did_not_make():
     """Within 1% of a declared mistake on one case is not that mistake: only a match on every case names it."""
     for near in (lambda c, n, f: L._state(16)(c, n, f) * 0.995, lambda c, n, f: L._state(8)(c, n, f) + 1000 * n,
-                 lambda c, n, f: L._state(12, rest_over=lambda k: k)(c, n, f) * (1.009 if f else 0.991)):
+                 lambda c, n, f: L._state(12, rest_over=lambda k, f: k)(c, n, f) * (1.009 if f else 0.991)):
         message = check("13.1", near).message
         assert not any(m.feedback in message for m in L.MISTAKES_13_1), message
         assert "expected" in message and "got" in message, message
@@ -106,6 +109,8 @@ from course_lib.exercises.lesson13 import solution_predict_state_bytes as _s13  
 
 FRESH = [
     ("8 chips written in", lambda c, n, f: _s13(c, 8, f), "over 8 chips whatever the mesh"),
+    ("FSDP split over a fixed 4 chips", lambda c, n, f: 12 * (counts(c)[0] / (4 if f else 1) + counts(c)[1]),
+     "returns the same number for 4 and 8 chips"),
     ("returns None", lambda c, n, f: None, "returned None: write"),
     ("an int", lambda c, n, f: int(_s13(c, n, f)), None),
 ]
