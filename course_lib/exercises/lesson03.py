@@ -8,7 +8,8 @@ import contextlib
 import io
 
 from . import (Case, Mismatch, Mistake, as_array, call, diagnose, exercise, expect_array, expect_placed_on,
-               pmap_specs)
+               pmap_specs, primitives)
+from . import _eqns
 from .lesson00 import expect_dtype
 
 
@@ -113,11 +114,17 @@ def check_scale_on_two(scale_on_two):
     for case, got in zip(cases, results):
         expect_placed_on(got, two, what=case.label + " (computed with pmap on the first 2 devices)")
     x, s = cases[-1].args
-    specs = pmap_specs(scale_on_two, x, s, name="scale_on_two")
-    if not specs:
+    # The program with s as a plain number, as a static argument (static_broadcasted_argnums) or a closure needs it
+    maps = [e for e in primitives(lambda x: scale_on_two(x, float(s)), x, name="scale_on_two")
+            if e.primitive.name == "shard_map"]
+    if not maps:
         raise Mismatch("scale_on_two has the right values on 2 devices, but its program has no jax.pmap: the "
                        "exercise is pmap with the scalar broadcast.")
-    if not _unmapped(specs):
+    if not any(e.primitive.name == "mul" for m in maps for e in _eqns(m.params["jaxpr"])):
+        raise Mismatch("scale_on_two has the right values on 2 devices, but no multiplication runs inside its "
+                       "pmap: x was scaled before (or after) the pmap, which only moved the blocks. Scale the "
+                       "blocks inside the pmapped function.")
+    if not any(len(m.params["in_specs"]) == 1 or _unmapped([(m.params["in_specs"], ())]) for m in maps):
         raise Mismatch("scale_on_two has the right values, but the scalar was mapped too (made into an array with "
                        "one copy per device), although it is the same for both devices.")
     return "one block per device, the scalar broadcast with in_axes=None, and the result reshaped back."

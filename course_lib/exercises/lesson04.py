@@ -297,7 +297,8 @@ MISTAKES_04_2 = [
                  "the average of the shard means is the mean of all the data."])
 def check_global_mean_var(global_mean_var):
     diagnose(global_mean_var, _cases([(6,), (3,)], seed=2, spread=3.0), solution=solution_global_mean_var,
-             mistakes=MISTAKES_04_2, run=_runner("global_mean_var"), rtol=1e-4, atol=1e-4)
+             mistakes=MISTAKES_04_2, run=_runner("global_mean_var"), rtol=1e-4, atol=1e-4,
+             names=("the mean (output [0])", "the variance (output [1])"))
     return "every device knows the statistics of the whole batch."
 
 

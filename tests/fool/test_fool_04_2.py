@@ -54,7 +54,7 @@ def pmean_of_sums_over_n_minus_1(x, a):  # a pmean of per-device sums, divided b
 WRONG = [
     (variance_not_averaged, ["agree on the mean but not on the variance", "its own shard's values only"]),
     (variance_of_device_means, ["the variance of the 8 shard means"]),
-    (pmean_of_sums_over_n_minus_1, ["[1]: 1.31x too small"]),
+    (pmean_of_sums_over_n_minus_1, ["the variance (output [1]): 1.31x too small"]),
     (local, ["The devices disagree", "own shard's statistics"]),
     (mean_of_variances, ["mean of the per-device variances", "its own shard's mean"]),
     (summed_means, ["times the mean of all the data", "adds the"]),
