@@ -475,6 +475,7 @@ def _error_text(error: Exception) -> str:
     lines = [ln.strip() for ln in str(error).strip().splitlines()
              if ln.strip() and not ln.strip().startswith("This error occurs at source")]
     text = " ".join(lines[:2]) if len(lines) > 1 and lines[0].endswith(":") else (lines[0] if lines else "")
+    text = re.sub(r"\s*To fix this, please call \w+ under `jax\.shard_map`\.?", "", text)  # JAX's advice, not ours
     return _SOURCE_FILE.sub("<file>", text)
 
 
@@ -503,6 +504,8 @@ def call(fn, *args, name: str | None = None, hints: dict[str, str] | None = None
         first = _error_text(e)
         extra = [hint for fragment, hint in (hints or {}).items() if fragment in str(e)]
         shown_error = first if len(first) <= 300 else first[:300] + " ..."
+        if extra and not shown_error.endswith((".", "?", "!", ":")):
+            shown_error += "."
         raise Mismatch(" ".join([f"{name}({shown}) raised {type(e).__name__}: {shown_error}", *extra])) from None
     _last_call.update(call=f"{name}({shown})", result=result)
     for arg_name, snap, arg in zip(_arg_names(fn, len(args)), before, args):

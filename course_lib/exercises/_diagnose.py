@@ -227,7 +227,11 @@ def _pairs(got, expected, strict: bool, path: tuple = ()):
                 and np.ndim(got) >= 1 and len(got) == len(expected) \
                 and all(_leaf(e) and np.shape(e) == tuple(got.shape[1:]) for e in expected):
             items = [got[i] for i in range(len(expected))]   # an array standing for a tuple of equal items
-        if not isinstance(items, (tuple, list)) or len(items) != len(expected):
+        if isinstance(items, (tuple, list)) and len(items) != len(expected):   # the count first: 7, not 8
+            tree = describe_tree(got)
+            return (f"got {_kind(got)} of {len(items)} item{'s' * (len(items) != 1)} where {len(expected)} were "
+                    f"expected" + (f": {tree}" if len(tree) <= 120 else ""))
+        if not isinstance(items, (tuple, list)):
             return (f"expected {_kind(expected)} of {len(expected)}, {describe_tree(expected)}; "
                     f"got {describe_tree(got)}")
         out = []

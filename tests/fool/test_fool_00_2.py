@@ -10,6 +10,9 @@ from fooling import fool_tests
 ID = "00.2"
 
 WRONG = [
+    ("ids as strings", lambda a: sorted(str(d.id) for d in a.devices()),
+     "device_ids(an array on device 3): returned ['3'], ids as strings; expected a list of ints in ascending "
+     "order, [3]."),
     ("the Devices themselves", lambda a: sorted(a.devices(), key=lambda d: d.id), "Those are the Devices themselves"),
     (".device of one device", lambda a: [a.device.id], "a.devices() is the set of devices for any array"),
     ("counted, not asked", lambda a: list(range(len(a.devices()))), "expected [3], got [0]"),
