@@ -157,8 +157,8 @@ class Exercise:
                 return Feedback(self.id, True, self.checker(answer))
         except _NotStarted as e:
             return Feedback(self.id, False, str(e), started=False)
-        except Mismatch as e:
-            return Feedback(self.id, False, str(e))
+        except Mismatch as e:               # a placeholder is not started, whatever wrapper reported it
+            return Feedback(self.id, False, str(e), started=not _answer_is_stub[0])
         except Exception as e:  # a safety net: the answer broke the checker itself
             return Feedback(self.id, False, self._could_not_use(e))
 

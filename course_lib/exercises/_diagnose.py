@@ -229,8 +229,8 @@ def _pairs(got, expected, strict: bool, path: tuple = ()):
             items = [got[i] for i in range(len(expected))]   # an array standing for a tuple of equal items
         if isinstance(items, (tuple, list)) and len(items) != len(expected):   # the count first: 7, not 8
             tree = describe_tree(got)
-            return (f"got {_kind(got)} of {len(items)} item{'s' * (len(items) != 1)} where {len(expected)} were "
-                    f"expected" + (f": {tree}" if len(tree) <= 120 else ""))
+            return (f"expected {_kind(expected)} of {len(expected)} items, got {_kind(got)} of {len(items)}"
+                    + (f": {tree}" if len(tree) <= 120 else ""))
         if not isinstance(items, (tuple, list)):
             return (f"expected {_kind(expected)} of {len(expected)}, {describe_tree(expected)}; "
                     f"got {describe_tree(got)}")
