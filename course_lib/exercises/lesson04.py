@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import collectives as C
-from . import Case, Mismatch, Mistake, _NotStarted, call, diagnose, exercise, primitives
+from . import Case, Mismatch, Mistake, _NotStarted, _answer_is_stub, call, diagnose, exercise, primitives
 
 AXIS = "i"
 
@@ -191,6 +191,15 @@ def _hops(x, a, hops, perm):
     return total
 
 
+def _sent_added(x, a):
+    """04.1's ring, adding at each hop the value it sent instead of the one that arrived."""
+    total = x
+    for _ in range(jax.lax.axis_size(a) - 1):
+        jax.lax.ppermute(x, a, _ring(a))        # sent; what arrives is dropped
+        total = total + x
+    return total
+
+
 MISTAKES_04_1 = [
     Mistake("one hop too many", "Every device ends with the sum plus its own value once more: its own value came "
             "back to it round the ring, one hop too many.", lambda x, a: _hops(x, a, jax.lax.axis_size(a), _ring(a))),
@@ -202,7 +211,7 @@ MISTAKES_04_1 = [
     Mistake("passes the running total", "The values are far too large: at each hop a device passed on its running "
             "total, not the value in transit, so each value arrived again and again.", _snowball),
     Mistake("adds what it sent", "Each device ends with n = {n} times its own value: at each hop it added what it "
-            "sent, not what arrived.", lambda x, a: x * jax.lax.axis_size(a)),
+            "sent, not what arrived.", lambda x, a: x * jax.lax.axis_size(a), answer=_sent_added),
 ]
 _COLLECTIVES = ("psum", "all_gather", "reduce_scatter", "all_to_all")
 
@@ -234,11 +243,10 @@ def check_ring_allreduce(ring_allreduce):
     try:
         diagnose(ring_allreduce, cases, solution=solution_ring_allreduce, mistakes=MISTAKES_04_1 if ring else (),
                  run=_runner("ring_allreduce"), rtol=1e-5, atol=1e-5)
-    except _NotStarted:
-        raise
     except Mismatch as e:
-        raise Mismatch(str(e) + ("" if ring else " Its program has no ppermute: nothing travelled round a "
-                                                 "ring.")) from None
+        if ring or isinstance(e, _NotStarted) or _answer_is_stub[0]:    # a placeholder: no answer to read yet
+            raise
+        raise Mismatch(f"{e} Its program has no ppermute: nothing travelled round a ring.") from None
     _no_collectives(ring_allreduce, cases[-1].args[0])
     xs = np.ones((len(jax.devices()), 4), np.float32)     # report the traffic for every device, 16-byte x
     n = xs.shape[0]
