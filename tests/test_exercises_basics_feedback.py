@@ -70,7 +70,7 @@ WRONG = {
                                 jax.device_put(x, jax.devices()[3]))[1], "changed its input x in place"),
     ],
     "00.2": [
-        ("ids as strings", lambda a: sorted(str(d.id) for d in a.devices()), "got list[str '3']"),
+        ("ids as strings", lambda a: sorted(str(d.id) for d in a.devices()), "returned ['3'], ids as strings; expected a list of ints"),
         ("ids as floats", lambda a: sorted(float(d.id) for d in a.devices()), "got list[float]"),
         ("ids as numpy strings", lambda a: list(np.array([d.id for d in a.devices()]).astype(str)), "got list[str_"),
         ("every device", lambda a: [d.id for d in jax.devices()], "Those are the ids of every device JAX has"),
@@ -157,7 +157,7 @@ WRONG = {
     ],
     "03.3": [
         ("transpose after", lambda xs: jax.pmap(lambda r: 2.0 * r)(xs).T, "swapped afterwards"),
-        ("device axis first", jax.pmap(lambda r: 2.0 * r), "The device axis is still first"),
+        ("device axis first", jax.pmap(lambda r: 2.0 * r), "Row i holds 2 * xs[i]: the result keeps xs's layout"),
         ("negative out_axes", jax.pmap(lambda r: 2.0 * r, out_axes=-1), "got shape (40, 1)"),
     ],
 }

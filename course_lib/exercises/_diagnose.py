@@ -94,7 +94,7 @@ def _default_run(fn, case: Case, name: str):
 
 def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Sequence[Mistake] = (),
              run: Callable | None = None, name: str | None = None, rtol: float = 1e-5, atol: float = 1e-6,
-             dtype: bool = True, strict_containers: bool = False, names: str | Sequence[str] = "out") -> list:
+             dtype: bool = True, strict_containers: bool = False, names: str | Sequence[str] = "output") -> list:
     """Run ``answer`` and ``solution`` on every case; return the answer's results, or raise ``Mismatch``.
 
     Args:
@@ -103,7 +103,7 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
         ``Mismatch``, with the cases it got right added.
       rtol, atol: the tolerance (loosened for float16/bfloat16 expected values).
       dtype: whether an array's dtype must be the expected one (0-d values are compared by value only).
-      names: how feedback names a part of the result: ``"out"`` gives ``out[0][1]``; a sequence names the
+      names: how feedback names a part of the result: ``"output"`` gives ``output [0][1]``; a sequence names the
         items of a returned tuple, ``("params", "state")`` gives ``params['w']``.
     """
     name = name or getattr(answer, "__name__", "your function")
@@ -140,11 +140,13 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
     _, expected, got, diff = next(r for r in rows if r[0] is case)
     named = [] if any(e is not None for _, e in failed) else _confirmed(mistakes, rows, run, opts)
     shown = f"expected {_show(expected)}, got {_show(got)}"
-    evidence = f"{case.label}: {shown if len(shown) <= 240 else diff}"    # a long structure: where it differs
+    if len(shown) > 240 or _show(expected) == _show(got):   # long, or alike in print: say where it differs
+        shown = diff
+    evidence = f"{case.label}: {shown}"
     if len(named) == 1:
         fields = _Fields(n=case.n, label=case.label)
         raise Mismatch(f"{evidence}. {named[0].feedback.format_map(fields)}")
-    if diff.startswith("expected ") or len(shown) > 240:   # the diff says both sides
+    if diff.startswith("expected ") or shown == diff:   # the diff says both sides
         raise Mismatch(f"{case.label}: {diff}.{where}")
     raise Mismatch(f"{evidence}: {diff}.{where}")
 
@@ -154,7 +156,7 @@ def _where(cases, right_on, failed) -> str:
     if not right_on:
         return ""
     k = len(right_on)
-    text = f" It is right in the other {k} case{'s' * (k != 1)}"
+    text = " It is right in the other case" if k == 1 else f" It is right in the other {k} cases"
     text += "." if len(failed) == 1 else f"; wrong also in: {_join([c.label for c, _ in failed[1:]])}."
     total = len(jax.devices())
     good = [c.n for c in cases if c.label in right_on]
@@ -225,7 +227,11 @@ def _pairs(got, expected, strict: bool, path: tuple = ()):
                 and np.ndim(got) >= 1 and len(got) == len(expected) \
                 and all(_leaf(e) and np.shape(e) == tuple(got.shape[1:]) for e in expected):
             items = [got[i] for i in range(len(expected))]   # an array standing for a tuple of equal items
-        if not isinstance(items, (tuple, list)) or len(items) != len(expected):
+        if isinstance(items, (tuple, list)) and len(items) != len(expected):   # the count first: 7, not 8
+            tree = describe_tree(got)
+            return (f"expected {_kind(expected)} of {len(expected)} items, got {_kind(got)} of {len(items)}"
+                    + (f": {tree}" if len(tree) <= 120 else ""))
+        if not isinstance(items, (tuple, list)):
             return (f"expected {_kind(expected)} of {len(expected)}, {describe_tree(expected)}; "
                     f"got {describe_tree(got)}")
         out = []
@@ -270,9 +276,9 @@ def same(got, expected, *, rtol: float = 1e-5, atol: float = 1e-6, dtype: bool =
 
 
 def difference(got, expected, *, n: int | None = None, rtol: float = 1e-5, atol: float = 1e-6,
-               dtype: bool = True, strict: bool = False, names: str | Sequence[str] = "out") -> str | None:
+               dtype: bool = True, strict: bool = False, names: str | Sequence[str] = "output") -> str | None:
     """None when ``got`` equals ``expected``; otherwise what differs, with a measured relation, and where:
-    ``out[0][1]: ...`` (``names``: see ``diagnose``)."""
+    ``output [0][1]: ...`` (``names``: see ``diagnose``)."""
     pairs = _pairs(got, expected, strict)
     if isinstance(pairs, str):
         return pairs
@@ -284,12 +290,13 @@ def difference(got, expected, *, n: int | None = None, rtol: float = 1e-5, atol:
 
 
 def _readable(path: tuple, names: str | Sequence[str]) -> str:
-    """A path of keys and indices as Python reads it: ``out[0][1]``, ``params['w']``."""
+    """A path of keys and indices as feedback names it: ``output [0][1]``, or with ``names`` a name per returned
+    item: ``params['w']``, ``the variance (output [1])``."""
     if not isinstance(names, str) and path and isinstance(path[0], int) and path[0] < len(names):
         root, path = names[path[0]], path[1:]
     else:
-        root = names if isinstance(names, str) else "out"
-    return root + "".join(f"[{k!r}]" for k in path)
+        root = (names if isinstance(names, str) else "output") + " "
+    return (root + "".join(f"[{k!r}]" for k in path)).strip()
 
 
 def _leaf_difference(g, e, n, rtol, atol, dtype) -> str | None:
@@ -397,7 +404,7 @@ def relation(g: np.ndarray, e: np.ndarray, *, n: int | None = None, rtol: float 
             size = abs(k) if big else 1 / abs(k)
             return f"{sign}{_x(size)} too {'large' if big else 'small'}{_factor(size, n)}"
         if np.all(np.abs(g64) < 1e-12) and not np.all(nonzero == 0):
-            return "all zeros"
+            return "got 0" if g64.ndim == 0 else "all zeros"
     offset = g64 - e64
     if g64.size > 1 and np.allclose(offset, offset.flat[0], atol=max(atol, 1e-6), rtol=0):
         return f"every value off by {float(offset.flat[0]):+.4g}"

@@ -102,6 +102,9 @@ def _ids_and_set(fn, case):
         shown = f"the set {set(int(i) for i in got)}" if ints else f"a set of {describe_tree(list(got))[5:-1]}"
         raise Mismatch(f"returned {shown}; expected a list of ints in ascending order, {want}"
                        + (": a set has no order." if ints else "."))
+    if isinstance(got, (list, tuple)) and got and all(isinstance(i, str) for i in got):
+        raise Mismatch(f"returned {list(got)!r}, ids as strings; expected a list of ints in ascending order, "
+                       f"{solution_device_ids(a)}.")
     if isinstance(got, (list, tuple)) and got and all(isinstance(i, (int, np.integer)) and not isinstance(i, bool)
                                                       for i in got):
         return np.array(got, dtype=np.int64)        # ids as one array: an order or a count shows as such

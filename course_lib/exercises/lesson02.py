@@ -68,6 +68,12 @@ MISTAKES_02_2 = [
             lambda xs: jax.pmap(lambda b: jnp.sum(b) ** 2)(xs)),
     Mistake("last axis only", "Each device summed only its block's last axis, not the whole block.",
             lambda xs: jax.pmap(lambda b: jnp.sum(b ** 2, axis=-1))(xs)),
+    Mistake("first axis only", "Each device summed only its block's first axis (one sum per column), not the "
+            "whole block.", lambda xs: jax.pmap(lambda b: jnp.sum(b ** 2, axis=0))(xs)),
+    Mistake("not squared", "That is each block's plain sum: the values were not squared before the sum.",
+            lambda xs: jax.pmap(jnp.sum)(xs)),
+    Mistake("square root", "That is the square root of each block's sum of squares (its norm): the exercise asks "
+            "for the sum of squares itself.", lambda xs: jax.pmap(lambda b: jnp.sqrt(jnp.sum(b ** 2)))(xs)),
 ]
 
 
@@ -135,7 +141,7 @@ def _block_and_place(fn, case):
     shape, i = case.args
     got = call(fn, _y(shape), i, name="block_on")
     moved = _moves_data(fn, _y(shape), i)
-    return got, placement(got), Said(f"building it moved data ({moved})" if moved else "building it moved no data")
+    return got, placement(got), Said("building it moved data" if moved else "building it moved no data")
 
 
 _READ_IN_PLACE = " Read the block the device already holds instead (section 3)."

@@ -8,7 +8,8 @@ import contextlib
 import io
 
 from . import (Case, Mismatch, Mistake, as_array, call, diagnose, exercise, expect_array, expect_placed_on,
-               pmap_specs)
+               pmap_specs, primitives)
+from . import _eqns
 from .lesson00 import expect_dtype
 
 
@@ -113,11 +114,17 @@ def check_scale_on_two(scale_on_two):
     for case, got in zip(cases, results):
         expect_placed_on(got, two, what=case.label + " (computed with pmap on the first 2 devices)")
     x, s = cases[-1].args
-    specs = pmap_specs(scale_on_two, x, s, name="scale_on_two")
-    if not specs:
+    # The program with s as a plain number, as a static argument (static_broadcasted_argnums) or a closure needs it
+    maps = [e for e in primitives(lambda x: scale_on_two(x, float(s)), x, name="scale_on_two")
+            if e.primitive.name == "shard_map"]
+    if not maps:
         raise Mismatch("scale_on_two has the right values on 2 devices, but its program has no jax.pmap: the "
                        "exercise is pmap with the scalar broadcast.")
-    if not _unmapped(specs):
+    if not any(e.primitive.name == "mul" for m in maps for e in _eqns(m.params["jaxpr"])):
+        raise Mismatch("scale_on_two has the right values on 2 devices, but no multiplication runs inside its "
+                       "pmap: x was scaled before (or after) the pmap, which only moved the blocks. Scale the "
+                       "blocks inside the pmapped function.")
+    if not any(len(m.params["in_specs"]) == 1 or _unmapped([(m.params["in_specs"], ())]) for m in maps):
         raise Mismatch("scale_on_two has the right values, but the scalar was mapped too (made into an array with "
                        "one copy per device), although it is the same for both devices.")
     return "one block per device, the scalar broadcast with in_axes=None, and the result reshaped back."
@@ -206,9 +213,9 @@ MISTAKES_03_3 = [
     Mistake("negative out_axes", "That is what pmap does with a negative out_axes: its documentation asks for a "
             "non-negative axis number, and a negative one is not checked. Count the output's axes from 0 (section "
             "4).", lambda xs: _doubled(xs, out_axes=-1)),
-    Mistake("device axis first", "The device axis is still first (row i is device i's result); expected it last: "
-            "column i should be device i's result. pmap's out_axes chooses the axis the per-device results are "
-            "stacked along (section 4).", _doubled),
+    Mistake("device axis first", "Row i holds 2 * xs[i]: the result keeps xs's layout, (n, b); expected (b, n), "
+            "column i holding 2 * xs[i], device i's result. pmap's out_axes chooses the axis the per-device "
+            "results are stacked along (section 4).", _doubled),
     Mistake("reshaped", "That is a reshape of the (n, b) result: a reshape keeps the values in their order and only "
             "cuts them anew, so column i is not device i's result. Moving the device axis is what out_axes does "
             "(section 4).", lambda xs: _doubled(xs).reshape(xs.shape[1], xs.shape[0])),
@@ -219,8 +226,8 @@ MISTAKES_03_3 = [
           returns="a jax.Array of shape (b, n): column i is 2 * xs[i], computed on device i",
           hints=["pmap stacks the per-device results along some axis of the output; you choose which one, "
                  "inside pmap, not with a transpose afterwards.",
-                 "`out_axes` (section 4 of the lesson) is the output's counterpart of in_axes: the axis of the "
-                 "result along which the per-device results are stacked."])
+                 "Section 4 of the lesson: pmap has an argument that does for its output what in_axes does for "
+                 "its inputs."])
 def check_device_axis_last(device_axis_last):
     devices = jax.devices()
     cases = [Case((jnp.asarray(_data((n, b), seed=n + 10 * b)),), f"device_axis_last(xs {(n, b)})", n=n)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import collectives as C
-from . import Case, Mismatch, Mistake, call, diagnose, exercise, primitives
+from . import Case, Mismatch, Mistake, _NotStarted, _answer_is_stub, call, diagnose, exercise, primitives
 
 AXIS = "i"
 
@@ -191,6 +191,15 @@ def _hops(x, a, hops, perm):
     return total
 
 
+def _sent_added(x, a):
+    """04.1's ring, adding at each hop the value it sent instead of the one that arrived."""
+    total = x
+    for _ in range(jax.lax.axis_size(a) - 1):
+        jax.lax.ppermute(x, a, _ring(a))        # sent; what arrives is dropped
+        total = total + x
+    return total
+
+
 MISTAKES_04_1 = [
     Mistake("one hop too many", "Every device ends with the sum plus its own value once more: its own value came "
             "back to it round the ring, one hop too many.", lambda x, a: _hops(x, a, jax.lax.axis_size(a), _ring(a))),
@@ -202,7 +211,7 @@ MISTAKES_04_1 = [
     Mistake("passes the running total", "The values are far too large: at each hop a device passed on its running "
             "total, not the value in transit, so each value arrived again and again.", _snowball),
     Mistake("adds what it sent", "Each device ends with n = {n} times its own value: at each hop it added what it "
-            "sent, not what arrived.", lambda x, a: x * jax.lax.axis_size(a)),
+            "sent, not what arrived.", lambda x, a: x * jax.lax.axis_size(a), answer=_sent_added),
 ]
 _COLLECTIVES = ("psum", "all_gather", "reduce_scatter", "all_to_all")
 
@@ -227,8 +236,17 @@ def _no_collectives(fn, xs, banned=_COLLECTIVES, readable=False) -> None:
 def check_ring_allreduce(ring_allreduce):
     cases = _cases([(), (3,), (2, 2)], seed=1, other_dtype=np.int32)
     _no_collectives(ring_allreduce, cases[1].args[0], readable=True)      # the mechanism, read first
-    diagnose(ring_allreduce, cases, solution=solution_ring_allreduce, mistakes=MISTAKES_04_1,
-             run=_runner("ring_allreduce"), rtol=1e-5, atol=1e-5)
+    try:                                  # every mistake named here is one of a ring: none without a ppermute
+        ring = _uses(ring_allreduce, cases[1].args[0], "ppermute")
+    except Mismatch:
+        ring = True
+    try:
+        diagnose(ring_allreduce, cases, solution=solution_ring_allreduce, mistakes=MISTAKES_04_1 if ring else (),
+                 run=_runner("ring_allreduce"), rtol=1e-5, atol=1e-5)
+    except Mismatch as e:
+        if ring or isinstance(e, _NotStarted) or _answer_is_stub[0]:    # a placeholder: no answer to read yet
+            raise
+        raise Mismatch(f"{e} Its program has no ppermute: nothing travelled round a ring.") from None
     _no_collectives(ring_allreduce, cases[-1].args[0])
     xs = np.ones((len(jax.devices()), 4), np.float32)     # report the traffic for every device, 16-byte x
     n = xs.shape[0]
@@ -283,6 +301,8 @@ MISTAKES_04_2 = [
     Mistake("variance not averaged", "The devices agree on the mean but not on the variance: each device's "
             "variance is computed from its own shard's values only; the variance of all the data needs an average "
             "over the devices too.", lambda x, a: (_moments(x, a)[0], jnp.mean((x - _moments(x, a)[0]) ** 2))),
+    Mistake("swapped", "The two outputs are swapped: the variance came first and the mean second; the pair is "
+            "(mean, var).", lambda x, a: _moments(x, a)[::-1]),
     Mistake("variance of the device means", "The variance is the variance of the {n} shard means (how far the devices' "
             "means spread), not of all the values.",
             lambda x, a: (_moments(x, a)[0], jnp.var(_every(jnp.mean(x), a)))),
@@ -291,13 +311,13 @@ MISTAKES_04_2 = [
 
 @exercise("04.2", "A global mean and variance from per-device shards", solution=solution_global_mean_var,
           returns="a pair (mean, var), each one number per device, the same on every device",
-          hints=["Each device sees only its shard. The statistics of ALL the data need a collective; and the "
-                 "variance must measure deviations from the global mean, not the shard's.",
-                 "jax.lax.pmean averages a value over the devices (section 2). Every shard has the same size, so "
-                 "the average of the shard means is the mean of all the data."])
+          hints=["Each device sees only its shard, and the statistics of ALL the data need a collective. From "
+                 "which mean is each value's deviation measured?",
+                 "Section 2's table of collectives: one of them averages a value over the devices."])
 def check_global_mean_var(global_mean_var):
     diagnose(global_mean_var, _cases([(6,), (3,)], seed=2, spread=3.0), solution=solution_global_mean_var,
-             mistakes=MISTAKES_04_2, run=_runner("global_mean_var"), rtol=1e-4, atol=1e-4)
+             mistakes=MISTAKES_04_2, run=_runner("global_mean_var"), rtol=1e-4, atol=1e-4,
+             names=("the mean (output [0])", "the variance (output [1])"))
     return "every device knows the statistics of the whole batch."
 
 
@@ -314,6 +334,11 @@ def solution_rotate_right(x, axis_name):
 MISTAKES_04_3 = [
     Mistake("rotates left", "Device i got device i + 1's value: that rotates left, not right.",
             lambda x, a: jax.lax.ppermute(x, a, _ring(a, -1))),
+    Mistake("unchanged", "Every device still holds its own x: nothing moved between the devices.",
+            lambda x, a: x),
+    Mistake("rolled on one device", "Each device rotated the values of its own x (jnp.roll works on one device's "
+            "array): nothing moved between the devices. Moving values from device to device takes a collective "
+            "(section 2).", lambda x, a: jnp.roll(x, 1)),
     Mistake("ring not closed", "Device 0 received nothing (zeros), so no pair sends to it: the ring is not "
             "closed, and the last device's value went nowhere.",
             lambda x, a: jax.lax.ppermute(x, a, _ring(a)[:-1])),
@@ -354,7 +379,17 @@ def solution_gather_all(x, axis_name):
     return gathered
 
 
+def _zero_row(x, a, k):
+    """Every device's x in device order, with row (me + k) % n left at zero (for writing mistakes)."""
+    return _every(x, a).at[(jax.lax.axis_index(a) + k) % jax.lax.axis_size(a)].set(0)
+
+
 MISTAKES_04_4 = [
+    Mistake("own row missing", "Every row is right except the device's own, which is zero: each device stored "
+            "what arrived, but never wrote its own value into its result.", lambda x, a: _zero_row(x, a, 0)),
+    Mistake("one hop short", "Every row is right except one, zero: the row of the device to the right, whose value "
+            "is the last to arrive round the ring. The values stopped one hop short.",
+            lambda x, a: _zero_row(x, a, 1)),
     Mistake("own value first", "Each device has every value, but starting with its own: row j of every device's "
             "result must be device j's value; here row k holds what arrived after k hops.",
             lambda x, a: jnp.roll(_every(x, a), -jax.lax.axis_index(a), axis=0)),
@@ -412,7 +447,17 @@ def _reduce_scatter_only(x, a):  # the finished piece in its place, the all-gath
     return jnp.zeros_like(total).at[mine].set(total[mine]).reshape(x.shape)
 
 
+def _pieces_shifted(k):
+    def shifted(x, a):
+        total = jax.lax.psum(x.reshape(jax.lax.axis_size(a), -1), a)
+        return jnp.roll(total, k, axis=0).reshape(x.shape)
+    return shifted
+
+
 MISTAKES_04_5 = [
+    *[Mistake(f"pieces {k:+d} row", "Every device holds all the summed pieces, but each one is stored one "
+              "piece-row off from its place: the bookkeeping of which piece is in transit at each hop is off by one.",
+              _pieces_shifted(k)) for k in (1, -1)],
     Mistake("no all-gather phase", "Each device holds one fully summed piece and zeros elsewhere: the "
             "reduce-scatter is done, but the finished pieces were never passed round (the all-gather phase).",
             _reduce_scatter_only),

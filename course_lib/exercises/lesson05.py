@@ -363,8 +363,7 @@ MISTAKES_05_3 = [
                   "0.0 when there are none",
           hints=["Padding rows must count for nothing in the sum AND in the count you divide by; and a device "
                  "may get only padding.",
-                 "A boolean mask becomes 0.0 and 1.0 once cast to a float dtype (astype); multiplying by it drops "
-                 "the padding rows from a sum. jnp.maximum keeps a count from being 0."])
+                 "A boolean array's astype method (to a float dtype), and jnp.maximum."])
 def check_masked_mse(masked_mse):
     rng = np.random.default_rng(5)
     cases = []
@@ -394,7 +393,10 @@ def check_masked_mse(masked_mse):
          hints={"boolean indices": traced + "indexing with a boolean mask would give a shape that depends on the "
                                    "values, which a compiled program cannot have. Keep every row and let the mask "
                                    "weight them instead.",
-                "Concretization": python_value, "boolean conversion": python_value})
+                "Concretization": python_value, "boolean conversion": python_value,
+                "__array__() was called on traced array": traced + (
+                    "np.float32(), np.asarray() or float() on a value need a concrete number, and a traced value "
+                    "has none: keep the result a jax.numpy value.")})
     diagnose(masked_mse, cases, solution=solution_masked_mse, mistakes=MISTAKES_05_3, rtol=1e-5, atol=1e-6,
              name="masked_mse")
     grad = np.asarray(jax.grad(masked_mse)(jnp.ones(4), jnp.zeros(4), jnp.zeros(4, bool)))

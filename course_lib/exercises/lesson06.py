@@ -75,7 +75,7 @@ def _placed(fn, case):
     try:
         out = call(fn, *case.args, name="place", hints=_PLACE_HINTS)
     except Mismatch as e:                    # JAX's own words say which array was split, and how many times
-        split = re.search(r"axis (\d+) is partitioned (\d+) times.*?Got shape: \(([\d, ]*)\)", str(e))
+        split = re.search(r"axis (\d+) is partitioned (\d+) times.*?(?:Got|full) shape: \(([\d, ]*)\)", str(e))
         if not split:
             raise
         axis, times, shape = int(split[1]), int(split[2]), tuple(int(v) for v in split[3].split(",") if v.strip())

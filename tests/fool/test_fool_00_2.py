@@ -15,7 +15,8 @@ WRONG = [
     ("counted, not asked", lambda a: list(range(len(a.devices()))), "expected [3], got [0]"),
     ("every device JAX has", lambda a: sorted(d.id for d in jax.devices()), "Those are the ids of every device JAX has"),
     ("in reverse order", lambda a: sorted((d.id for d in a.devices()), reverse=True), "in reverse order"),
-    ("ids as text", lambda a: sorted(str(d.id) for d in a.devices()), "got list[str '3']"),
+    ("ids as text", lambda a: sorted(str(d.id) for d in a.devices()), "device_ids(an array on device 3): returned ['3'], ids as "
+     "strings; expected a list of ints in ascending order, [3]."),
     ("one int", lambda a: min(d.id for d in a.devices()), "one number where shape (1,) was expected"),
     ("one Device", lambda a: next(iter(a.devices())), "got Device"),
     ("one id picked from the set", lambda a: [next(iter(a.devices())).id], "expected [0, 1, 2, 3, 4, 5, 6, 7], got ["),

@@ -15,6 +15,9 @@ def pieces(x, devices, rows):
 
 
 WRONG = [
+    ("one piece short", lambda x, devs: [jax.device_put(x[i * (len(x) // len(devs)):(i + 1) * (len(x) // len(devs))],
+                                                        devs[i]) for i in range(len(devs) - 1)],
+     "expected a list of 8 items, got a list of 7"),
     ("every device JAX has", lambda x, devs: pieces(x, jax.devices(), np.split(np.arange(len(x)), len(jax.devices()))),
      "the answer does not follow the device count it is given"),
     ("interleaved rows", lambda x, devs: [jax.device_put(x[i::len(devs)], d) for i, d in enumerate(devs)],

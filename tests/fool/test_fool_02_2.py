@@ -16,10 +16,14 @@ def spread(values):
 
 
 WRONG = [
+    ("first axis only", jax.pmap(lambda b: jnp.sum(b ** 2, axis=0)), "Each device summed only its block's first "
+                                                                       "axis (one sum per column)"),
+    ("square root", jax.pmap(lambda b: jnp.sqrt(jnp.sum(b ** 2))), "That is the square root of each block's sum "
+                                                                    "of squares"),
     ("last axis only", jax.pmap(lambda b: jnp.sum(b ** 2, axis=-1)), "whole block"),
     ("vmap", jax.vmap(lambda b: jnp.sum(b ** 2)), "lives on one device"),
     ("one total", lambda xs: jnp.sum(xs ** 2), "one number where shape (8,) was expected"),
-    ("no square", jax.pmap(jnp.sum), "values differ"),
+    ("no square", jax.pmap(jnp.sum), "That is each block's plain sum: the values were not squared"),
     ("mean of squares", jax.pmap(lambda b: jnp.mean(b ** 2)), "mean of the squares"),
     ("square of the sum", jax.pmap(lambda b: jnp.sum(b) ** 2), "the square of each block's sum"),
     ("half the sum after pmap", lambda xs: jax.pmap(lambda b: jnp.sum(b ** 2, axis=-1))(xs).sum(axis=1),

@@ -34,11 +34,15 @@ WRONG = [
     ("interleaved, never put back", lambda x, s: jax.pmap(lambda a, f: a * f, in_axes=(0, None), devices=TWO)(
         x.reshape(-1, 2, *x.shape[1:]).swapaxes(0, 1), s).reshape(x.shape), "never put back in order"),
     ("the scalar fixed", lambda x, s: jax.pmap(lambda a: a * 2.0, devices=TWO)(blocks(x)).reshape(x.shape),
-     "It is right in the other 1 case"),
+     "It is right in the other case"),
+    ("scaled before an identity pmap", lambda x, s: jax.pmap(lambda a: a, devices=TWO)(blocks(x * s)).reshape(
+        x.shape), "no multiplication runs inside its pmap"),
 ]
 RIGHT = [
     ("course_lib's shard and unshard", lambda x, s: sharding.unshard(jax.pmap(
         lambda a, f: a * f, in_axes=(0, None), devices=TWO)(sharding.shard(x, 2), s))),
+    ("the scalar a static argument", lambda x, s: jax.pmap(lambda a, f: a * f, static_broadcasted_argnums=1,
+                                                             devices=TWO)(blocks(x), s).reshape(x.shape)),
     ("the scalar closed over", lambda x, s: jax.pmap(lambda a: a * s, devices=TWO)(blocks(x)).reshape(x.shape)),
 ]
 

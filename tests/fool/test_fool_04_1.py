@@ -71,6 +71,8 @@ WRONG = [
     (n_hops, ["sum plus its own value once more", "one hop too many"]),
     (one_hop, ["one hop only"]),
     (adds_what_it_sent, ["added what it sent, not what arrived"]),
+    (lambda x, a: x * jax.lax.psum(1, a), ["8 of 8 values differ",
+                                           "Its program has no ppermute: nothing travelled round a ring."]),
     (lambda x, a: jax.lax.psum(x, a), ["the program uses psum"]),
     (lambda x, a: jax.lax.all_gather(x, a).sum(0), ["the program uses all_gather"]),
     (fixed_eight, ["written for a fixed device count"]),

@@ -51,10 +51,16 @@ def pmean_of_sums_over_n_minus_1(x, a):  # a pmean of per-device sums, divided b
     return mean, jax.lax.pmean(jnp.sum((x - mean) ** 2), a) / (x.size * jax.lax.axis_size(a) - 1) * x.size
 
 
+def swapped(x, a):                      # (var, mean): the pair the wrong way round
+    mean = jax.lax.pmean(jnp.mean(x), a)
+    return jax.lax.pmean(jnp.mean((x - mean) ** 2), a), mean
+
+
 WRONG = [
+    (swapped, ["the mean (output [0]): 5.38x too large. The two outputs are swapped"]),
     (variance_not_averaged, ["agree on the mean but not on the variance", "its own shard's values only"]),
     (variance_of_device_means, ["the variance of the 8 shard means"]),
-    (pmean_of_sums_over_n_minus_1, ["[1]: 1.31x too small"]),
+    (pmean_of_sums_over_n_minus_1, ["the variance (output [1]): 1.31x too small"]),
     (local, ["The devices disagree", "own shard's statistics"]),
     (mean_of_variances, ["mean of the per-device variances", "its own shard's mean"]),
     (summed_means, ["times the mean of all the data", "adds the"]),

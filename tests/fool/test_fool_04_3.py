@@ -13,6 +13,8 @@ def perm(a, pairs):
 
 
 WRONG = [
+    (lambda x, a: x, ["Every device still holds its own x: nothing moved between the devices."]),
+    (lambda x, a: jnp.roll(x, 1), ["Each device rotated the values of its own x"]),
     (lambda x, a: jax.lax.ppermute(x, a, perm(a, lambda i, n: ((i + 1) % n, i))), ["rotates left"]),
     (lambda x, a: jax.lax.ppermute(x, a, [(i, i + 1) for i in range(jax.lax.axis_size(a) - 1)]),
      ["Device 0 received nothing", "the ring is not closed"]),

@@ -64,7 +64,7 @@ WRONG = [
     (solution_ring_allreduce, ["(N - 1) x V: the ring of 04.1"]),
     (lambda x, a: jax.lax.all_gather(jax.lax.psum_scatter(x, a, tiled=True), a, tiled=True), ["the program uses"]),
     (lambda x, a: jax.lax.psum(x, a), ["the program uses psum"]),
-    (misfiled, ["the expected values, in another order"]),
+    (misfiled, ["each one is stored one piece-row off from its place"]),
     (fixed_eight, ["written for a fixed device count"]),
     (lambda x, a: solution_ring_allreduce_chunked(x, a).astype(jnp.float16), ["dtype float16 where float32 was expected"]),
     (lambda x, a: x * jax.lax.axis_size(a), ["on 8 devices, each x a vector of 24: expected"]),

@@ -71,6 +71,12 @@ def old_tree_map(loss_fn, optimizer, params, opt_state, batch):
     return *update(optimizer, grads, opt_state, params), jax.lax.pmean(loss, "devices")
 
 
+def wrong_axis_name(loss_fn, optimizer, params, opt_state, batch):
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+    grads = jax.lax.pmean(grads, "batch")
+    return *update(optimizer, grads, opt_state, params), jax.lax.pmean(loss, "batch")
+
+
 WRONG = [
     (no_pmean, ["the copies of the parameters differ", "its own shard"]),
     (psum_grads, ["8 times too large", "added (psum), not averaged"]),
@@ -82,6 +88,7 @@ WRONG = [
     (updates_averaged, ["the average was taken AFTER the optimizer", "of its updates, or of the new parameters"]),
     (stale_state, ["the one dp_step was given, unchanged"]),
     (old_tree_map, ["jax.tree_map was removed"]),
+    (wrong_axis_name, ["raised NameError: Found an unbound axis name: batch. The axis is named 'devices'"]),
 ]
 
 
