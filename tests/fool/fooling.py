@@ -33,3 +33,19 @@ def fool_tests(id_, wrong, right):
 
     return verdict, test_a_wrong_answer_fails_and_its_feedback_names_the_mistake, \
         test_a_right_answer_written_another_way_passes
+
+
+def fresh_test(id_, fresh):
+    """The test of a module's ``FRESH`` answers, ``(name, answer, fragment or None)``: a wrong one fails with
+    ``fragment`` in its feedback (recorded as started unless it returned None), a right one (``None``) passes."""
+
+    @pytest.mark.parametrize("answer, fragment", [f[1:] for f in fresh], ids=[f[0] for f in fresh])
+    def test_a_fresh_answer_gets_what_differs(answer, fragment):
+        fb = exercises()[id_].check(answer)
+        if fragment is None:
+            assert fb, fb.message
+        else:
+            assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, \
+                fb.message
+
+    return test_a_fresh_answer_gets_what_differs

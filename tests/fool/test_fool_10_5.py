@@ -74,8 +74,6 @@ def test_feedback_never_prints_the_compiled_counts():
 
 # ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
 # where the numbers confirm it); each right one in another form passes.
-import pytest as _pytest  # noqa: E402
-from course_lib.exercises import check as _check  # noqa: E402
 
 from course_lib.exercises.lesson10 import solution_predict_collectives as _pc  # noqa: E402
 
@@ -88,10 +86,6 @@ FRESH = [
 ]
 
 
-@_pytest.mark.parametrize("answer, fragment", [f[1:] for f in FRESH], ids=[f[0] for f in FRESH])
-def test_a_fresh_answer_gets_what_differs(answer, fragment):
-    fb = _check('10.5', answer)
-    if fragment is None:
-        assert fb, fb.message
-    else:
-        assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message
+from fooling import fresh_test as _fresh_test  # noqa: E402
+
+test_a_fresh_answer_gets_what_differs = _fresh_test('10.5', FRESH)

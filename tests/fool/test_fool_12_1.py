@@ -156,8 +156,6 @@ def test_the_main_mistake_is_named_before_a_leaf_left_whole():
 
 # ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
 # where the numbers confirm it); each right one in another form passes.
-import pytest as _pytest  # noqa: E402
-from course_lib.exercises import check as _check  # noqa: E402
 
 FRESH = [
     ("the size from jax.device_count()", _first_divisible(lambda mesh: jax.device_count()),
@@ -167,10 +165,6 @@ FRESH = [
 ]
 
 
-@_pytest.mark.parametrize("answer, fragment", [f[1:] for f in FRESH], ids=[f[0] for f in FRESH])
-def test_a_fresh_answer_gets_what_differs(answer, fragment):
-    fb = _check('12.1', answer)
-    if fragment is None:
-        assert fb, fb.message
-    else:
-        assert not fb and fb.started == (fragment != "returned None: write") and fragment in fb.message, fb.message
+from fooling import fresh_test as _fresh_test  # noqa: E402
+
+test_a_fresh_answer_gets_what_differs = _fresh_test('12.1', FRESH)
