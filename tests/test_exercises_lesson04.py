@@ -85,7 +85,7 @@ def test_04_raises_or_wrong_structure():
     fb = check("04.2", lambda x, a: {"mean": jax.lax.pmean(jnp.mean(x), a), "var": jnp.var(x)})
     assert not fb and "expected a tuple of 2" in fb.message and "got dict{'mean': Array float32[8]" in fb.message
     fb = check("04.2", lambda x, a: (jax.lax.pmean(x, a), jnp.var(x)))
-    assert not fb and "[0]: shape (8, 6) where (8,) was expected" in fb.message
+    assert not fb and "the mean (output [0]): shape (8, 6) where (8,) was expected" in fb.message
     fb = check("04.3", lambda x, a: jax.lax.ppermute(x, a, [(i, i + 1) for i in range(8)]))
     assert not fb and "pmap(rotate_right)" in fb.message and "raised" in fb.message
     fb = check("04.3", lambda x, a: [x, x])
@@ -262,7 +262,7 @@ def test_04_2_a_device_count_written_in_is_measured():
 
     fb = check("04.2", eight)
     assert not fb and fb.message.startswith("on 4 devices, per-device shape (6,): expected (")
-    assert "[0]: 2x too small, a factor 4/8 (this case's 4 devices against all 8)" in fb.message
+    assert "the mean (output [0]): 2x too small, a factor 4/8 (this case's 4 devices against all 8)" in fb.message
     assert "It is right in the other 2 cases" in fb.message
 
 

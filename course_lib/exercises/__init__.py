@@ -150,11 +150,15 @@ class Exercise:
                                             f"(not its result); got {describe_tree(answer)}.")
         _last_call.clear()
         _answer_is_stub[0] = is_placeholder(answer)
-        # What the answer prints while it runs (JAX prints a source location such as "x.py:34:40 (<lambda>)" when
-        # pmap gets more rows than devices) is held back: the verdict is the only thing a check shows.
+        # What the answer prints while it runs is held back (JAX prints a source location such as
+        # "x.py:34:40 (<lambda>)" when pmap gets more rows than devices), and shown only when the answer passes:
+        # then it is the learner's own output (a debug print); beside a failure the verdict is what counts.
+        printed = io.StringIO()
         try:
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                return Feedback(self.id, True, self.checker(answer))
+            with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()):
+                verdict = self.checker(answer)
+            print(printed.getvalue(), end="")
+            return Feedback(self.id, True, verdict)
         except _NotStarted as e:
             return Feedback(self.id, False, str(e), started=False)
         except Mismatch as e:               # a placeholder is not started, whatever wrapper reported it
