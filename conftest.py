@@ -43,14 +43,17 @@ if not os.environ.get("COURSE_PROGRESS"):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The second nbval pass: every notebook runs again with XLA's CPU compiler limited to another instruction set.
+# Another processor's rounding: the notebooks run with XLA's CPU compiler limited to another instruction set.
 #
 # XLA compiles for the host's instruction set, so a float's 7th digit can differ from one processor to the next
 # (AVX-512 here, AVX2 or SSE4.2 on an instructor's laptop). A stored output that prints such digits passes on
-# the machine that stored it and fails elsewhere. Running each notebook once more under
-# XLA_FLAGS=--xla_cpu_max_isa=<another set> simulates that other machine, so such an output fails here first.
-# `--nbval-isa=none` turns the second pass off (e.g. `./course.sh test notebooks/02_pmap_basics.ipynb
-# --nbval-isa=none` for a quick first look).
+# the machine that stored it and fails elsewhere. So nbval starts each notebook's kernel with
+# XLA_FLAGS=--xla_cpu_max_isa=<another set> (SSE4_2; AVX2 where XLA_FLAGS already limits to SSE4_2): the stored
+# outputs, made as this processor runs them, are compared with another processor's run, and such an output fails
+# here first. Each notebook runs once, as a learner gets it (its exercise cells are the stubs).
+# `--nbval-isa=none` runs the kernels as this processor (a quick first look); `--nbval-isa=AVX2` picks the set.
+# `--nbval-passes=2` runs every notebook twice, as before: as this processor, then as another in its instructor
+# form (tools/copies.py: each exercise holds its reference solution and asserts that its check passes).
 # ---------------------------------------------------------------------------------------------------------------
 import re  # noqa: E402
 
@@ -60,12 +63,16 @@ ISA_FLAG = "--xla_cpu_max_isa"
 def pytest_addoption(parser):
     parser.addoption(
         "--nbval-isa", default="auto", metavar="ISA",
-        help="run every notebook a second time with XLA_FLAGS=--xla_cpu_max_isa=ISA (SSE4_2, AVX, AVX2, "
-             "AVX512...); 'auto' (the default) picks SSE4_2, or AVX2 where XLA_FLAGS already limits to SSE4_2; "
-             "'none' skips the second pass")
+        help="run the notebooks with XLA_FLAGS=--xla_cpu_max_isa=ISA (SSE4_2, AVX, AVX2, AVX512...), as "
+             "another processor would; 'auto' (the default) picks SSE4_2, or AVX2 where XLA_FLAGS already limits "
+             "to SSE4_2; 'none' runs them as this processor")
+    parser.addoption(
+        "--nbval-passes", default="1", choices=("1", "2"),
+        help="1 (the default): every notebook runs once, its kernel limited to --nbval-isa's instruction set; "
+             "2: once as this processor, then again limited to that set, in --nbval-isa-form")
     parser.addoption(
         "--nbval-isa-form", default="instructor", choices=("instructor", "as-is"),
-        help="what the second pass runs: 'instructor' (the default) fills every exercise with its reference "
+        help="with --nbval-passes=2, what the second pass runs: 'instructor' (the default) fills every exercise with its reference "
              "solution and asserts that its check passes (tools/copies.py), so all 42 are tested without an "
              "extra run; 'as-is' runs the notebooks as stored")
 
@@ -131,8 +138,8 @@ def pytest_collect_file(file_path, parent):
     if file_path.suffix != ".ipynb" or not (getattr(opt, "nbval", False) or getattr(opt, "nbval_lax", False)):
         return None
     isa = second_isa(parent.config.getoption("--nbval-isa"), os.environ.get("XLA_FLAGS", ""))
-    if isa is None:
-        return None
+    if isa is None or parent.config.getoption("--nbval-passes") == "1":
+        return None  # one pass: nbval's own, its kernels started with the flag (pytest_configure below)
     from nbval.plugin import IPyNbFile
 
     instructor_form = parent.config.getoption("--nbval-isa-form") == "instructor"
@@ -168,6 +175,47 @@ def pytest_collect_file(file_path, parent):
 
 
 import pytest  # noqa: E402
+
+
+def _one_pass_isa(config) -> str | None:
+    """The instruction set of the single nbval pass, or None (two passes, or this processor's)."""
+    if config.getoption("--nbval-passes", "1") != "1":
+        return None
+    return second_isa(config.getoption("--nbval-isa", "auto"), os.environ.get("XLA_FLAGS", ""))
+
+
+def pytest_configure(config):
+    """One pass: every notebook kernel nbval starts gets XLA_FLAGS with the other instruction set; this process's
+    XLA_FLAGS (the unit tests' JAX) stays as it was."""
+    isa = _one_pass_isa(config)
+    if isa is None or not (getattr(config.option, "nbval", False) or getattr(config.option, "nbval_lax", False)):
+        return
+    from nbval.plugin import IPyNbFile
+    if getattr(IPyNbFile.setup, "_course_isa", None):
+        return
+    plain_setup = IPyNbFile.setup
+
+    def setup(self):
+        before = os.environ.get("XLA_FLAGS")
+        os.environ["XLA_FLAGS"] = isa_flags(before or "", isa)
+        try:
+            plain_setup(self)  # the kernel starts here, with a copy of os.environ
+        finally:
+            if before is None:
+                del os.environ["XLA_FLAGS"]
+            else:
+                os.environ["XLA_FLAGS"] = before
+
+    setup._course_isa = isa
+    IPyNbFile.setup = setup
+
+
+def pytest_report_header(config):
+    isa = _one_pass_isa(config)
+    if isa is not None:
+        return [f"nbval: each notebook runs once, as a processor limited to {isa} would run it "
+                f"(XLA_FLAGS=--xla_cpu_max_isa={isa}); --nbval-passes=2 adds this processor's own pass"]
+    return []
 
 _progress_for = set()
 

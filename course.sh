@@ -3,7 +3,7 @@
 #
 #   ./course.sh lab       set up, then open the course in JupyterLab (localhost only, token auth, 8 simulated devices)
 #   ./course.sh test      set up with the test tools too, then run every test: unit tests and nbval over every
-#                         notebook (twice: as this processor and as another would run it)
+#                         notebook (as another processor would run it, so that no stored digit is this machine's)
 #   ./course.sh setup     only the learner's set-up: a Python >= 3.12 virtual environment in .venv with what
 #                         lessons 00-12 need (about 1 GB), and graphviz's `dot`
 #   ./course.sh check     check this machine in under a minute (Python, JAX, 8 devices, diagrams, an exercise,
@@ -175,8 +175,8 @@ case "$CMD" in
   test)
     setup "$ALL_EXTRAS"
     # Every core (at most 4) runs tests: each test file and each notebook pass stays whole in one worker
-    # (pytest-xdist, --dist loadfile). nbval runs every notebook twice, the second time as another processor
-    # would (conftest.py, --nbval-isa). Pass -n yourself to choose, e.g. `./course.sh test -n 0`.
+    # (pytest-xdist, --dist loadfile). nbval runs every notebook once, as another processor
+    # would (conftest.py, --nbval-isa; --nbval-passes=2 adds this processor's run). Pass -n yourself to choose, e.g. `./course.sh test -n 0`.
     workers=()
     case " $* " in
       *" -n"*|*" --numprocesses"*|*" -p no:xdist "*) ;;

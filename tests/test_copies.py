@@ -2,7 +2,8 @@
 solution under its stub's name, nbgrader sources grade right and wrong answers, and a class table comes from
 learners' progress files.
 
-Executing the instructor form of every lesson is nbval's second pass (conftest.py), not a test here.
+Executing the instructor form of every lesson is nbval's `--nbval-passes=2` (conftest.py); every reference solution
+passes its checker in tests/test_exercises_framework.py.
 """
 
 import ast

@@ -61,21 +61,33 @@ def _nbval(path, *args):
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_each_notebook_is_collected_twice_and_the_second_kernel_sees_the_flag(probe_dir):
-    """The second kernel starts with --xla_cpu_max_isa in XLA_FLAGS; the first, and this process, without it."""
+def test_by_default_each_notebook_runs_once_and_its_kernel_sees_the_flag(probe_dir):
+    """One pass, its kernel started with --xla_cpu_max_isa=SSE4_2; this process's XLA_FLAGS stays as it was."""
+    before = os.environ.get("XLA_FLAGS")
+    path = _notebook(probe_dir, "import os\nassert 'xla_cpu_max_isa=SSE4_2' in os.environ.get('XLA_FLAGS', '')")
+    done = _nbval(path, "-rA")
+    out = done.stdout + done.stderr
+    assert "1 passed" in out and "failed" not in out and "@" not in done.stdout, out[-3000:]
+    assert os.environ.get("XLA_FLAGS") == before, "the pass must leave this process's XLA_FLAGS as it was"
+
+
+def test_two_passes_collect_each_notebook_twice_and_only_the_second_kernel_sees_the_flag(probe_dir):
+    """With --nbval-passes=2 the second kernel starts with --xla_cpu_max_isa in XLA_FLAGS; the first without it."""
     before = os.environ.get("XLA_FLAGS")
     path = _notebook(probe_dir, "import os\nassert 'xla_cpu_max_isa' not in os.environ.get('XLA_FLAGS', '')")
-    done = _nbval(path, "-rA")
+    done = _nbval(path, "-rA", "--nbval-passes=2")
     out = done.stdout + done.stderr
     assert "isa_probe.ipynb@SSE4_2::Cell 0" in out, out[-3000:]
     assert "1 failed, 1 passed" in out, out[-3000:]  # the plain pass passes; the SSE4_2 kernel has the flag
     assert os.environ.get("XLA_FLAGS") == before, "the second pass must leave this process's XLA_FLAGS as it was"
 
 
-def test_none_turns_the_second_pass_off(probe_dir):
-    path = _notebook(probe_dir, "print('hello')")
-    done = _nbval(path, "--nbval-isa=none")
-    assert "1 passed" in done.stdout and "@" not in done.stdout, done.stdout[-2000:]
+def test_none_runs_the_kernels_as_this_processor(probe_dir):
+    path = _notebook(probe_dir, "import os\nassert 'xla_cpu_max_isa' not in os.environ.get('XLA_FLAGS', '')")
+    for passes in ("1", "2"):
+        done = _nbval(path, "--nbval-isa=none", f"--nbval-passes={passes}")
+        assert "1 passed" in done.stdout and "failed" not in done.stdout and "@" not in done.stdout, \
+            done.stdout[-2000:]
 
 
 def test_without_libtpu_lesson_13s_cells_skip_and_say_why(tmp_path):

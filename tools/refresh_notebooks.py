@@ -5,7 +5,7 @@ top to bottom in a fresh kernel of this environment, with the same settings as t
 (conftest.py), a per-cell timeout, and no per-cell timing metadata, so the diffs show only real changes.
 Afterwards it checks the outputs for things nbval or a reader should not see (machine paths,
 memory addresses, unexpected errors), then runs nbval over the fresh notebooks with XLA's CPU compiler limited
-to another instruction set (as the second pass of `./course.sh test` does), so that no stored output depends on
+to another instruction set (as `./course.sh test` does), so that no stored output depends on
 this machine's processor. It exits non-zero if either finds anything; `--no-isa-check` skips the nbval run.
 """
 
