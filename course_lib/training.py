@@ -354,8 +354,8 @@ def make_train_step(loss_fn: Callable, optimizer: optax.GradientTransformation, 
         ``"one_buffer"``: everything in one flat all-reduce at the end of the step (``psum_bucketed``), the
         cheapest on the CPU backend, where each collective is a rendezvous of threads and a tuple all-reduce
         costs a multiple of one buffer; it cannot overlap the backward pass. ``"per_leaf"``: one psum per gradient
-        (``psum_per_leaf``), which XLA's combiner groups and, on GPUs and TPUs, its scheduler can run during the
-        backward pass. ``"auto"`` (default): ``"one_buffer"`` on CPU devices, ``"per_leaf"`` elsewhere. The
+        (``psum_per_leaf``), which XLA's combiner groups and, on GPUs, its scheduler can run during the backward
+        pass (in libtpu 0.0.50.1's programs for these steps the all-reduces are synchronous). ``"auto"`` (default): ``"one_buffer"`` on CPU devices, ``"per_leaf"`` elsewhere. The
         ``"jit"`` backend has no per-device code: its compiler places the all-reduces itself, as ``"per_leaf"``.
       loss_reduction: ``"mean"`` (default): ``loss_fn`` returns the mean loss over its rows (e.g.
         ``masked_mean``). ``"sum"``: it returns the sum over the real rows, and the step divides by their number
