@@ -79,3 +79,18 @@ def test_readme_lists_every_notebook_and_badges():
     assert install_cell.binder_url() == (f"https://mybinder.org/v2/gh/{REPO}/{install_cell.REF}"
                                          "?urlpath=lab/tree/notebooks/00_setup_and_devices.ipynb")
     assert install_cell.binder_url() in readme
+
+
+def test_every_link_to_the_hardware_notes_reaches_an_explicit_anchor():
+    """hardware.md's sections carry explicit `<a id>` anchors, named as JupyterLab names the headings, so that a
+    lesson's link reaches its section in JupyterLab, on GitHub (which lowercases heading anchors and drops their
+    dots) and on the site."""
+    notes = (ROOT / "notebooks" / "hardware.md").read_text()
+    anchors = set(re.findall(r'^<a id="([^"]+)"></a>$', notes, flags=re.M))
+    headings = {h.strip().replace(" ", "-") for h in re.findall(r"^##+ (.+)$", notes, flags=re.M)}
+    assert anchors == headings, (anchors ^ headings)
+    links = [(path.name, a) for path in NOTEBOOKS for c in cells(path, "markdown")
+             for a in re.findall(r"hardware\.md#([^)\s]+)", source(c))]
+    links += [("hardware.md", a) for a in re.findall(r"\]\(#([^)\s]+)\)", notes)]
+    assert len(links) >= 10, links
+    assert not [(name, a) for name, a in links if a not in anchors]
