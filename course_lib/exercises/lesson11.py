@@ -374,6 +374,8 @@ def _which_marker(stalled_step, cases, run) -> str | None:
             got, (t,) = run(stalled_step, case), case.args
         except Mismatch:
             return None
+        if isinstance(got, (bool, np.bool_)):
+            return None                     # the engine's words: a bool, not a number
         if not isinstance(got, (int, np.integer)) or got == solution_stalled_step(t):
             continue
         longest = max(m.dur_us for m in t.markers)
