@@ -19,6 +19,7 @@ another kind, raises a ``ValueError`` naming the file and the fix; it is never o
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import json
 import os
@@ -162,3 +163,80 @@ def set_learner(name: str, path=None) -> None:
         data = load(p)
         data["learner"] = name.strip()
         _write(p, data)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The report a learner reads: progress() in course_lib.exercises
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """Per lesson, each exercise's state as the progress file records it. Prints as text, or as a table."""
+
+    rows: tuple[tuple[str, str, str, int, int], ...]  # (id, title, state, attempts, hints shown)
+    source: str = "course_progress.json"  # the progress file's name (no folder: outputs hold no machine paths)
+    learner: str | None = None
+
+    def __str__(self) -> str:
+        lines, lesson = [], None
+        for id_, title, state, attempts, hints in self.rows:
+            if id_.split(".")[0] != lesson:
+                lesson = id_.split(".")[0]
+                lines.append(f"Lesson {lesson}")
+            mark = {"passed": "✔", "attempted": "✘", "not tried": "·"}[state]
+            extra = f" ({attempts} attempt{'s' * (attempts != 1)}" + (f", {hints} hint{'s' * (hints != 1)}"
+                                                                      if hints else "") + ")" if attempts else ""
+            lines.append(f"  {mark} {id_} {title}: {state}{extra}")
+        passed = sum(r[2] == "passed" for r in self.rows)
+        who = f" by {self.learner}" if self.learner else ""
+        lines.append(f"{passed} of {len(self.rows)} exercises passed{who}, as recorded in {self.source}.")
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer, cycle):
+        printer.text(str(self))
+
+
+class NoSuchLesson(ValueError, KeyError):
+    """``progress(lesson)`` named a lesson that has no exercises (a ValueError; a KeyError too, as it was before)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+def _lesson_key(lesson) -> str:
+    """``9``, ``"9"``, ``"09"`` and ``"09.1"`` all name lesson ``"09"``; anything else is a clear error."""
+    if isinstance(lesson, bool) or not isinstance(lesson, (int, str)):
+        raise NoSuchLesson(f"progress(lesson={lesson!r}): lesson should be a lesson number like 9 or \"09\", got "
+                           f"{type(lesson).__name__}. Pass e.g. progress(\"09\"), or progress() for every lesson.")
+    text = str(lesson).strip()
+    head = text.split(".")[0] if text.count(".") == 1 and text.split(".")[1].isdigit() else text
+    if not head.isdigit():
+        raise NoSuchLesson(f"progress(lesson={lesson!r}): lesson should be a lesson number like 9 or \"09\". "
+                           "Pass e.g. progress(\"09\"), or progress() for every lesson.")
+    return f"{int(head):02d}"
+
+
+def report(lesson: str | int | None = None) -> Progress:
+    """``course_lib.exercises.progress``: which exercises you have attempted and passed, per lesson, in every lesson's kernel and across restarts:
+    read from the progress file (``./course_progress.json``, or ``$COURSE_PROGRESS``; see course_lib/progress.py).
+
+    ``lesson`` picks one lesson: ``"02"``, ``"2"`` or ``2`` (or an exercise id, ``"02.1"``, for its lesson).
+    """
+    from course_lib.exercises import exercises
+    key = None if lesson is None else _lesson_key(lesson)
+    file = path()
+    data = load(file)  # a corrupt or foreign file: ValueError naming it and the fix
+    recorded = data["exercises"]
+    rows = []
+    for id_, ex in exercises().items():
+        if key is not None and id_.split(".")[0] != key:
+            continue
+        entry = recorded.get(id_, {})
+        checks, hints = int(entry.get("checks", 0)), int(entry.get("hints", 0))
+        state = "passed" if entry.get("passed") else "attempted" if checks else "not tried"
+        rows.append((id_, ex.title, state, checks, hints))
+    if not rows:
+        lessons = sorted({id_.split(".")[0] for id_ in exercises()})
+        raise NoSuchLesson(f"there are no exercises for lesson {key!r} (progress(lesson={lesson!r})); the lessons "
+                           f"with exercises are {', '.join(lessons)}. Pass one of them, or progress() for all.")
+    return Progress(tuple(rows), file.name, data.get("learner"))

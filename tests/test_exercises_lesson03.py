@@ -138,7 +138,7 @@ def test_03_4_input_not_placed_is_named():
         with jax.set_mesh(mesh):
             return _smap()(x, w)
     fb = check("03.4", unplaced)
-    assert not fb and "smap does not move an input for you: x reached it unsplit" in fb.message
+    assert not fb and "smap does not move an input for you" in fb.message
 
 
 def test_03_4_weight_mapped_is_named():
@@ -146,7 +146,7 @@ def test_03_4_weight_mapped_is_named():
         with jax.set_mesh(mesh):
             return _smap(in_axes=0)(jax.device_put(x, P("i")), w)
     fb = check("03.4", w_mapped)
-    assert not fb and 'w was mapped over "i" too' in fb.message and "reach every device whole" in fb.message
+    assert not fb and "does not divide by the mesh's device count" in fb.message
 
 
 def test_03_4_no_mesh_context_is_named():
@@ -172,7 +172,7 @@ def test_03_4_skipping_smap_is_named():
     assert not fb and 'not split over the mesh axis "i"' in fb.message
 
     fb = check("03.4", lambda x, w, mesh: jnp.asarray(x) @ w)
-    assert not fb and "lives on one device: the exercise is jax.smap" in fb.message
+    assert not fb and "the result lives on device 0; expected on the 8 devices of the mesh given" in fb.message
 
 
 def test_03_4_works_on_8_devices_but_not_on_the_4_given():
@@ -180,7 +180,7 @@ def test_03_4_works_on_8_devices_but_not_on_the_4_given():
         with jax.set_mesh(jax.make_mesh((8,), ("i",))):
             return _smap()(jax.device_put(x, P("i")), w)
     fb = check("03.4", own_mesh)
-    assert not fb and "the mesh given has 4: the answer used a mesh of its own" in fb.message
+    assert not fb and "does not follow the device count it is given" in fb.message
 
     built_once = _smap()
 
@@ -198,16 +198,16 @@ def test_03_4_out_axes_none_host_result_dtype_and_replication_are_named():
     fb = check("03.4", out_none)
     assert not fb and "out_axes=None says every device holds the same result" in fb.message
     fb = check("03.4", lambda x, w, mesh: np.asarray(solution_smap_predict(x, w, mesh)))
-    assert not fb and "should be a jax.Array on 8 devices, got ndarray" in fb.message
+    assert not fb and "the result lives on the host" in fb.message
     for dtype in (jnp.float16, jnp.bfloat16):
         fb = check("03.4", lambda x, w, mesh: solution_smap_predict(x, w, mesh).astype(dtype))
-        assert not fb and f"has dtype {jnp.dtype(dtype).name}; expected float32" in fb.message
+        assert not fb and f"dtype {jnp.dtype(dtype).name} where float32 was expected" in fb.message
 
     def replicated(x, w, mesh):
         with jax.set_mesh(mesh):
             return jax.device_put(solution_smap_predict(x, w, mesh), P())
     fb = check("03.4", replicated)
-    assert not fb and "holds a full copy on every device" in fb.message
+    assert not fb and 'axis 0 is not split over the mesh axis "i"' in fb.message
 
 
 def test_03_4_an_input_changed_in_place_is_named_and_the_checker_never_raises():

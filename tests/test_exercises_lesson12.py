@@ -12,6 +12,7 @@ from jax.sharding import PartitionSpec as P
 
 from course_lib.exercises import check, exercises
 from course_lib.exercises import lesson12 as L
+from course_lib import hlo
 
 
 # ---------------------------------------------------------------------------------------------- 12.1
@@ -249,7 +250,7 @@ def test_flat_start_ops_and_context_scalars_count_only_the_result():
     assert found["collective-permute"] == (1, 64 * 64 * 4)        # not 32,776: operand and scalars dropped
     assert found["all-gather"] == (2, 64 * 4 + 64 * 4 * 4)        # not 260 for the first: s32[] is context
     assert found["all-reduce"] == (2, (8 + 15) * 4 + (8 + 16) * 4)  # a result tuple counts whole
-    assert L._results_of("(f32[64,64]{1,0}, f32[64,64]{1,0}, u32[], u32[])", "collective-permute", True) \
+    assert hlo._results_of("(f32[64,64]{1,0}, f32[64,64]{1,0}, u32[], u32[])", "collective-permute", True) \
         .strip() == "f32[64,64]{1,0}"
 
 
@@ -272,7 +273,7 @@ SCAN_BODY_GATHER = ("  %all-gather.3 = f32[16,16]{1,0} all-gather(%p), channel_i
 
 
 def test_scan_body_axis_0_groups_read_as_all_devices():
-    assert L._gather_axes(SCAN_BODY_GATHER) == {"all 8 devices", "fsdp"}
+    assert L.gather_axes(SCAN_BODY_GATHER) == {"all 8 devices", "fsdp"}
     source = _notebook_cell("def over(")
     start = source.index("GROUPS = ")
     namespace = {}

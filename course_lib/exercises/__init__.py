@@ -20,11 +20,13 @@ Writing a checker::
     def solution_double(x):
         return 2 * x
 
+    MISTAKES_99_1 = [Mistake("squared", "That is x squared: x * x, not 2 * x.", lambda x: x * x)]
+
     @exercise("99.1", "Double it", solution=solution_double, returns="an array shaped like x",
               hints=["Every element, times two.", "Arithmetic on a jax.Array works element by element."])
     def check_double(double):
-        got = call(double, jnp.arange(3.0), name="double")
-        expect_array(got, jnp.arange(3.0) * 2, what="double(jnp.arange(3.0))")
+        cases = [Case((jnp.arange(float(n)),), f"double(jnp.arange({n}.0))") for n in (3, 5)]
+        diagnose(double, cases, solution=solution_double, mistakes=MISTAKES_99_1)
         return "double(x) is 2 * x."
 
 A checker raises ``Mismatch`` with the learner-facing explanation when something is off,
@@ -52,7 +54,7 @@ import jax
 import numpy as np
 
 __all__ = ["Feedback", "Mismatch", "Exercise", "exercise", "check", "hint", "solution", "progress", "exercises",
-           "call", "expect_array", "expect_placed_on", "expect_scalar", "expect_structure", "describe", "as_array",
+           "call", "expect_placed_on", "describe",
            "Mistake", "Case", "diagnose", "difference", "relation", "same"]
 
 
@@ -334,77 +336,7 @@ def solution(id: str) -> None:
     print(_solutions.code(id))
 
 
-@dataclasses.dataclass(frozen=True)
-class Progress:
-    """Per lesson, each exercise's state as the progress file records it. Prints as text, or as a table."""
-
-    rows: tuple[tuple[str, str, str, int, int], ...]  # (id, title, state, attempts, hints shown)
-    source: str = "course_progress.json"  # the progress file's name (no folder: outputs hold no machine paths)
-    learner: str | None = None
-
-    def __str__(self) -> str:
-        lines, lesson = [], None
-        for id_, title, state, attempts, hints in self.rows:
-            if id_.split(".")[0] != lesson:
-                lesson = id_.split(".")[0]
-                lines.append(f"Lesson {lesson}")
-            mark = {"passed": "✔", "attempted": "✘", "not tried": "·"}[state]
-            extra = f" ({attempts} attempt{'s' * (attempts != 1)}" + (f", {hints} hint{'s' * (hints != 1)}"
-                                                                      if hints else "") + ")" if attempts else ""
-            lines.append(f"  {mark} {id_} {title}: {state}{extra}")
-        passed = sum(r[2] == "passed" for r in self.rows)
-        who = f" by {self.learner}" if self.learner else ""
-        lines.append(f"{passed} of {len(self.rows)} exercises passed{who}, as recorded in {self.source}.")
-        return "\n".join(lines)
-
-    def _repr_pretty_(self, printer, cycle):
-        printer.text(str(self))
-
-
-class NoSuchLesson(ValueError, KeyError):
-    """``progress(lesson)`` named a lesson that has no exercises (a ValueError; a KeyError too, as it was before)."""
-
-    def __str__(self) -> str:  # KeyError would quote the message
-        return str(self.args[0]) if self.args else ""
-
-
-def _lesson_key(lesson) -> str:
-    """``9``, ``"9"``, ``"09"`` and ``"09.1"`` all name lesson ``"09"``; anything else is a clear error."""
-    if isinstance(lesson, bool) or not isinstance(lesson, (int, str)):
-        raise NoSuchLesson(f"progress(lesson={lesson!r}): lesson should be a lesson number like 9 or \"09\", got "
-                           f"{type(lesson).__name__}. Pass e.g. progress(\"09\"), or progress() for every lesson.")
-    text = str(lesson).strip()
-    head = text.split(".")[0] if text.count(".") == 1 and text.split(".")[1].isdigit() else text
-    if not head.isdigit():
-        raise NoSuchLesson(f"progress(lesson={lesson!r}): lesson should be a lesson number like 9 or \"09\". "
-                           "Pass e.g. progress(\"09\"), or progress() for every lesson.")
-    return f"{int(head):02d}"
-
-
-def progress(lesson: str | int | None = None) -> Progress:
-    """Which exercises you have attempted and passed, per lesson, in every lesson's kernel and across restarts:
-    read from the progress file (``./course_progress.json``, or ``$COURSE_PROGRESS``; see course_lib/progress.py).
-
-    ``lesson`` picks one lesson: ``"02"``, ``"2"`` or ``2`` (or an exercise id, ``"02.1"``, for its lesson).
-    """
-    from course_lib import progress as _progress_file
-    key = None if lesson is None else _lesson_key(lesson)
-    file = _progress_file.path()
-    data = _progress_file.load(file)  # a corrupt or foreign file: ValueError naming it and the fix
-    recorded = data["exercises"]
-    rows = []
-    for id_, ex in exercises().items():
-        if key is not None and id_.split(".")[0] != key:
-            continue
-        entry = recorded.get(id_, {})
-        checks, hints = int(entry.get("checks", 0)), int(entry.get("hints", 0))
-        state = "passed" if entry.get("passed") else "attempted" if checks else "not tried"
-        rows.append((id_, ex.title, state, checks, hints))
-    if not rows:
-        lessons = sorted({id_.split(".")[0] for id_ in exercises()})
-        raise NoSuchLesson(f"there are no exercises for lesson {key!r} (progress(lesson={lesson!r})); the lessons "
-                           f"with exercises are {', '.join(lessons)}. Pass one of them, or progress() for all.")
-    return Progress(tuple(rows), file.name, data.get("learner"))
+from course_lib.progress import NoSuchLesson, Progress, _lesson_key, report as progress  # noqa: E402,F401
 
 
 # ---------------------------------------------------------------------------------------------
@@ -524,65 +456,6 @@ def call(fn, *args, name: str | None = None, hints: dict[str, str] | None = None
         raise Mismatch(f"{name}({shown}) returned None. Does every path through the function end in a `return` "
                        "of its result?")
     return result
-
-
-def as_array(got, *, what: str = "the result", expected_shape=None) -> np.ndarray:
-    """``got`` as a NumPy array of numbers, or a ``Mismatch`` saying what it is instead."""
-    want = f"an array of shape {tuple(expected_shape)}" if expected_shape is not None else "an array"
-    if got is None:
-        raise Mismatch(f"{what} is None: did the function forget to `return`?")
-    if isinstance(got, jax.ShapeDtypeStruct):
-        raise Mismatch(f"{what} should be {want}, got {describe(got)}: jax.eval_shape describes a result without "
-                       "computing it. Call the function itself.")
-    if isinstance(got, (tuple, list, dict)) and any(hasattr(v, "shape") for v in jax.tree.leaves(got)):
-        raise Mismatch(f"{what} should be {want}, got {describe_tree(got)}.")
-    if isinstance(got, jax.core.Tracer):
-        raise Mismatch(f"{what} should be {want}, got a tracer that escaped its transformation ({describe(got)}): "
-                       "return values from inside jit/pmap, do not store them in globals.")
-    try:
-        values = np.asarray(got)
-    except Exception:
-        values = None
-    if values is None or values.dtype == object or not (np.issubdtype(values.dtype, np.number)
-                                                         or values.dtype == bool):
-        raise Mismatch(f"{what} should be {want}, got {describe_tree(got)}.")
-    return values
-
-
-def expect_array(got, expected, *, what: str = "the result", rtol: float = 1e-5, atol: float = 1e-6) -> None:
-    """``got`` has ``expected``'s shape and (to tolerance) values."""
-    expected = np.asarray(expected)
-    values = as_array(got, what=what, expected_shape=expected.shape)
-    if values.shape != expected.shape:
-        raise Mismatch(f"{what} has shape {values.shape}; expected {expected.shape}.")
-    if values.dtype == bool and expected.dtype != bool:
-        values = values.astype(expected.dtype)
-    if not np.allclose(values, expected, rtol=rtol, atol=atol, equal_nan=True):
-        wrong = ~np.isclose(values, expected, rtol=rtol, atol=atol, equal_nan=True)
-        first = tuple(int(i) for i in np.argwhere(wrong)[0]) if wrong.ndim else ()
-        is_nan = np.issubdtype(values.dtype, np.inexact) and bool(np.isnan(values[first]))
-        nan = " (NaN where a number was expected)" if is_nan else ""
-        raise Mismatch(
-            f"{what}: the shape is right, {expected.shape}, but {int(wrong.sum())} of {wrong.size} values differ; "
-            f"first at index {first}: expected {expected[first].tolist()!r}, got {values[first].tolist()!r}{nan}.")
-
-
-def expect_scalar(got, *, what: str = "the result", per: str = "") -> float:
-    """``got`` is one number (a Python number or a 0-d array); returns it as a float."""
-    if isinstance(got, (tuple, list, dict, str)) or got is None:
-        raise Mismatch(f"{what} should be one number, got {describe_tree(got)}" + (f": {per}" if per else "") + ".")
-    values = as_array(got, what=what, expected_shape=())
-    if values.shape != ():
-        raise Mismatch(f"{what} should be one number, got shape {values.shape} ({describe(got)})"
-                       + (f": {per}" if per else "") + ".")
-    return float(values)
-
-
-def expect_structure(got, like, *, what: str = "the result", hint: str = "") -> None:
-    """``got`` has the pytree structure of ``like`` (same containers and keys)."""
-    if jax.tree.structure(got) != jax.tree.structure(like):
-        raise Mismatch(f"{what} should have the structure {describe_tree(like)}; got {describe_tree(got)}."
-                       + (f" {hint}" if hint else ""))
 
 
 def expect_placed_on(got, devices, *, what: str = "the result", split: bool = True) -> None:

@@ -94,7 +94,8 @@ def _default_run(fn, case: Case, name: str):
 
 def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Sequence[Mistake] = (),
              run: Callable | None = None, name: str | None = None, rtol: float = 1e-5, atol: float = 1e-6,
-             dtype: bool = True, strict_containers: bool = False, names: str | Sequence[str] = "output") -> list:
+             dtype: bool = True, strict_containers: bool = False, names: str | Sequence[str] = "output",
+             reveal: bool = True) -> list:
     """Run ``answer`` and ``solution`` on every case; return the answer's results, or raise ``Mismatch``.
 
     Args:
@@ -105,6 +106,8 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
       dtype: whether an array's dtype must be the expected one (0-d values are compared by value only).
       names: how feedback names a part of the result: ``"output"`` gives ``output [0][1]``; a sequence names the
         items of a returned tuple, ``("params", "state")`` gives ``params['w']``.
+      reveal: False for a prediction, whose right answer the learner is to read from the compiled program: the
+        feedback then shows the answer's own values and which of them are too high or too low, never the right ones.
     """
     name = name or getattr(answer, "__name__", "your function")
     if run is None:
@@ -140,8 +143,11 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
     _, expected, got, diff = next(r for r in rows if r[0] is case)
     named = [] if any(e is not None for _, e in failed) else _confirmed(mistakes, rows, run, opts)
     shown = f"expected {_show(expected)}, got {_show(got)}"
-    if len(shown) > 240 or _show(expected) == _show(got):   # long, or alike in print: say where it differs
-        shown = diff
+    if len(shown) > 240 or _show(expected) == _show(got) or _show(expected) == describe_tree(expected):
+        shown = diff                        # long, alike in print, or only a structure: say where it differs
+    if not reveal:
+        shown = diff = (f"you predicted {_values(got)}: {_off(got, expected, opts)} (the right values are not shown: "
+                        "the compiled program gives them)")
     evidence = f"{case.label}: {shown}"
     if len(named) == 1:
         fields = _Fields(n=case.n, label=case.label)
@@ -149,6 +155,35 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
     if diff.startswith("expected ") or shown == diff:   # the diff says both sides
         raise Mismatch(f"{case.label}: {diff}.{where}")
     raise Mismatch(f"{evidence}: {diff}.{where}")
+
+
+def _off(got, expected, opts) -> str:
+    """Which parts of a prediction are too high or too low, without the right values (a dict of counts: "too many
+    all-gathers")."""
+    pairs = _pairs(got, expected, opts["strict"])
+    if isinstance(pairs, str):
+        return pairs
+    parts = []
+    for path, g, e in pairs:
+        if _leaf_difference(g, e, None, opts["rtol"], opts["atol"], False) is not None:
+            gv, ev = _numbers(g), _numbers(e)
+            same_shape = gv is not None and ev is not None and gv.shape == ev.shape
+            g, e = (float(np.sum(gv)), float(np.sum(ev))) if same_shape else (0.0, 0.0)
+            k = g / e if e and g / e > 0 else 1.0
+            size = f" ({_x(max(k, 1 / k))})" if max(k, 1 / k) >= 1.5 else ""   # a gross factor only: no near value
+            if path and isinstance(path[-1], str):     # a dict of counts: "too many all-gathers"
+                parts.append(f"too {'many' if g > e else 'few'} {path[-1]}s{size}")
+            else:
+                parts.append(f"{_readable(path, opts['names'])} is too {'high' if g > e else 'low'}{size}")
+    return " and ".join(parts)
+
+
+def _values(x) -> str:
+    """A prediction as feedback shows it: a dict's values too (``{'all-gather': 3}``), numbers with separators."""
+    if isinstance(x, dict):
+        return "{" + ", ".join(f"{k!r}: {_values(v)}" for k, v in x.items()) + "}"
+    a = _numbers(x)
+    return f"{float(a):,.0f}" if a is not None and a.ndim == 0 and abs(float(a)) >= 10_000 else _show(x)
 
 
 def _where(cases, right_on, failed) -> str:

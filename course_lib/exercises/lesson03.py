@@ -4,13 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import contextlib
-import io
-
-from . import (Case, Mismatch, Mistake, as_array, call, diagnose, exercise, expect_array, expect_placed_on,
-               pmap_specs, primitives)
+from . import Case, Mismatch, Mistake, call, diagnose, exercise, expect_placed_on, placement, pmap_specs, primitives
 from . import _eqns
-from .lesson00 import expect_dtype
 
 
 def _data(shape, seed):
@@ -32,16 +27,11 @@ PARAMS_MAPPED = ("is partitioned", "An argument was split over the devices along
 
 
 def _quiet_call(fn, *args, name: str, hints: dict[str, str], summaries: dict[str, str]):
-    """``call``, with what JAX prints on a failed call kept out of the feedback, and JAX's long messages for the
-    typical mistakes (``summaries``: a fragment of the message -> one sentence) replaced by that sentence.
-
-    JAX 0.12 prints the source line of a pmap call that fails (a path in the kernel's temp folder): that line
-    is dropped when the call fails; what the learner's own code prints is shown when it succeeds.
-    """
-    out = io.StringIO()
+    """``call``, with JAX's long messages for the typical mistakes (``summaries``: a fragment of the message -> one
+    sentence) replaced by that sentence. (What JAX prints on a failed pmap call, a source line in the kernel's
+    temp folder, ``check`` keeps out of the feedback.)"""
     try:
-        with contextlib.redirect_stdout(out):
-            result = call(fn, *args, name=name, hints=hints)
+        return call(fn, *args, name=name, hints=hints)
     except Mismatch as e:
         message = str(e)
         original = e.__context__  # the learner's exception, whose whole text ``call`` shortened
@@ -54,8 +44,6 @@ def _quiet_call(fn, *args, name: str, hints: dict[str, str], summaries: dict[str
                 message = " ".join([f"{head} raised {kind}: {summary}", *extra])
                 break
         raise Mismatch(message) from None
-    print(out.getvalue(), end="")
-    return result
 
 
 def _leading_sizes(tree) -> str:
@@ -290,8 +278,7 @@ def _shard_maps_run(fn, *args):
     def run():
         prim.bind = watching_bind
         try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                fn(*args)
+            fn(*args)
         finally:
             del prim.bind
         return seen
@@ -310,6 +297,38 @@ def _split(spec) -> bool:
     return any(entry is not None for entry in spec)
 
 
+def _product(x, w):
+    return np.asarray(x) @ np.asarray(w)
+
+
+MISTAKES_03_4 = [
+    Mistake("device axis in front", "A device axis in front, the pmap habit: smap's blocks keep their rank, and "
+            "each device's block is joined to the others along the axis out_axes names, with no reshape.",
+            lambda x, w, mesh: _product(x, w).reshape(mesh.size, -1, w.shape[1])),
+    Mistake("blocks side by side", "The blocks were joined along axis 1, side by side, where the rows of the batch "
+            "are joined along axis 0: out_axes names the axis the blocks are joined along.",
+            lambda x, w, mesh: np.concatenate(np.split(_product(x, w), mesh.size), axis=1)),
+    Mistake("one block", "That is the first device's block of rows alone, not the blocks joined along axis 0.",
+            lambda x, w, mesh: _product(x, w)[: x.shape[0] // mesh.size]),
+]
+_NO_MESH = ("smap's axis_name names an axis of the mesh in context, and this call ran with no mesh in context: smap "
+            "takes its mesh from jax.set_mesh.")
+SMAP_ERRORS = {
+    "specs of the input": "smap's in_axes asks for an input split over \"i\", and one arrived otherwise: smap does "
+                          "not move an input for you.",
+    "evenly divisi": "An input was cut along an axis whose size does not divide by the mesh's device count.",
+    "should match the mesh passed to shard_map": "An smap built once and called again keeps the mesh of its first "
+                                                 "call, and this call gives another mesh.",
+    "require replication": "out_axes=None says every device holds the same result, and here each device holds a "
+                           "different block of rows.",
+    "truth value of an array": "That is NumPy refusing to treat an array of Devices as true or false: pmap's devices "
+                               "argument wants a list of Devices. The exercise is jax.smap on the mesh given.",
+    "PartitionSpec is passed to device_put": "A PartitionSpec alone names mesh axes, and this device_put ran with "
+                                             "no mesh in context to say which mesh.",
+    "mesh context": _NO_MESH, "Auto or Manual": _NO_MESH, "empty mesh": _NO_MESH, "set a mesh": _NO_MESH,
+}
+
+
 @exercise("03.4", "The prediction with jax.smap on a mesh axis", solution=solution_smap_predict,
           returns='a jax.Array of shape (B, k), x @ w, split over the axis "i" of the mesh given',
           hints=["smap works on blocks that keep their rank, so no reshape is needed; but it does not move an "
@@ -321,90 +340,35 @@ def _split(spec) -> bool:
 def check_smap_predict(smap_predict):
     devices = jax.devices()
     name = getattr(smap_predict, "__name__", "smap_predict")
+    cases = []
     for n, B, d, k, host in [(len(devices), 16, 3, 2, True), (4, 12, 5, 3, False), (2, 10, 4, 3, True)]:
-        mesh = jax.make_mesh((n,), ("i",), devices=devices[:n])
         x = _data((B, d), seed=B * d)
-        x = x if host else jnp.asarray(x)
-        w = jnp.asarray(_data((d, k), seed=d + k + n))
-        w_type = f"float32[{d},{k}]"
-        what = f"{name}(x {(B, d)}, w {(d, k)}, a mesh of {n} devices)"
-        not_placed = ("smap does not move an input for you: x reached it unsplit, where in_axes asks for it split "
-                      "over \"i\".")
-        w_mapped = "w was mapped over \"i\" too, as if it were a batch: the weight is meant to reach every device whole."
-        out = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(out):
-                got = call(smap_predict, x, w, mesh, name=name)
-        except Mismatch as e:
-            message = str(e)
-            original = str(e.__context__ or "")
-            if "specs of the input" in original:
-                message += " " + (w_mapped if w_type in original.split("for arg")[1][:40] else not_placed)
-            elif f"partitioned {len(devices)} times" in original and n != len(devices):
-                message += (f" x was split for {len(devices)} devices, and the mesh given has {n}: the answer used "
-                            "a mesh of its own.")
-            elif "not evenly divisible" in original or "evenly divide" in original:
-                message += " " + (w_mapped if f"[{d},{k}]" in original or f"({d}, {k})" in original
-                                  or "not evenly divisible" in original else
-                                  "Was the weight mapped, or the mesh given replaced by one of your own?")
-            elif "should match the mesh passed to shard_map" in original:
-                message += (" An smap built once and called again keeps the mesh of its first call, and this call "
-                            "gives another mesh.")
-            elif "require replication" in original:
-                message += (" out_axes=None says every device holds the same result, and here each device holds a "
-                            "different block of rows.")
-            elif "truth value of an array" in original:
-                message += (" That is NumPy refusing to treat an array of Devices as true or false: pmap's devices "
-                            "argument wants a list of Devices, not a NumPy array of them. And the exercise is "
-                            "jax.smap on the mesh given, not pmap.")
-            elif "PartitionSpec is passed to device_put" in original:
-                message += (" A PartitionSpec alone names mesh axes, and this device_put ran with no mesh in "
-                            "context to say which mesh.")
-            elif any(s in original for s in ("mesh context", "Auto or Manual", "empty mesh", "set a mesh")):
-                message += (" smap's axis_name names an axis of the mesh in context, and this call ran with no "
-                            "mesh in context: smap takes its mesh from jax.set_mesh.")
-            raise Mismatch(message) from None
-        print(out.getvalue(), end="")
-        expect_dtype(got, jnp.float32, what=what)
-        shape = tuple(np.shape(got))
-        if shape == (n, B // n, k):
-            raise Mismatch(f"{what} has shape {shape}: a device axis in front, the pmap habit. smap's blocks keep "
-                           f"their rank: each device's ({B // n}, {k}) block is joined to the others along the axis "
-                           f"out_axes names, giving {(B, k)} with no reshape.")
-        if shape == (B // n, n * k) and n > 1:
-            raise Mismatch(f"{what} has shape {shape}: the {n} blocks of shape {(B // n, k)} were joined along "
-                           f"axis 1, side by side, where the rows of the batch are joined along axis 0: out_axes "
-                           "names the axis the blocks are joined along.")
-        values = as_array(got, what=what, expected_shape=(B, k))
-        if values.shape == (B // n, k):
-            raise Mismatch(f"{what} has shape {(B // n, k)}: one device's block, not the {n} blocks joined along "
-                           "axis 0.")
-        expect_array(got, np.asarray(x) @ np.asarray(w), what=what, rtol=1e-4, atol=1e-5)
-        if isinstance(got, jax.Array) and len(got.devices()) != n and len(got.devices()) > 1:
-            raise Mismatch(f"{what} is spread over {len(got.devices())} devices; the mesh given has {n}: the answer "
-                           "used a mesh of its own.")
-        if isinstance(got, jax.Array) and len(got.devices()) == 1:
-            raise Mismatch(f"{what} has the right values but lives on one device: the exercise is jax.smap, the "
-                           "batch split over the mesh's axis \"i\".")
-        expect_placed_on(got, devices[:n], what=what)
+        cases.append(Case((x if host else jnp.asarray(x), jnp.asarray(_data((d, k), seed=d + k + n)),
+                           jax.make_mesh((n,), ("i",), devices=devices[:n])),
+                          f"{name}(x {(B, d)}, w {(d, k)}, a mesh of {n} devices)", n=n))
+    results = diagnose(smap_predict, cases, solution=solution_smap_predict, mistakes=MISTAKES_03_4, rtol=1e-4,
+                       atol=1e-5, run=lambda fn, case: call(fn, *case.args, name=name, hints=SMAP_ERRORS))
+    for case, got in zip(cases, results):
+        x, w, mesh = case.args
+        if not isinstance(got, jax.Array) or set(got.devices()) != set(mesh.devices.flat):
+            raise Mismatch(f"{case.label}: the values are right, but the result lives {placement(got)}; expected on "
+                           f"the {case.n} devices of the mesh given, split over its axis \"i\".")
         spec = tuple(getattr(got.sharding, "spec", ()))
         if not spec or spec[0] != "i":
-            raise Mismatch(f"{what} has the right values, but its axis 0 is not split over the mesh axis \"i\" "
+            raise Mismatch(f"{case.label}: the values are right, but axis 0 is not split over the mesh axis \"i\" "
                            f"(its sharding: {got.sharding}). smap's result is split over the axis it maps.")
         maps = _shard_maps_run(smap_predict, x, w, mesh)
-        if maps is not None:
-            on_i = [ops for axes, ops in maps if "i" in axes]
-            if not on_i:
-                raise Mismatch(f"{what} has the right values, but no smap over the mesh's axis \"i\" ran"
-                               + (": that is pmap's program, on pmap's own mesh, not smap on the mesh given."
-                                  if maps else
-                                  ": a sharded computation JAX split by itself, not a map you wrote with "
-                                  "jax.smap."))
-            # JAX's own inner maps show too, with 3-D operands: a 2-D operand split over "i" that is not x is w
-            if any(_split(spec) and len(shape) == 2 and shape != (B, d) for ops in on_i for shape, spec in ops):
-                raise Mismatch(f"{what} has the right values, but w (or a stack of copies of it) was split over "
-                               "\"i\" and put back together: the weight is meant to reach every device whole.")
-            if not any(shape == (B, d) and spec[:1] == ("i",) for ops in on_i for shape, spec in ops):
-                raise Mismatch(f"{what} has the right values, but x did not reach smap split over \"i\" along "
-                               "its axis 0: each device should get its own block of rows.")
+        if maps is None:
+            continue
+        on_i = [ops for axes, ops in maps if "i" in axes]
+        if not on_i:
+            raise Mismatch(f"{case.label}: the values are right, but no smap over the mesh's axis \"i\" ran; "
+                           f"{'shard_maps ran over other meshes' if maps else 'no shard_map ran at all'}.")
+        # JAX's own inner maps show too, with 3-D operands: a 2-D operand split over "i" that is not x is w
+        if any(_split(spec) and len(shape) == 2 and shape != x.shape for ops in on_i for shape, spec in ops):
+            raise Mismatch(f"{case.label}: the values are right, but an operand of shape other than x's was split "
+                           "over \"i\": w is meant to reach every device whole.")
+        if not any(shape == x.shape and spec[:1] == ("i",) for ops in on_i for shape, spec in ops):
+            raise Mismatch(f"{case.label}: the values are right, but x did not reach smap split over \"i\" "
+                           "along its axis 0.")
     return 'the batch was split over "i", w went whole to every device, and each device\'s block kept its rank.'

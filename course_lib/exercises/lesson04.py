@@ -228,8 +228,8 @@ def _no_collectives(fn, xs, banned=_COLLECTIVES, readable=False) -> None:
 
 @exercise("04.1", "Build psum from ppermute (a ring all-reduce)", solution=solution_ring_allreduce,
           returns="on each device, an array shaped like x: the sum of every device's x",
-          hints=["Pass a value round the ring: each device sends to its right-hand neighbour and adds what "
-                 "arrives from its left. How many hops until every value has visited every device?",
+          hints=["A device can only hear from its neighbour, one hop at a time. What must each device do with "
+                 "what arrives, and after how many hops has it heard from every other device?",
                  "One hop is one jax.lax.ppermute with the ring shift of section 2 (a list of (source, "
                  "destination) pairs). jax.lax.axis_size gives the device count as a Python int, so an ordinary "
                  "Python for loop can repeat the hop."])
@@ -273,11 +273,6 @@ def solution_global_mean_var(x, axis_name):
     return mean, var
 
 
-def _moments(x, a):
-    mean = jax.lax.pmean(jnp.mean(x), a)
-    return mean, jax.lax.pmean(jnp.mean((x - mean) ** 2), a)
-
-
 def _count(x, a):
     return x.size * jax.lax.axis_size(a)
 
@@ -285,27 +280,27 @@ def _count(x, a):
 MISTAKES_04_2 = [
     Mistake("local statistics", "The devices disagree: each computed its own shard's statistics, not those of the "
             "whole batch.", lambda x, a: (jnp.mean(x), jnp.var(x))),
-    Mistake("mean of the variances", "The variance is the mean of the per-device variances: each value's "
-            "deviation was measured from its own shard's mean, not the global one.",
+    Mistake("mean of the variances", "Your variance equals the mean of the {n} per-device variances, each taken "
+            "about its own shard's mean.",
             lambda x, a: (jax.lax.pmean(jnp.mean(x), a), jax.lax.pmean(jnp.var(x), a))),
     Mistake("summed means", "The mean is {n} times the mean of all the data: it adds the {n} shard means instead "
             "of averaging them.", lambda x, a: (jax.lax.psum(jnp.mean(x), a),
                                                 jax.lax.psum(jnp.mean((x - jax.lax.psum(jnp.mean(x), a)) ** 2), a))),
     Mistake("standard deviation", "The second value is the standard deviation of all the data, not its variance.",
-            lambda x, a: (_moments(x, a)[0], jnp.sqrt(_moments(x, a)[1]))),
+            lambda x, a: (solution_global_mean_var(x, a)[0], jnp.sqrt(solution_global_mean_var(x, a)[1]))),
     Mistake("sample variance", "The variance is the sample variance (divided by the count minus one), not the "
             "variance of all the data (divided by the count).",
-            lambda x, a: (_moments(x, a)[0], _moments(x, a)[1] * _count(x, a) / (_count(x, a) - 1))),
+            lambda x, a: (solution_global_mean_var(x, a)[0], solution_global_mean_var(x, a)[1] * _count(x, a) / (_count(x, a) - 1))),
     Mistake("squared deviations summed", "The variance is {n} times too large: the {n} shards' squared deviations "
-            "were added, not averaged.", lambda x, a: (_moments(x, a)[0], _moments(x, a)[1] * jax.lax.axis_size(a))),
+            "were added, not averaged.", lambda x, a: (solution_global_mean_var(x, a)[0], solution_global_mean_var(x, a)[1] * jax.lax.axis_size(a))),
     Mistake("variance not averaged", "The devices agree on the mean but not on the variance: each device's "
             "variance is computed from its own shard's values only; the variance of all the data needs an average "
-            "over the devices too.", lambda x, a: (_moments(x, a)[0], jnp.mean((x - _moments(x, a)[0]) ** 2))),
+            "over the devices too.", lambda x, a: (solution_global_mean_var(x, a)[0], jnp.mean((x - solution_global_mean_var(x, a)[0]) ** 2))),
     Mistake("swapped", "The two outputs are swapped: the variance came first and the mean second; the pair is "
-            "(mean, var).", lambda x, a: _moments(x, a)[::-1]),
+            "(mean, var).", lambda x, a: solution_global_mean_var(x, a)[::-1]),
     Mistake("variance of the device means", "The variance is the variance of the {n} shard means (how far the devices' "
             "means spread), not of all the values.",
-            lambda x, a: (_moments(x, a)[0], jnp.var(_every(jnp.mean(x), a)))),
+            lambda x, a: (solution_global_mean_var(x, a)[0], jnp.var(_every(jnp.mean(x), a)))),
 ]
 
 

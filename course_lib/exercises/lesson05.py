@@ -92,8 +92,9 @@ def _step_with(grads_of=lambda g: jax.lax.pmean(g, AXIS), loss_of=lambda v: jax.
 
 
 MISTAKES_05_1 = [
-    Mistake("no collective", "The copies of the parameters differ after one step: each device applied the "
-            "gradient of its own shard, not the global batch's.", _step_with(grads_of=lambda g: g)),
+    Mistake("no collective", "The copies of the parameters differ after one step: on every case, each device's "
+            "update is the one its own shard's gradient alone gives. The gradients that reach the optimizer are not "
+            "averaged over the devices.", _step_with(grads_of=lambda g: g)),
     Mistake("psum", "The {n} gradients were added (psum), not averaged: the update is {n} times too large, or, "
             "with an optimizer that rescales the gradient (Adam, RMSprop), its state holds {n} times the right "
             "gradient.", _step_with(grads_of=lambda g: jax.lax.psum(g, AXIS))),
@@ -217,8 +218,10 @@ MISTAKES_05_2 = [Mistake(name, f"That is {text}.", fn) for name, text, fn in [
      "copy from the first device's", _per_leaf(lambda c: np.max(np.ptp(c, axis=0)))),
     ("neighbours", "differences between neighbouring devices' copies (device i against device i - 1), not each "
      "copy against the first device's", _per_leaf(lambda c: np.max(np.abs(np.diff(c, axis=0))))),
-    ("mean", "an average of the differences, not the largest one", _per_leaf(lambda c: np.mean(np.abs(c - c[0])))),
-    ("mean of the others", "an average of the differences, not the largest one",
+    ("mean", "the mean of |copy - first device's copy| over every device's elements (the first device's zeros "
+     "included), where the largest difference is asked", _per_leaf(lambda c: np.mean(np.abs(c - c[0])))),
+    ("mean of the others", "the mean of |copy - first device's copy| over the other devices' elements, where the "
+     "largest difference is asked",
      _per_leaf(lambda c: np.mean(np.abs(c[1:] - c[0])))),
     ("signed", "the largest signed difference: a copy below the first one counts as less than zero, when it is as "
      "far apart as one above it", _per_leaf(lambda c: np.max(c - c[0]))),

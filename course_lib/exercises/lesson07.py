@@ -451,9 +451,10 @@ def _step_hints(n):
                                                      "pmap out of the port.",
         "not evenly divisible": f"Build nothing for a fixed device count: this mesh has {n} devices; "
                                 "use the mesh make_sharded_step was given.",
-        "can't be statically inferred": "Under shard_map, a P() output must be visibly the same on "
-                                        "every device (lesson 06, section 3): the loss and the new "
-                                        "state are, once they are computed from averaged values.",
+        "can't be statically inferred": "shard_map refuses an output declared P() (the same on every device) "
+                                        "that JAX types as varying over 'i': a value computed from a varying one "
+                                        "(a pcast copy, or the device's own rows) stays varying until a "
+                                        "collective combines it (lesson 06, section 3).",
         "unbound axis name": "A collective (pmean, psum) names a mesh axis, and only per-device code "
                              "under shard_map has one.",
         "too long to be compatible": "An out_specs entry splits an axis that its output does not have: "

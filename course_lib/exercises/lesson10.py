@@ -319,6 +319,14 @@ def check_zero2_sgd(zero2_sgd):
             raise Mismatch(f"{what}: the values are right, but the compiled program has no all-gather "
                            f"({_listed(found)}): rebuild the whole matrix from the updated blocks, not from the "
                            "whole gradient.")
+        try:   # section 2: the gathered matrix is the same on every device, and typed so (out_specs=P() accepts it)
+            jax.eval_shape(jax.shard_map(lambda p, g: zero2_sgd(p, g, lr), mesh=mesh, in_specs=(P(), P(AXIS)),
+                                         out_specs=P(), check_vma=True), whole, grads)
+        except Exception:  # noqa: BLE001: what differs is said below
+            raise Mismatch(f"{what}: the values are right, but shard_map refuses the result as one matrix the same "
+                           "on every device (out_specs=P(), check_vma=True): JAX types the gathered matrix as "
+                           f"varying over {AXIS!r}. Section 2: the gather that rebuilds the parameters says so "
+                           "itself.") from None
     return ("each device receives its block of columns of the reduced gradient (a reduce-scatter along axis 1), "
             "updates only that block, and an all-gather along the same axis hands every device every block: the "
             "same traffic as data parallelism's all-reduce, whichever axis the state is split along.")
@@ -704,10 +712,6 @@ def _compiled_counts():
     return _COMPILED_COUNTS
 
 
-def _shown_counts(counts):
-    return ", ".join(f"{op} x{v}" for op, v in sorted(counts.items())) or "no collective"
-
-
 def _table_5(**changes):
     """A prediction: the right table, with ``changes[stage](k)`` for the stages named."""
     return lambda stage, k: changes[stage](k) if stage in changes else solution_predict_collectives(stage, k)
@@ -739,36 +743,21 @@ MISTAKES_10_5 = [
           returns='a dict {collective: runs per step}, e.g. {"all-reduce": 1}, for a stage ("replicated", '
                   '"zero1" or "zero2") and k micro-batches')
 def check_predict_collectives(predict):
-    from .lesson12 import confirmed_mistake, counts_off
-    cases, got, want = [], [], []
-    for (stage, k), (counts_wanted, _) in _compiled_counts().items():
-        cases.append((stage, k))
-        got.append(_read_prediction(call(predict, stage, k, name="predict"), stage, k))
-        want.append(counts_wanted)
-    wrong = [i for i in range(len(cases)) if got[i] != want[i]]
-    if not wrong:
-        return ("read from the compiled programs: a collective inside the micro-batch loop runs k times per step. "
-                "ZeRO-1 communicates once per step like data parallelism; ZeRO-2 scatters every micro-batch and "
-                "gathers once.")
-    (stage, k), counts, right = cases[wrong[0]], got[wrong[0]], want[wrong[0]]
-    mistake = confirmed_mistake(MISTAKES_10_5, cases, got, [{op: v for op, v in w.items()} for w in want])
-    why = mistake.feedback if mistake else {
-        "replicated": "Which accumulator does data parallelism keep across micro-batches, and when must it be "
-                      "summed? (section 4, the hand-written step)",
-        "zero1": "ZeRO-1 keeps a whole local accumulator: when does it need its slice of the sum?",
-        "zero2": "ZeRO-2 keeps only its slice of the accumulator: when must each micro-batch's gradient be "
-                 "scattered?"}[stage]
-    raise Mismatch(f"{stage}, k = {k}: you predicted {_shown_counts(counts)} per step: {counts_off(counts, right)} "
-                   f"for the compiled program of sharded_state's {stage!r} step with accumulate={k} (its counts are "
-                   f"the answer: run the cells below to read them). {why}")
+    cases = [Case((stage, k), f"predict({stage!r}, {k})") for stage, k in _compiled_counts()]
+    diagnose(predict, cases, solution=lambda stage, k: _compiled_counts()[stage, k][0], mistakes=MISTAKES_10_5,
+             run=lambda fn, case: _read_prediction(call(fn, *case.args, name="predict"), *case.args),
+             name="predict", reveal=False)
+    return ("read from the compiled programs: a collective inside the micro-batch loop runs k times per step. "
+            "ZeRO-1 communicates once per step like data parallelism; ZeRO-2 scatters every micro-batch and "
+            "gathers once.")
 
 
 def _read_prediction(got, stage, k) -> dict:
-    """A prediction as ``{op: runs}`` in the compiled program's names (JAX's names accepted), zeros left out."""
+    """A prediction as ``{op: runs}`` for every op of ``_OPS``, in the compiled program's names (JAX's accepted)."""
     if not isinstance(got, dict):
         raise Mismatch(f"predict({stage!r}, {k}) returned {describe_tree(got)}; expected a dict from a "
                        'collective\'s name to how many times one step runs it, e.g. {"all-gather": 1}.')
-    counts = {}
+    counts = dict.fromkeys(_OPS, 0)
     for op, count in got.items():
         if not isinstance(op, str):
             raise Mismatch(f"predict({stage!r}, {k}) has the key {op!r}; the keys are the collectives' names, "
@@ -784,6 +773,5 @@ def _read_prediction(got, stage, k) -> dict:
             raise Mismatch(f"predict({stage!r}, {k})[{op!r}] is "
                            f"{describe(count) if hasattr(count, 'shape') else repr(count)}; expected a whole "
                            "number of runs per step (an int such as 1 or k; 3.0 is accepted too).")
-        if number:
-            counts[name] = counts.get(name, 0) + number
+        counts[name] += number
     return counts

@@ -8,7 +8,6 @@ and the collectives in the compiled program (``compiled_collectives``, the metho
 
 from __future__ import annotations
 
-import collections
 import functools
 import re
 
@@ -18,6 +17,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from ..hlo import compiled_collectives, gather_axes
 from . import Case, Mismatch, Mistake, Said, call, describe, describe_tree, diagnose, difference, exercise, same
 
 AXIS = "data"
@@ -46,76 +46,6 @@ HINTS = {
              "the backward runs the layer's forward again, but only the operations that its gradients need. Each "
              "all-gather has a transpose in the backward pass, and the loss is averaged over the devices."],
 }
-
-
-# ----------------------------------------------------------------------------------------------
-# Reading a compiled program
-
-_COLLECTIVE = re.compile(r"= (.+?) (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)"
-                         r"(-start)?\(")
-_BYTES = {"f32": 4, "s32": 4, "u32": 4, "bf16": 2, "f16": 2, "f64": 8, "s64": 8, "pred": 1, "s8": 1, "u8": 1}
-
-
-def _results_of(type_text: str, kind: str, is_start: bool) -> str:
-    """What a collective delivers, from its HLO type. A synchronous op's type is its result (one array, or a tuple
-    that XLA's combiner merged: all count). An async ``-start`` op is typed ``((operands...), results..., context...)``
-    or, for the dedicated ``all-gather-start``/``collective-permute-start``, flat ``(operand, result, u32[], u32[])``:
-    the second element is the result; later elements are the runtime's context scalars. ``all-reduce-start``'s type
-    may be its result alone (one array, or a flat tuple of results)."""
-    if not (is_start and type_text.startswith("(")):
-        return type_text
-    parts, depth, begin = [], 0, 1
-    for i, ch in enumerate(type_text):
-        depth += (ch in "([{") - (ch in ")]}")
-        if (ch == "," and depth == 1) or depth == 0:
-            parts.append(type_text[begin:i].strip())
-            begin = i + 1
-        if depth == 0:
-            break
-    if len(parts) < 2 or (kind == "all-reduce" and not parts[0].startswith("(")):
-        return type_text
-    return parts[1]
-
-
-def compiled_collectives(text: str) -> dict[str, tuple[int, int]]:
-    """``{kind: (ops run per call, bytes of their results per device)}`` from compiled HLO text.
-
-    A collective inside a ``while`` loop's body (a compiled ``lax.scan``) counts once per iteration, read from the
-    loop's ``known_trip_count``. Of an async ``-start`` op (a GPU program) only its result counts, not its operands
-    or context scalars; one op counts once however many arrays it carries. Example:
-    ``compiled_collectives(jax.jit(f).lower(x).compile().as_text())``.
-    """
-    trips = {body: int(n) for body, n in
-             re.findall(r'body=%?([\w.\-]+).*?"known_trip_count":\{"n":"(\d+)"\}', text)}
-    found: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
-    runs = 1
-    for line in text.splitlines():
-        if line and not line.startswith(" "):
-            name = re.match(r"(?:ENTRY )?%?([\w.\-]+)", line)
-            runs = trips.get(name.group(1), 1) if name else 1
-        hit = _COLLECTIVE.search(line)
-        if hit:
-            shapes = re.findall(r"(\w+)\[([\d,]*)\]", _results_of(hit.group(1), hit.group(2), bool(hit.group(3))))
-            nbytes = sum(_BYTES.get(t, 4) * int(np.prod([int(d) for d in dims.split(",") if d]))
-                         for t, dims in shapes)
-            found[hit.group(2)][0] += runs
-            found[hit.group(2)][1] += runs * nbytes
-    return {kind: (v[0], v[1]) for kind, v in sorted(found.items())}
-
-
-def _gather_axes(text: str) -> set[str]:
-    """The mesh axes the all-gathers of compiled HLO text run over (from ``replica_groups=mesh[...] {axes}``).
-
-    Inside a loop body (a compiled ``lax.scan``) XLA may print the groups over a flattened mesh,
-    ``mesh['axis_0'=8] {'axis_0'}``: every device of that mesh in one group, read as ``"all N devices"``."""
-    axes = set()
-    for mesh, group in re.findall(r"all-gather(?:-start)?\(.*?replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}", text):
-        names = {a.strip().strip("'") for a in group.split(",") if a.strip()}
-        if names and all(re.fullmatch(r"axis_\d+", a) for a in names):
-            sizes = dict(re.findall(r"'?([\w]+)'?=(\d+)", mesh))
-            names = {f"all {int(np.prod([int(sizes.get(a, 1)) for a in names]))} devices"}
-        axes |= names
-    return axes
 
 
 def _no_paths(error) -> str:
@@ -326,7 +256,7 @@ def check_fsdp_specs(fsdp_specs):
         if diff:
             raise Mismatch(f"on a {mesh_shape[0]} x {mesh_shape[1]} mesh: after one step with your specs, (loss, "
                            f"params) differ from the single-device step: {diff}.")
-        axes = _gather_axes(text)
+        axes = gather_axes(text)
         if axes - {"fsdp"}:
             raise Mismatch(f"on a {mesh_shape[0]} x {mesh_shape[1]} mesh: the compiled step gathers over "
                            f"{sorted(axes)}; the parameters should be gathered over 'fsdp' only.")
@@ -598,58 +528,26 @@ MISTAKES_12_3 = [
 ]
 
 
-def counts_off(got: dict, want: dict) -> str:
-    """Which counts of a prediction are off, not by how much (the right counts stay unprinted):
-    ``"too many reduce-scatters and too few all-gathers"``."""
-    return " and ".join(f"too {'many' if got.get(op, 0) > want.get(op, 0) else 'few'} {op}s"
-                        for op in sorted(set(got) | set(want)) if got.get(op, 0) != want.get(op, 0))
-
-
-def confirmed_mistake(mistakes, cases, got, want):
-    """The one mistake whose results equal the answer's ``got`` on every case (argument tuples) and differ from the
-    right ``want`` on one; None when none or several do. For predictions, whose right results stay unprinted."""
-    named = [m for m in mistakes if all(same(g, m.fn(*c)) for c, g in zip(cases, got))
-             and not all(same(w, m.fn(*c)) for c, w in zip(cases, want))]
-    return named[0] if len(named) == 1 else None
-
-
 @exercise("12.3", "Predict an FSDP step's collectives, then read them from the compiled program",
           solution=solution_predict,
           returns="a dict {'all-gather': int, 'reduce-scatter': int, 'all-reduce': int}")
 def check_predict(predict):
     kinds = ("all-gather", "reduce-scatter", "all-reduce")
-    if not callable(predict):
-        raise Mismatch(f"expected a function predict(n_layers, matrices, inner_biases, outer_biases, remat); got "
-                       f"{describe_tree(predict)}.")
-    got, want, shown = [], [], []
-    for case in _CASES:
-        answer = call(predict, *case, name="predict")
-        shown.append("predict(n_layers={}, matrices={}, inner_biases={}, outer_biases={}, remat={})".format(*case))
+
+    def run(fn, case):
+        answer = call(fn, *case.args, name="predict")
         if not isinstance(answer, dict) or set(answer) != set(kinds):
-            raise Mismatch(f"{shown[-1]} should return a dict with exactly the keys {list(kinds)}; got "
-                           f"{answer!r:.200}.")
+            raise Mismatch(f"predict should return a dict with exactly the keys {list(kinds)}; got {answer!r:.200}.")
         numbers = {kind: _whole(answer[kind]) for kind in kinds}
         for kind, number in numbers.items():
             if number is None:
                 value = describe(answer[kind]) if hasattr(answer[kind], "shape") else repr(answer[kind])
-                raise Mismatch(f"{shown[-1]}[{kind!r}] is {value}; expected a whole number of operations (an int).")
-        measured = measured_collectives(*case)
-        got.append(numbers)
-        want.append({kind: measured.get(kind, 0) for kind in kinds})
-    wrong = [i for i in range(len(_CASES)) if got[i] != want[i]]
-    if wrong:
-        i = wrong[0]
-        mistake = confirmed_mistake(MISTAKES_12_3, _CASES, got, want)
-        right = [shown[j] for j in range(len(_CASES)) if j not in wrong]
-        gathers = any(g["all-gather"] != w["all-gather"] for g, w in zip(got, want))
-        nudge = ("Count per layer the arrays each pass needs whole, then the passes." if gathers else
-                 "Your all-gathers are right in every case. Each all-gather has a transpose in the backward pass "
-                 "(section 4, the paragraph before gather_layer's cell), and the loss is averaged over the devices.")
-        raise Mismatch(f"{shown[i]}: you predicted {got[i]}: {counts_off(got[i], want[i])} for the compiled step "
-                       "(its counts are the answer: the checker does not print them). "
-                       + (mistake.feedback if mistake else
-                          f"Right for {len(right)} of {len(_CASES)} cases" + (f", e.g. {right[0]}" if right else "")
-                          + f". {nudge}"))
+                raise Mismatch(f"predict's [{kind!r}] is {value}; expected a whole number of operations (an int).")
+        return numbers
+
+    label = "predict(n_layers={}, matrices={}, inner_biases={}, outer_biases={}, remat={})"
+    diagnose(predict, [Case(c, label.format(*c)) for c in _CASES], mistakes=MISTAKES_12_3, run=run, reveal=False,
+             solution=lambda *c: {kind: measured_collectives(*c).get(kind, 0) for kind in kinds}, name="predict")
     return ("right in every case: the forward gathers every array of every layer; with jax.checkpoint the backward "
             "gathers again what the recomputation reads; each sharded array's gradient is reduce-scattered once per "
             "layer, and the loss's mean is the one all-reduce. (These are the CPU compiler's counts: a GPU merges "

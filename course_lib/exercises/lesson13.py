@@ -3,26 +3,16 @@
 The checker compiles lesson 13's training step (its transformer, Adam, donation, sharded ``jit``) for compile-only
 TPU v5e topologies from the ``libtpu`` wheel, for configurations the lesson does not show, and compares the
 learner's prediction with ``memory_analysis().argument_size_in_bytes`` less the batch's bytes. Where libtpu is
-missing it says so, as feedback. Compiled results are kept per configuration (``measure_state_bytes`` is cached),
+missing it says so, as feedback. The compiling is ``course_lib.tpu_pod``'s; its results are kept per configuration,
 so a second answer is checked without compiling again.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import os
-import tempfile
-
-import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
-from jax.sharding import NamedSharding, PartitionSpec as P
 
+from ..tpu_pod import BATCH_PER_CHIP, install_hint, measure_state_bytes, tpu_compiler_missing  # noqa: F401
 from . import Case, Mismatch, Mistake, call, diagnose, exercise
-
-AXIS = "data"
 
 HINTS = {
     "13.1": ["Before the step runs, a chip holds only what the step receives as arguments. Which of the training "
@@ -42,124 +32,7 @@ CASES = [
     (dict(D=128, HEADS=2, MLP=512, LAYERS=3, SEQ=32, VOCAB=128), "v5e:2x4", False),
     (dict(D=256, HEADS=4, MLP=512, LAYERS=4, SEQ=32, VOCAB=256), "v5e:4x4", True),
 ]
-BATCH_PER_CHIP = 2
 TOLERANCE = 0.03
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-    """libtpu writes start-up messages to file descriptor 2: keep them out of the learner's notebook."""
-    with tempfile.TemporaryFile(mode="w+") as sink:
-        saved = os.dup(2)
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-
-
-def tpu_compiler_missing() -> str | None:
-    """None when the TPU compiler (libtpu) can be used here; otherwise why not."""
-    try:
-        import libtpu  # noqa: F401
-    except ImportError:
-        return "libtpu is not installed here (it has wheels for Linux x86-64 only)"
-    return None
-
-
-def _install_hint() -> str:
-    """How to install the TPU compiler: the set-up check's own advice where the course has it."""
-    try:
-        from ..setup_check import tpu_compiler_hint
-        return str(tpu_compiler_hint())
-    except (ImportError, AttributeError):
-        return "To install it: ./course.sh tpu (or pip install libtpu on Linux x86-64)."
-
-
-@functools.cache
-def _topology(name: str):
-    from jax.experimental import topologies
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")     # a notebook and a test run may both compile
-    with _quiet_stderr():
-        return topologies.get_topology_desc(name, platform="tpu")
-
-
-def _init_params(c):
-    D, MLP, L, V = c["D"], c["MLP"], c["LAYERS"], c["VOCAB"]
-    z = lambda *shape: jnp.zeros(shape, jnp.float32)
-    return {"embed": z(V, D), "pos": z(c["SEQ"], D),
-            "layers": {"wqkv": z(L, D, 3 * D), "wo": z(L, D, D), "w1": z(L, D, MLP), "w2": z(L, MLP, D),
-                       "norm1": z(L, D), "norm2": z(L, D)},
-            "norm": z(D), "unembed": z(D, V)}
-
-
-def _rms_norm(h, scale):
-    return h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + 1e-6) * scale
-
-
-def _loss(c, fsdp):
-    heads = c["HEADS"]
-
-    def block(h, p):
-        B, T, D = h.shape
-        q, k, v = jnp.split(_rms_norm(h, p["norm1"]) @ p["wqkv"], 3, axis=-1)
-        q, k, v = (a.reshape(B, T, heads, D // heads) for a in (q, k, v))
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / (D // heads) ** 0.5
-        scores = jnp.where(jnp.tril(jnp.ones((T, T), bool)), scores, -1e9)
-        attended = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v).reshape(B, T, D)
-        h = h + attended @ p["wo"]
-        return h + jax.nn.gelu(_rms_norm(h, p["norm2"]) @ p["w1"]) @ p["w2"]
-
-    def one_layer(h, layer):
-        if fsdp:
-            layer = jax.tree.map(lambda w: jax.reshard(w, P()), layer)
-        return block(h, layer), None
-
-    def loss_fn(params, x, y):
-        h = params["embed"].at[x].get(out_sharding=jax.typeof(x).sharding) + params["pos"][: x.shape[1]]
-        h, _ = jax.lax.scan(jax.checkpoint(one_layer), h, params["layers"])
-        logits = _rms_norm(h, params["norm"]) @ params["unembed"]
-        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-
-    return loss_fn
-
-
-@functools.cache
-def measure_state_bytes(config: tuple, topology: str, fsdp: bool) -> int:
-    """Bytes per chip of (params, Adam state) in lesson 13's compiled step for ``topology`` ("v5e:2x4").
-
-    ``config`` is ``tuple(sorted(dict.items()))``. Read from ``memory_analysis().argument_size_in_bytes`` of the
-    TPU compiler's program, less the batch (two int32 arrays of BATCH_PER_CHIP sequences per chip).
-    """
-    c = dict(config)
-    devices = _topology(topology).devices
-    mesh = jax.make_mesh((len(devices),), (AXIS,), devices=devices)
-    optimizer = optax.adam(1e-3)
-    layer_spec = P(None, AXIS) if fsdp else P()
-    shapes = jax.eval_shape(lambda: _init_params(c))
-
-    def place(path, s):
-        spec = layer_spec if "layers" in jax.tree_util.keystr(path) else P()
-        return jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=NamedSharding(mesh, spec))
-
-    loss_fn = _loss(c, fsdp)
-
-    def update(params, opt_state, x, y):
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    batch = BATCH_PER_CHIP * len(devices)
-    with jax.set_mesh(mesh):
-        params = jax.tree_util.tree_map_with_path(place, shapes)
-        opt_state = jax.eval_shape(optimizer.init, params)
-        tokens = jax.ShapeDtypeStruct((batch, c["SEQ"]), jnp.int32, sharding=NamedSharding(mesh, P(AXIS)))
-        lowered = jax.jit(update, donate_argnums=(0, 1)).lower(params, opt_state, tokens, tokens)
-    with _quiet_stderr():
-        compiled = lowered.compile()
-    batch_bytes = 2 * BATCH_PER_CHIP * c["SEQ"] * 4
-    return int(compiled.memory_analysis().argument_size_in_bytes) - batch_bytes
 
 
 def _counts(c):
@@ -232,7 +105,7 @@ def check_predict_state_bytes(predict_state_bytes):
     missing = tpu_compiler_missing()
     if missing:
         raise Mismatch(f"this checker compiles for TPU chips and needs the TPU compiler: {missing}. The lesson's "
-                       f"other cells say the same. {_install_hint()}")
+                       f"other cells say the same. {install_hint()}")
     cases, off = [], []
     for c, topology, fsdp in CASES:
         n = int(np.prod([int(k) for k in topology.split(":")[1].split("x")]))
@@ -246,18 +119,20 @@ def check_predict_state_bytes(predict_state_bytes):
         measured = measure_state_bytes(tuple(sorted(c.items())), topology, fsdp)
         cases.append(case)
         if abs(_positive(got) - measured) > TOLERANCE * measured:
-            off.append(f"(The TPU compiler's step for {case.label} on a TPU {topology} holds {measured:,} bytes "
-                       "of parameters and Adam state per chip; a prediction within 3% of it passes.)")
+            off.append(f"(On {case.label}, a TPU {topology}, your {_positive(got):,.0f} bytes per chip is more than "
+                       f"3% {'above' if _positive(got) > measured else 'below'} what the TPU compiler's step holds "
+                       "per chip: its parameters and Adam state. Within 3% passes.)")
     if not off:
         return ("right within 3% for every configuration, data parallelism and FSDP on 4, 8 and 16 TPU v5e chips: "
                 "the compiler's arguments are the float32 parameters and Adam's two moments (plus its step "
                 "counter), the gradients are temporaries, and FSDP splits only the stacked layers.")
-    try:   # what differs from the count a right prediction makes, and the mistake if every case confirms it
+    try:   # which mistake, if every case confirms it; the right count is not shown (the compiler gives it)
         diagnose(predict_state_bytes, cases, solution=solution_predict_state_bytes, mistakes=MISTAKES_13_1,
-                 name="predict_state_bytes", rtol=1e-4, atol=0)
+                 name="predict_state_bytes", rtol=1e-4, atol=0, reveal=False, names="your count")
     except Mismatch as e:
         raise Mismatch(f"{e}{_ignores_chips(predict_state_bytes, cases)} {off[0]}") from None
-    raise Mismatch(f"Your prediction is close to the count, but not to the compiler's figure. {off[0]}")
+    raise Mismatch(f"Your prediction matches the parameter count times the bytes per parameter, but not the "
+                   f"compiler's figure. {off[0]}")
 
 
 def _ignores_chips(predict, cases) -> str:

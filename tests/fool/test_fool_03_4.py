@@ -88,17 +88,17 @@ def joined_along_1(x, w, mesh):
 
 
 WRONG = [
-    ("pmap with a NumPy array of devices", pmap_numpy_devices, "not a NumPy array of them"),
+    ("pmap with a NumPy array of devices", pmap_numpy_devices, "That is NumPy refusing"),
     ("reshaped to a device axis", reshaped_pmap_style, "blocks keep their rank"),
     ("blocks joined along axis 1", joined_along_1, "joined along axis 1"),
-    ("input not placed", not_placed, "x reached it unsplit"),
-    ("weight mapped", w_mapped, "w was mapped over \"i\" too"),
+    ("input not placed", not_placed, "smap does not move an input for you"),
+    ("weight mapped", w_mapped, "does not divide by the mesh's device count"),
     ("no mesh context", lambda x, w, mesh: smap(matmul)(jax.device_put(x, P("i")), w), "ran with no mesh in context"),
-    ("a mesh of its own", own_mesh, "the answer used a mesh of its own"),
+    ("a mesh of its own", own_mesh, "does not follow the device count it is given"),
     ("out_axes=None", out_axes_none, "each device holds a different block of rows"),
-    ("pmap, then placed", with_pmap, "that is pmap's program"),
-    ("sharded jit, no smap", sharded_jit, "not a map you wrote with jax.smap"),
-    ("weight split and gathered", w_split_and_gathered, "(or a stack of copies of it) was split over"),
+    ("pmap, then placed", with_pmap, "shard_maps ran over other meshes"),
+    ("sharded jit, no smap", sharded_jit, "no shard_map ran at all"),
+    ("weight split and gathered", w_split_and_gathered, "w is meant to reach every device whole"),
     ("smap built once, for the first mesh", built_once, "keeps the mesh of its first call"),
 ]
 RIGHT = [

@@ -62,7 +62,7 @@ WRONG = [
     (variance_of_device_means, ["the variance of the 8 shard means"]),
     (pmean_of_sums_over_n_minus_1, ["the variance (output [1]): 1.31x too small"]),
     (local, ["The devices disagree", "own shard's statistics"]),
-    (mean_of_variances, ["mean of the per-device variances", "its own shard's mean"]),
+    (mean_of_variances, ["per-device variances", "its own shard's mean"]),
     (summed_means, ["times the mean of all the data", "adds the"]),
     (standard_deviation, ["the standard deviation of all the data"]),
     (sample_variance, ["the sample variance"]),

@@ -21,7 +21,7 @@ def over_leaves(per_leaf):
 WRONG = [
     (over_leaves(lambda c: np.max(np.ptp(c, axis=0))), ["the spread of the copies"]),
     (over_leaves(lambda c: np.max(np.abs(np.diff(c, axis=0)))), ["neighbouring devices"]),
-    (over_leaves(lambda c: np.mean(np.abs(c - c[0]))), ["an average of the differences"]),
+    (over_leaves(lambda c: np.mean(np.abs(c - c[0]))), ["where the largest difference is asked"]),
     (over_leaves(lambda c: np.max(c - c[0])), ["the largest signed difference"]),
     (over_leaves(lambda c: np.max(np.abs(c - c[0]) / (np.abs(c[0]) + 1e-12))), ["a relative difference"]),
     (over_leaves(lambda c: np.max(np.abs(c - c[-1]))), ["the LAST device's copy"]),

@@ -42,7 +42,7 @@ def transposed(params, grads, lr):             # right: scatter the rows of the 
     mine = jax.lax.psum_scatter(grads.T, A, tiled=True) / n                  # (C // n, R)
     cols = params.shape[1] // n
     my = jax.lax.dynamic_slice_in_dim(params.T, jax.lax.axis_index(A) * cols, cols)
-    return jax.lax.all_gather(my - lr * mine, A, tiled=True).T
+    return jax.lax.all_gather(my - lr * mine, A, tiled=True, to="invarying").T
 
 
 def with_dynamic_slice(params, grads, lr):      # right: lax.dynamic_slice with both start indices
@@ -50,7 +50,8 @@ def with_dynamic_slice(params, grads, lr):      # right: lax.dynamic_slice with 
     rows, cols = params.shape[0], params.shape[1] // n
     mean = jax.lax.psum_scatter(grads, A, scatter_dimension=1, tiled=True) * (1.0 / n)
     my = jax.lax.dynamic_slice(params, (0, jax.lax.axis_index(A) * cols), (rows, cols))
-    return jax.lax.all_gather(my, A, axis=1, tiled=True) - lr * jax.lax.all_gather(mean, A, axis=1, tiled=True)
+    return (jax.lax.all_gather(my, A, axis=1, tiled=True, to="invarying")
+            - lr * jax.lax.all_gather(mean, A, axis=1, tiled=True, to="invarying"))
 
 
 WRONG = [
@@ -66,6 +67,8 @@ WRONG = [
     ("no gather", lambda p, g, lr: jax.lax.psum_scatter(g, A, scatter_dimension=1, tiled=True),
      "returned only its block"),
     ("bfloat16", lambda p, g, lr: zero(p, g, lr, dtype=jnp.bfloat16), "bfloat16"),
+    ("gathered matrix typed varying (no to=)", lambda p, g, lr: zero(p, g, lr),
+     "JAX types the gathered matrix as varying"),
 ]
 RIGHT = [("scatter the transpose", transposed), ("dynamic_slice, two gathers", with_dynamic_slice)]
 
