@@ -301,26 +301,13 @@ def check_zero2_sgd(zero2_sgd):
         # The mechanism, read from the compiled program: each device must receive its block of the summed gradient.
         found = _big_collectives(f.lower(whole, grads).compile().as_text(), 4 * rows * c)
         ops = [x.op for x in found]
-        scattered = [x for x in found if x.op == "reduce-scatter"]
-        if not scattered:
-            raise Mismatch(f"{what}: the values are right, but the compiled program has no reduce-scatter of the "
-                           f"gradient (its gradient-sized collectives: {_listed(found)}). Each device received the "
-                           "whole reduced gradient (an all-reduce: pmean or psum) and kept a block, or computed a "
-                           "psum_scatter and then did not use its result. ZeRO sends each device only the part it "
-                           "owns: the update must be made from the scattered block.")
-        if any(len(x.shape) != 2 or int(np.prod(x.shape)) != rows * cols for x in scattered):
-            raise Mismatch(f"{what}: the values are right, but the reduce-scatter hands each device "
-                           f"{', '.join(x.described for x in scattered)}, not its ({rows}, {cols}) block of columns: "
-                           "the gradient was flattened or cut along the rows. Scatter along the column axis, so "
-                           "that each device receives the columns it owns.")
-        if "all-reduce" in ops:
-            raise Mismatch(f"{what}: the values are right, but the compiled program still all-reduces a "
-                           f"gradient-sized buffer ({_listed(found)}) besides the reduce-scatter: twice the "
-                           "traffic. Use only the block the reduce-scatter gives.")
-        if "all-gather" not in ops:
-            raise Mismatch(f"{what}: the values are right, but the compiled program has no all-gather "
-                           f"({_listed(found)}): rebuild the whole matrix from the updated blocks, not from the "
-                           "whole gradient.")
+        blocks = [x for x in found if x.op == "reduce-scatter" and len(x.shape) == 2 and np.prod(x.shape) == rows * cols]
+        if len(blocks) != ops.count("reduce-scatter") or not blocks or "all-reduce" in ops or "all-gather" not in ops:
+            raise Mismatch(f"{what}: the values are right, but the compiled program's gradient-sized collectives are "
+                           f"{_listed(found)}; ZeRO's are a reduce-scatter that hands each device its ({rows}, {cols}) "
+                           "block of columns of the summed gradient (cut along the column axis), and an all-gather of "
+                           "the updated blocks, with no all-reduce: each device receives and updates only the block "
+                           "it owns.")
         try:   # section 2: the gathered matrix is the same on every device, and typed so (out_specs=P() accepts it)
             jax.eval_shape(jax.shard_map(lambda p, g: zero2_sgd(p, g, lr), mesh=mesh, in_specs=(P(), P(AXIS)),
                                          out_specs=P(), check_vma=True), whole, grads)
@@ -670,19 +657,13 @@ def check_fsdp_step(make_fsdp_step):
         f, args, n_params = seen[case.label]
         every = _big_collectives(f.lower(*args).compile().as_text(), 1)
         all_reduces = _gradient_all_reduces(every, 4 * n_params // case.n)
-        if not any(c.op == "all-gather" for c in every):
-            raise Mismatch(f"{case.label}: the values are right, but the compiled program gathers no parameters "
-                           f"({_listed(every)}).")
-        if all_reduces:
-            raise Mismatch(f"{case.label}: the values are right, but the compiled program all-reduces the gradient "
-                           f"({_listed(all_reduces)}): each device received the whole summed gradient and threw "
-                           "most of it away. FSDP hands each device only its slice of the sum: let jax.grad "
-                           "transpose the gather, or scatter the sum yourself (section 3). A gather whose result is "
-                           "declared the same on every device (invarying) does this too: jax.grad then sums its "
-                           "gradient everywhere before each device keeps its slice.")
-        if not any(c.op == "reduce-scatter" for c in every):
-            raise Mismatch(f"{case.label}: the values are right, but the compiled program has no reduce-scatter of "
-                           f"the gradient ({_listed(every)}).")
+        ops = [c.op for c in every]
+        if all_reduces or "all-gather" not in ops or "reduce-scatter" not in ops:
+            raise Mismatch(f"{case.label}: the values are right, but the compiled program's collectives are "
+                           f"{_listed(every)}; FSDP's are an all-gather of the parameters and a reduce-scatter of "
+                           "the gradient, with no gradient-sized all-reduce: each device receives only its slice of "
+                           "the sum. Let jax.grad transpose the gather (section 3); a gather declared the same on "
+                           "every device (invarying) makes jax.grad sum the whole gradient everywhere instead.")
     return ("every leaf stays split between steps; the gathers inside the loss make jax.grad return each slice's "
             "reduce-scattered (summed) gradient, divided by n for the mean; the same training as data parallelism, "
             "whatever the model's leaves.")

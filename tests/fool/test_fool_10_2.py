@@ -57,8 +57,8 @@ def with_dynamic_slice(params, grads, lr):      # right: lax.dynamic_slice with 
 WRONG = [
     ("rows scattered (the default axis)", lambda p, g, lr: zero(p, g, lr, scatter=0, gather=0),
      "scatter_dimension"),
-    ("flattened, the lesson's way", flattened, "flattened or cut along the rows"),
-    ("pmean, then a block", pmean_then_slice, "no reduce-scatter of the gradient"),
+    ("flattened, the lesson's way", flattened, "gradient-sized collectives are"),
+    ("pmean, then a block", pmean_then_slice, "gradient-sized collectives are"),
     ("summed, not averaged", lambda p, g, lr: zero(p, g, lr, mean=False), "times too large"),
     ("own gradient only", lambda p, g, lr: p - lr * g, "applied only its own gradient"),
     ("gather not tiled", lambda p, g, lr: zero(p, g, lr, tiled=False), "stacked on a new axis"),
