@@ -364,7 +364,9 @@ def _marker_runner(fn, case):
     ratio of step numbers means nothing)."""
     from .lesson12 import _whole
     got, markers = _trace_runner("stalled_step")(fn, case), case.args[0].markers
-    if isinstance(got, (bool, np.bool_)) or _whole(got) is None:
+    if isinstance(got, (bool, np.bool_)):
+        return Said(f"{got!r}: a bool (True/False), not a number")
+    if _whole(got) is None:
         return Said(f"{got!r:.60} ({type(got).__name__}), not a step number")
     got = _whole(got)
     found = [f"marker {i + 1} of {len(markers)}, which lasted {m.dur_us:,.0f} µs" for i, m in enumerate(markers)
