@@ -217,8 +217,8 @@ def _port_runner(fn, case):
                  "makes it checkable) and row 1 (the axis name). The per-device body needs no change.",
                  "Translate pmap's arguments one entry at a time: axis_name into the mesh's axis, each in_axes "
                  "entry into an in_specs entry, each out_axes entry into an out_specs entry (a value that differs "
-                 "per device names the axis, one that is whole or the same everywhere names none); mesh=mesh. Keep "
-                 "the per-device function, its collective included."])
+                 "per device names the axis, one that is whole or the same everywhere names none), on the mesh "
+                 "you were given. Keep the per-device function, its collective included."])
 def check_ported(ported):
     rng = np.random.default_rng(6)
     cases = []
