@@ -42,7 +42,7 @@ def test_07_2_solution_is_one_device_on_the_whole_batch():
     n, loss_fn, params0, batches, tx, label = case
     got = lesson07._steps_runner(lambda *a: solution_make_sharded_step(*a), lesson07.Case(case, label, n=n))
     params, state = params0, tx.init(params0)
-    for (x, y), (p, s, loss) in zip(batches, got):
+    for (x, y), (p, s, loss) in zip(batches, [got[i:i + 3] for i in range(1, len(got), 3)]):
         want_loss, g = jax.value_and_grad(loss_fn)(params, x, y)
         u, state = tx.update(g, state, params)
         params = optax.apply_updates(params, u)

@@ -96,7 +96,7 @@ def test_08_3_right_answers_pass():
 def test_08_3_local_shape_is_caught_only_by_the_simulated_job():
     # With one process the local shape is the global one: the real API accepts it. As process 0 of 2, it is wrong.
     fb = check("08.3", _local_data(global_shape="local"))
-    assert not fb and "as process 0 of a 2-process job" in fb.message and "the shape of its own rows" in fb.message
+    assert not fb and "as process 0 of a 2-process job" in fb.message and "the shape of this process's own rows" in fb.message
 
 
 def test_08_3_skipping_the_mechanism_or_the_layout():

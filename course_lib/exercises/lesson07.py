@@ -107,8 +107,9 @@ _PMAP_SUMS = " The pmap version adds up every device's sums."
 MISTAKES_07_1 = [
     Mistake("pmean", "The column sums are the total divided by {n}: the mean over the devices, not their sum."
             + _PMAP_SUMS, _ported_as(jax.lax.pmean)),
-    Mistake("no collective", "The column sums are those of device 0's rows only: each device's own sums never met "
-            "the others' (no collective adds them), and the output returned one device's value." + _PMAP_SUMS,
+    Mistake("no collective", "No collective adds the devices' column sums: JAX refuses the out_specs P() of a "
+            "value it cannot verify is the same on every device, and with check_vma off the output is device 0's "
+            "sums only. Add the collective." + _PMAP_SUMS,
             _ported_as(None)),
     Mistake("total stacked", "The column sums came back once per device, stacked: out_specs naming 'i' stacks the "
             "devices' values; this one is the same on every device, and pmap's out_axes=None returned it once.",
@@ -118,16 +119,38 @@ MISTAKES_07_1 = [
             "claim where it can check it; with check_vma=False nothing does): name the axis the rows are split "
             "over.", _ported_as(out_specs=(P(), P()))),
 ]
-_PORT_HINTS = {
-    "does not match the specs of the input": "in_specs must match how the inputs are placed: x split over 'i', w "
-                                             "whole on every device.",
-    **dict.fromkeys(("marked as manual", "not found in mesh"), "A spec names a mesh axis that this mesh does "
-                    "not have: its only axis is 'i'."),
-    "unbound axis name": "A collective names an axis that only exists inside shard_map: compute the total in the "
-                         "per-device function.",
-    "should match the mesh passed to shard_map": "Build the shard_map on the mesh you were given, not on one of "
-                                                 "your own.",
+_SPEC_HINTS = {
+    **dict.fromkeys(("marked as manual", "not found in mesh"), "A spec or a collective names a mesh axis that this "
+                    "mesh does not have: its only axis is 'i'."),
+    "Closing over inputs": "An in_specs entry is None: pmap's in_axes=None (every device gets all of it) is P() in "
+                           "shard_map's in_specs (lesson 07, migration table).",
+    "pytree structure error": "shard_map's specs do not match the arguments or outputs: one spec per argument and "
+                              "per output, and no None (pmap's out_axes=None is P() in out_specs: migration table).",
+    "should match the mesh passed to shard_map": "A shard_map (pmap is one too) was built on another mesh than the "
+                                                 "one you were given: build on that mesh.",
 }
+_PORT_HINTS = {**_SPEC_HINTS,
+               "does not match the specs of the input": "in_specs must match how the inputs are placed: x split "
+                                                        "over 'i', w whole on every device.",
+               "unbound axis name": "A collective names an axis that only exists inside shard_map: compute the "
+                                    "total in the per-device function."}
+_AXIS_USE = re.compile(r"(?:psum|pmean|pcast|all_gather|psum_scatter|axis_index|axis_size)\((?:[^()]|\([^()]*\))*?"
+                       r"[\"'](\w+)[\"']")
+
+
+def _bare_assertion(fn, text: str):
+    """JAX's bare AssertionError (no message) for a collective or pcast naming an axis the mesh lacks, in words."""
+    if "raised AssertionError:" not in text:
+        return
+    import inspect
+    try:
+        named = set(_AXIS_USE.findall(inspect.getsource(fn))) - {AXIS, "varying", "invarying"}
+    except (OSError, TypeError):
+        named = set()
+    said = (f"your collective or pcast names axis {sorted(named)[0]!r}, but the mesh's only axis is 'i'" if named
+            else "the known cause is a collective or pcast naming an axis the mesh does not have (its only axis is "
+                 "'i'; section 2's mesh names it 'data')")
+    raise Mismatch(f"JAX raised a bare AssertionError while tracing your per-device code: {said}.") from None
 
 
 @contextlib.contextmanager
@@ -156,6 +179,7 @@ def _port_runner(fn, case):
         return call(fn, x, w, mesh, name="ported", hints=_PORT_HINTS)
     except Mismatch as e:
         text = str(e)
+        _bare_assertion(fn, text)
         if "raised KeyError: 'i'" in text:
             raise Mismatch(f"{case.label} raised KeyError: 'i'. That is what jax.pmap does with arrays already "
                            "placed on a mesh with an Explicit axis, as x and w are here. The port replaces "
@@ -191,8 +215,10 @@ def _port_runner(fn, case):
                  "everywhere? shard_map works on the global shapes: no reshape to (n, b, ...).",
                  "Lesson 07's migration table: row 2 (in_axes=None), row 3 (out_axes=None and the collective that "
                  "makes it checkable) and row 1 (the axis name). The per-device body needs no change.",
-                 "The API to read: jax.shard_map's documentation, what in_specs and out_specs say about an input "
-                 "every device needs whole and about an output that is the same on every device."])
+                 "Translate pmap's arguments one entry at a time: axis_name into the mesh's axis, each in_axes "
+                 "entry into an in_specs entry, each out_axes entry into an out_specs entry (a value that differs "
+                 "per device names the axis, one that is whole or the same everywhere names none), on the mesh "
+                 "you were given. Keep the per-device function, its collective included."])
 def check_ported(ported):
     rng = np.random.default_rng(6)
     cases = []
@@ -201,8 +227,20 @@ def check_ported(ported):
         x = jax.device_put(rng.normal(size=(n * b, d)).astype(np.float32), NamedSharding(mesh, P(AXIS)))
         w = jax.device_put(rng.normal(size=(d, k)).astype(np.float32), NamedSharding(mesh, P()))
         cases.append(Case((x, w, mesh), f"ported(x {x.shape}, w {w.shape}) on {n} devices", n=n))
-    results = diagnose(ported, cases, solution=solution_ported, mistakes=MISTAKES_07_1, run=_port_runner,
-                       name="ported", rtol=1e-4, atol=1e-5)
+    try:
+        results = diagnose(ported, cases, solution=solution_ported, mistakes=MISTAKES_07_1, run=_port_runner,
+                           name="ported", rtol=1e-4, atol=1e-5)
+    except Mismatch as e:                  # the pmap layout kept, when the program shows it
+        x, w, mesh = cases[0].args
+        try:
+            maps = _shard_maps(lambda a, c: ported(a, c, mesh), x, w, name="ported", mesh=mesh)
+        except Mismatch:
+            maps = []
+        if any(len(v.aval.shape) == 3 for eqn, _ in maps for v in eqn.invars if hasattr(v.aval, "shape")):
+            raise Mismatch(f"{e} Your shard_map runs on x reshaped to stacked blocks (n, B // n, d), pmap's layout: "
+                           "shard_map hands each device a block of the same rank as the global array (its rows, no "
+                           "leading device axis), so pass x with no reshape.") from None
+        raise
     for case, (h, total) in zip(cases, results):
         x, w, mesh = case.args
         (n, b), d, what = (mesh.size, x.shape[0] // mesh.size), x.shape[1], case.label
@@ -307,7 +345,7 @@ def _cases(rng):
     return cases
 
 
-def _step_as(pcast=True, reduce=jax.lax.pmean, mean_loss=True, new_state=True, check_vma=True):
+def _step_as(pcast=True, reduce=jax.lax.pmean, loss_reduce=jax.lax.pmean, new_state=True, check_vma=True):
     """make_sharded_step with one mistake: no pcast, another collective (or none), the loss of one device, the
     state that came in returned."""
     def make(loss_fn, optimizer, mesh):
@@ -315,7 +353,7 @@ def _step_as(pcast=True, reduce=jax.lax.pmean, mean_loss=True, new_state=True, c
             local = jax.tree.map(lambda p: jax.lax.pcast(p, "i", to="varying"), params) if pcast else params
             loss, grads = jax.value_and_grad(loss_fn)(local, x, y)
             grads = reduce(grads, "i") if reduce else grads
-            loss = jax.lax.pmean(loss, "i") if mean_loss else loss
+            loss = loss_reduce(loss, "i") if loss_reduce else loss
             updates, state = optimizer.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), state if new_state else opt_state, loss
         return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(), P("i"), P("i")),
@@ -336,7 +374,10 @@ MISTAKES_07_2 = [
             "gradients were never averaged, and the output returned one device's parameters (nothing checks a "
             "P() output when check_vma is off).", _step_as(reduce=None, check_vma=False)),
     Mistake("loss of device 0", "The loss is that of device 0's rows only: average the loss over the devices "
-            "too, not only the gradients.", _step_as(mean_loss=False, check_vma=False)),
+            "too, not only the gradients.", _step_as(loss_reduce=None, check_vma=False)),
+    Mistake("gradient and loss summed", "The optimizer was fed {n} times the mean gradient, and the loss is {n} "
+            "times the mean loss: a psum of (grads, loss) sums both; the step needs their mean.",
+            _step_as(reduce=jax.lax.psum, loss_reduce=jax.lax.psum)),
     Mistake("old optimizer state", "The optimizer state returned is the one that came in: return the new state "
             "that optimizer.update gives, or the next step starts from the old one.", _step_as(new_state=False)),
 ]
@@ -358,9 +399,10 @@ def _steps_runner(make, case):
     with jax.set_mesh(mesh):
         for i, batch in enumerate(batches):
             try:
-                got = call(step, params, opt_state, *jax.device_put(batch, split), name="step", hints=_step_hints(n))
+                got = call(step, params, opt_state, *jax.device_put(batch, split), name="step", hints=_STEP_HINTS)
             except Mismatch as e:
-                if spy.updates == 0 and "State" in str(e) and not any(f in str(e) for f in _step_hints(n)):
+                _bare_assertion(make, str(e))
+                if spy.updates == 0 and "State" in str(e) and not any(f in str(e) for f in _STEP_HINTS):
                     raise Mismatch(f"the step {where} never calls the optimizer it was given (its update), and "
                                    f"fails: {e} Feed the gradients to the given optimizer's update.") from None
                 raise
@@ -376,6 +418,10 @@ def _steps_runner(make, case):
                                "return (params, opt_state, loss), in that order.")
             kept = [name for name, tree in (("parameters", params), ("optimizer state", opt_state))
                     if not all(getattr(a, "is_deleted", lambda: False)() for a in jax.tree.leaves(tree))]
+            if i == 0 and kept and not hasattr(step, "lower"):
+                raise Mismatch(f"the step {where} is not jitted, so nothing donates the state it is given: return "
+                               "jax.jit of the shard_map, telling jit which arguments it may reuse (lesson 07, "
+                               "section 2, donation).")
             if i == 0 and kept:
                 raise Mismatch(f"after step 1 {where}, the {' and the '.join(kept)} passed in still "
                                f"exist{'s' if kept == ['optimizer state'] else ''}: the step does not donate "
@@ -386,14 +432,19 @@ def _steps_runner(make, case):
                     raise Mismatch(f"the state after step {i + 1} {where} has sharding {_spec(leaf)} on "
                                    f"{len(leaf.devices())} device(s): it should be replicated on all {n} devices "
                                    "of the mesh, as it came in, ready for the next step.")
+            if i == 0:                   # the first update leads: with SGD a factor of the gradient shows in it
+                same_tree = jax.tree.structure(got[0]) == jax.tree.structure(params0)
+                out.append(jax.tree.map(lambda a, b: np.asarray(a) - b, got[0], params0) if same_tree else got[0])
             params, opt_state = got[0], got[1]
-            out.append(jax.tree.map(np.asarray, tuple(got)))
+            out += jax.tree.map(np.asarray, tuple(got))
     if make is solution_make_sharded_step:
-        _SOLVED[case.label] = out
-    return out
+        _SOLVED[case.label] = tuple(out)
+    return tuple(out)
 
 
 _SOLVED: dict = {}
+_STEP_NAMES = ("step 1's update (new params - params)", *(f"step {i}'s {what}" for i in (1, 2, 3)
+                                                          for what in ("new params", "opt_state", "loss")))
 @exercise("07.2", "The training step in shard_map form, for any loss and optimizer",
           solution=solution_make_sharded_step,
           returns="a jitted step(params, opt_state, x, y) -> (params, opt_state, loss) built with jax.shard_map: "
@@ -403,15 +454,18 @@ _SOLVED: dict = {}
                  "gradient of a replicated parameter?",
                  "Lesson 07, section 2: the jit(shard_map) step (with SGD by hand) and, at the end of the section, "
                  "the optax step with donate_argnums; lesson 06, section 3, for the two gradient idioms. The "
-                 "optimizer state is one more replicated argument and output.",
-                 "The APIs to read: the documentation of jax.lax.pcast, jax.lax.pmean and jax.jit's "
-                 "donate_argnums; lesson 07, section 2, \"Your own step, start to finish\", makes the optax calls "
-                 "(under sharded jit)."])
+                 "checker's mesh names its axis 'i' (section 2's is 'data'), and the optimizer state is one more "
+                 "replicated argument and output.",
+                 "Go through the per-device function value by value: which copy of the parameters does the loss "
+                 "see, and which does the optimizer update (the replicated params that came in stay the same on "
+                 "every device)? Which values vary over 'i' and must be the same everywhere at the end (the "
+                 "gradients, the loss), and which collective makes them so? The APIs: jax.lax.pcast, "
+                 "jax.lax.pmean, jax.jit's donate_argnums."])
 def check_make_sharded_step(make_sharded_step):
     cases = [Case(c, f"on {c[0]} devices with {c[5]} ({c[1].__name__}), 3 steps", n=c[0])
              for c in _cases(np.random.default_rng(7))]
     diagnose(make_sharded_step, cases, solution=solution_make_sharded_step, mistakes=MISTAKES_07_2,
-             run=_steps_runner, name="make_sharded_step", rtol=1e-4, atol=1e-5)
+             run=_steps_runner, name="make_sharded_step", rtol=1e-4, atol=1e-5, names=_STEP_NAMES)
     for case in cases:                               # the mechanism: shard_map, and an all-reduce of the gradients
         n, loss_fn, params0, batches, tx, label = case.args
         mesh, where = _mesh(n), case.label
@@ -442,28 +496,17 @@ def check_make_sharded_step(make_sharded_step):
             "by an all-reduce inside your shard_map.")
 
 
-def _step_hints(n):
-    return {
-        "should match the mesh passed to shard_map": "A shard_map (pmap is one too) was built on another "
-                                                     "mesh than the one the step runs under: the checker "
-                                                     "runs step inside jax.set_mesh on the mesh it gave "
-                                                     "make_sharded_step. Build on that mesh, and leave "
-                                                     "pmap out of the port.",
-        "not evenly divisible": f"Build nothing for a fixed device count: this mesh has {n} devices; "
-                                "use the mesh make_sharded_step was given.",
-        "can't be statically inferred": "shard_map refuses an output declared P() (the same on every device) "
-                                        "that JAX types as varying over 'i': a value computed from a varying one "
-                                        "(a pcast copy, or the device's own rows) stays varying until a "
-                                        "collective combines it (lesson 06, section 3).",
-        "unbound axis name": "A collective (pmean, psum) names a mesh axis, and only per-device code "
-                             "under shard_map has one.",
-        "too long to be compatible": "An out_specs entry splits an axis that its output does not have: "
-                                     "the loss is a scalar. Make it the same on every device and "
-                                     "return it once, like the state.",
-        **dict.fromkeys(("marked as manual", "not found in mesh"), "A spec or a collective names a mesh axis "
-                        "that this mesh does not have: its only axis is 'i'."),
-        "unbound axis name: data": "A collective names the lesson's axis 'data'; this mesh's only axis is 'i'.",
-        "does not match the specs of the input": "in_specs must match how the checker places the "
-                                                 "arguments: params and opt_state replicated, x and y "
-                                                 "split over 'i'.",
-    }
+_STEP_HINTS = {
+    **_SPEC_HINTS,
+    "not evenly divisible": "Build nothing for a fixed device count: use the mesh make_sharded_step was given.",
+    "can't be statically inferred": "shard_map refuses an output declared P() (the same on every device) that "
+                                    "JAX types as varying over 'i': the new parameters are, when the update is "
+                                    "applied to the pcast (varying) copy instead of the params that came in; "
+                                    "the loss is, until a collective averages it (lesson 06, section 3).",
+    "unbound axis name": "A collective (pmean, psum) names a mesh axis, and only per-device code under "
+                         "shard_map has one.",
+    "too long to be compatible": "An out_specs entry splits an axis that its output does not have: the loss is "
+                                 "a scalar. Make it the same on every device and return it once, like the state.",
+    "does not match the specs of the input": "in_specs must match how the checker places the arguments: params "
+                                             "and opt_state replicated, x and y split over 'i'.",
+}

@@ -57,7 +57,8 @@ MISTAKES_08_1 = [
             "this single process), not by the num_processes it is given; process 0 gets every row, the others "
             "none.", lambda b, n, p: slice(p * b, (p + 1) * b)),
     Mistake("divided by 8", "Its blocks are global_batch // 8 rows in every case: it divides by 8 (this "
-            "machine's device count, or an 8 written in), not by the num_processes it is given.", lambda b, n, p: slice(p * (b // 8), (p + 1) * (b // 8))),
+            "machine's device count, or an 8 written in), not by the num_processes it is given.",
+            lambda b, n, p: slice(p * (b // 8), (p + 1) * (b // 8))),
     Mistake("ids from 1", "It counts processes from 1: process_id starts at 0, so process 0 got no rows "
             "(a slice from -k to 0 is empty) and every other block is one block early.",
             lambda b, n, p: slice((p - 1) * (b // n), p * (b // n))),
@@ -155,9 +156,16 @@ def check_local_part(local_part):
              for name, devices in layouts.items() for pid in sorted({d.process_index for d in devices})]
     hints = {"out of bounds": "A device's id is a label, not its position: here process 1's devices have ids from "
                               "2048 on (lesson 08, section 3). Use each device's position in the list."}
-    diagnose(local_part, cases, solution=solution_local_part, mistakes=MISTAKES_08_2, name="local_part",
-             run=lambda fn, c: _stacked(call(fn, c.args[0].copy(), list(c.args[1]), c.args[2], name="local_part",
-                                             hints=hints)))
+    try:
+        diagnose(local_part, cases, solution=solution_local_part, mistakes=MISTAKES_08_2, name="local_part",
+                 run=lambda fn, c: _stacked(call(fn, c.args[0].copy(), list(c.args[1]), c.args[2], name="local_part",
+                                                 hints=hints)))
+    except Mismatch as e:
+        if "dtype int32 where int64" not in str(e):
+            raise
+        raise Mismatch(f"{e} JAX's default integer is int32 (64-bit types stay off unless jax_enable_x64 is set): "
+                       "a jnp function narrowed the int64 rows. Keep the rows as NumPy: NumPy indexing keeps their "
+                       "dtype.") from None
     return "each process feeds exactly the devices it owns, wherever they sit in the mesh, whatever their ids."
 
 
@@ -291,9 +299,11 @@ def _batch_as(spec=P(DATA), rows=lambda r: r.shape[0] * jax.process_count()):
 
 
 MISTAKES_08_3 = [
-    Mistake("local shape", "It passes the shape of its own rows as global_shape. The global shape is the whole "
-            "batch's, all processes' rows together: with the local shape, JAX takes each process's rows for the "
-            "whole array, and the processes disagree about what the batch holds.",
+    Mistake("local shape", "The global_shape asked for is the shape of this process's own rows. The global shape "
+            "is the whole batch's, all processes' rows together: with the local shape, JAX takes each process's "
+            "rows for the whole array. Either the local shape was passed, or the row count was multiplied by a "
+            "process count of 1: a name imported with `from jax import ...` (or saved before the call) is not the "
+            "one the checker's simulated 2-process job replaces; write jax.process_count().",
             _batch_as(rows=lambda r: r.shape[0])),
     Mistake("replicated", "The array is not split: expected axis 0 split over the mesh axis 'data' of the mesh you "
             "were given, the other axes whole.", _batch_as(spec=P())),

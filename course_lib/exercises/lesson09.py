@@ -15,8 +15,8 @@ def _run(fn, case, name):
         got = call(fn, *case.args, name=name)
     except Mismatch as e:
         if "ZeroDivisionError" in str(e) and case.args[-1] == 1:
-            raise Mismatch(f"{str(e).rstrip('.')}. At k = 1 your formula divides by zero; there one dispatch runs one step, which "
-                           "carries the whole dispatch cost: k steps share one dispatch.") from None
+            raise Mismatch(f"{str(e).rstrip('.')}. At k = 1 your formula divides by zero; there one dispatch runs "
+                           "one step, which carries the whole dispatch cost: k steps share one dispatch.") from None
         raise
     for v in (got if isinstance(got, (tuple, list)) else (got,)):
         if str(getattr(v, "dtype", "")) in ("float16", "bfloat16"):

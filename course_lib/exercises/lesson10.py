@@ -2,6 +2,9 @@
 psum_scatter, choosing K from the compiled step's peak, the FSDP step of a model split leaf by leaf, and predicting
 how often each stage's collectives run in an accumulated step before the compiled program shows them."""
 
+import re
+
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,8 +20,9 @@ HINTS = {
     "10.1": ["Start from the replicated form: how many bytes per parameter do the parameters, the gradients and "
              "Adam's state take in float32? Then ask, stage by stage, which of the three is split over the devices.",
              "Section 1, then sections 2 and 3: which of the three parts does each stage split over the devices?",
-             "Check your numbers against the mechanism: Going further, \"The four stages, side by side\", builds "
-             "each stage with sharded_state.init_state and reads sharded_state.state_bytes of it."],
+             "Write the table first: three rows (params, grads, opt_state) in bytes per parameter, four columns "
+             "(the stages); divide an entry by n_devices exactly where section 2 or 3 says that stage splits that "
+             "part."],
     "10.2": ["Each device needs only its own slice of the summed gradient, never the whole sum. Which collective "
              "hands each device just its slice, and along which axis are the slices cut here?",
              "Section 2's step (cell \"The step\"): the same collectives and the same slicing of this device's "
@@ -36,8 +40,9 @@ HINTS = {
              "parts change with K, and does their total fall steadily?"],
     "10.4": ["FSDP keeps only a slice of each parameter on each device: the whole parameters exist only while the "
              "loss is computed. Where must the gathers happen so that jax.grad turns them into reduce-scatters?",
-             "Section 3, the hand-written FSDP step: where its jax.lax.all_gather sits relative to the function "
-             "that jax.grad differentiates, and what that does to the gradient of a slice.",
+             "Section 3's hand-written FSDP step and Going further's \"FSDP layer by layer\": where the "
+             "jax.lax.all_gather sits relative to the function that jax.grad differentiates, and what that does to "
+             "the gradient of a slice.",
              "Compile your step under jax.shard_map and print sharded_state.collectives of it: one all-gather "
              "and one reduce-scatter per sharded leaf, and no gradient-sized all-reduce, is the mechanism."],
     "10.5": ["Ask, per stage, what each device keeps across the micro-batches: a whole accumulator or only its "
@@ -45,9 +50,9 @@ HINTS = {
              "Section 2 (what each ZeRO stage keeps on a device), section 4's hand-written accumulated step (the "
              "code cell: its lax.scan, and where its pmean sits) and sharded_state.collectives, whose in_loop "
              "says whether a collective runs once per micro-batch.",
-             "Compile one stage yourself, with sharded_state.make_train_step and its accumulate argument, and "
-             "read sharded_state.collectives of the compiled step's text: count each one once, or K times when "
-             "its in_loop is True."],
+             "Follow one step of each stage in order: K micro-batches each give a gradient, then one update. "
+             "Which collective must run before a micro-batch's gradient can be added into what the device keeps "
+             "(whole, or only its slice), and which can wait for the update? Leave out the loss's scalar."],
 }
 
 _OPS = ("all-reduce", "reduce-scatter", "all-gather")
@@ -64,22 +69,6 @@ def _big_collectives(hlo_text, min_bytes):
 
 def _listed(found) -> str:
     return ", ".join(f"{c.op} {c.described}" for c in found) or "none"
-
-
-def _low_precision(jaxpr) -> set:
-    """Names of the half-precision float dtypes any value of ``jaxpr`` (and the jaxprs inside it) has."""
-    found = set()
-    for eqn in jaxpr.eqns:
-        for v in list(eqn.outvars) + list(eqn.invars):
-            dtype = getattr(getattr(v, "aval", None), "dtype", None)
-            if dtype is not None and dtype in (jnp.bfloat16, jnp.float16):
-                found.add(np.dtype(dtype).name)
-        for value in eqn.params.values():
-            for inner in value if isinstance(value, (tuple, list)) else (value,):
-                inner = getattr(inner, "jaxpr", inner)
-                if hasattr(inner, "eqns"):
-                    found |= _low_precision(inner)
-    return found
 
 
 def _vma_hints():
@@ -131,7 +120,7 @@ MISTAKES_10_1 = [
             _table({s: _SPLIT["fsdp"] for s in _SPLIT})),
     Mistake("zero1 splits grads", "zero1 keeps the whole gradients on every device. ZeRO-1 reduce-scatters too, "
             "but with gradient accumulation it adds whole local gradients over the micro-batches and "
-            "reduce-scatters once: its accumulator is whole (section 4).", _table({**_SPLIT, "zero1": _SPLIT["zero2"]})),
+            "reduce-scatters once: its accumulator is whole.", _table({**_SPLIT, "zero1": _SPLIT["zero2"]})),
     Mistake("zero2 keeps grads whole", "zero2 keeps only its slice of the gradient accumulator; this answer keeps "
             "it whole, as zero1 does.", _table({**_SPLIT, "zero2": _SPLIT["zero1"]})),
     Mistake("fsdp keeps params whole", "fsdp splits the parameters too: that is what makes it FSDP rather than "
@@ -256,6 +245,14 @@ def _zero2_runner(answer):
     return run
 
 
+def _count_fix(e: Mismatch):
+    """Re-raise ``e``, naming the fix when the engine found a device count written in."""
+    if "does not follow the device count" in str(e):
+        raise Mismatch(f"{e} Inside shard_map, jax.lax.axis_size({AXIS!r}) gives the device count of the mesh the "
+                       "step runs on.") from None
+    raise e
+
+
 class _NoResult(Exception):
     """The learner's function returned None inside the mapped program."""
 
@@ -273,7 +270,9 @@ def _scatter_hints():
             "must be divisible": "A tiled psum_scatter splits its operand along scatter_dimension (the first axis "
                                  "unless told): here each device owns a block of columns, and the number of rows "
                                  "does not divide by the device count.",
-            "scatter dimension": "psum_scatter's scatter_dimension names the axis the slices are cut along."}
+            "scatter dimension": "psum_scatter's scatter_dimension names the axis the slices are cut along.",
+            "dynamic_slice": "A slice whose start depends on axis_index is traced, and Python slicing needs fixed "
+                             "bounds: section 2 cuts the block with jax.lax.dynamic_slice_in_dim(..., axis=1)."}
 
 
 @exercise("10.2", "The ZeRO update of a column-split matrix: psum_scatter, update your block, all_gather",
@@ -289,8 +288,11 @@ def check_zero2_sgd(zero2_sgd):
         cases.append(Case((jax.device_put(params, NamedSharding(mesh, P())), grads, lr, mesh),
                           f"zero2_sgd on {n} devices, a ({rows}, {n * cols}) matrix ({cols} columns per device), "
                           "each device's update (its result - params)", n=n))
-    diagnose(zero2_sgd, cases, solution=solution_zero2_sgd, mistakes=MISTAKES_10_2, run=_zero2_runner(zero2_sgd),
-             name="zero2_sgd", rtol=1e-4, atol=1e-5)
+    try:
+        diagnose(zero2_sgd, cases, solution=solution_zero2_sgd, mistakes=MISTAKES_10_2, run=_zero2_runner(zero2_sgd),
+                 name="zero2_sgd", rtol=1e-4, atol=1e-5)
+    except Mismatch as e:
+        _count_fix(e)
     for case in cases:
         whole, grads, lr, mesh = case.args
         n, (rows, c), cols = mesh.size, whole.shape, whole.shape[1] // mesh.size
@@ -299,26 +301,13 @@ def check_zero2_sgd(zero2_sgd):
         # The mechanism, read from the compiled program: each device must receive its block of the summed gradient.
         found = _big_collectives(f.lower(whole, grads).compile().as_text(), 4 * rows * c)
         ops = [x.op for x in found]
-        scattered = [x for x in found if x.op == "reduce-scatter"]
-        if not scattered:
-            raise Mismatch(f"{what}: the values are right, but the compiled program has no reduce-scatter of the "
-                           f"gradient (its gradient-sized collectives: {_listed(found)}). Each device received the "
-                           "whole reduced gradient (an all-reduce: pmean or psum) and kept a block, or computed a "
-                           "psum_scatter and then did not use its result. ZeRO sends each device only the part it "
-                           "owns: the update must be made from the scattered block.")
-        if any(len(x.shape) != 2 or int(np.prod(x.shape)) != rows * cols for x in scattered):
-            raise Mismatch(f"{what}: the values are right, but the reduce-scatter hands each device "
-                           f"{', '.join(x.described for x in scattered)}, not its ({rows}, {cols}) block of columns: "
-                           "the gradient was flattened or cut along the rows. Scatter along the column axis, so "
-                           "that each device receives the columns it owns.")
-        if "all-reduce" in ops:
-            raise Mismatch(f"{what}: the values are right, but the compiled program still all-reduces a "
-                           f"gradient-sized buffer ({_listed(found)}) besides the reduce-scatter: twice the "
-                           "traffic. Use only the block the reduce-scatter gives.")
-        if "all-gather" not in ops:
-            raise Mismatch(f"{what}: the values are right, but the compiled program has no all-gather "
-                           f"({_listed(found)}): rebuild the whole matrix from the updated blocks, not from the "
-                           "whole gradient.")
+        blocks = [x for x in found if x.op == "reduce-scatter" and len(x.shape) == 2 and np.prod(x.shape) == rows * cols]
+        if len(blocks) != ops.count("reduce-scatter") or not blocks or "all-reduce" in ops or "all-gather" not in ops:
+            raise Mismatch(f"{what}: the values are right, but the compiled program's gradient-sized collectives are "
+                           f"{_listed(found)}; ZeRO's are a reduce-scatter that hands each device its ({rows}, {cols}) "
+                           "block of columns of the summed gradient (cut along the column axis), and an all-gather of "
+                           "the updated blocks, with no all-reduce: each device receives and updates only the block "
+                           "it owns.")
         try:   # section 2: the gathered matrix is the same on every device, and typed so (out_specs=P() accepts it)
             jax.eval_shape(jax.shard_map(lambda p, g: zero2_sgd(p, g, lr), mesh=mesh, in_specs=(P(), P(AXIS)),
                                          out_specs=P(), check_vma=True), whole, grads)
@@ -419,8 +408,9 @@ MISTAKES_10_3 = [
     Mistake("temporaries only", "Your answer counted only the temporaries; the step also needs its arguments (the "
             "state and the batch) and whatever outputs are not written into donated buffers.",
             _search(lambda p: p["temporaries"])),
-    Mistake("XLA's peak field", "Your answer used memory_analysis().peak_memory_in_bytes, which on the CPU backend "
-            "leaves the temporaries out (section 1); add the parts yourself.", _search(lambda p: p["xla_peak"])),
+    Mistake("XLA's peak field", "Your peak leaves out the temporaries, as memory_analysis().peak_memory_in_bytes "
+            "does on the CPU backend (section 1): add arguments + outputs - aliased + temporaries yourself.",
+            _search(lambda p: p["xla_peak"])),
     Mistake("aliased not subtracted", "Your answer counted the outputs written into donated buffers twice: subtract "
             "the aliased bytes.", _search(lambda p: p["arguments"] + p["outputs"] + p["temporaries"])),
     Mistake("strictly below", "A step that needs exactly the budget fits: compare with <=.",
@@ -445,10 +435,9 @@ def _k_runner(answer):
         before = len(calls)
         got = call(lambda *a: [fn(*a)], make_step, jax.tree.map(lambda a: a, state),
                    {k: np.array(a) for k, a in batch.items()}, n, budget, name="choose_k", hints={
-                       "divide": "K must divide each device's examples (the batch's rows divided by n_devices), so "
-                                 "that every micro-batch has the same size; try only those K.",
-                       "multiple of": "K must divide each device's examples (the batch's rows divided by n_devices), "
-                                      "so that every micro-batch has the same size; try only those K."})[0]
+                       "micro-batches": "K must divide each device's examples (the batch's rows divided by "
+                                        "n_devices), so that every micro-batch has the same size; try only those K."
+                   })[0]
         if fn is answer and got is None and _answer_is_stub[0]:
             raise _NotStarted("choose_k(make_step, state, batch, n_devices, budget) returned None: write the "
                               "function's body, and `return` its result.")
@@ -478,8 +467,16 @@ def check_choose_k(choose_k):
                    min(peaks.values()) - 1, *{min(p[m] for p in parts.values()) for m in ("temporaries", "xla_peak")}]
         cases += [Case((make_step, state, batch, n, budget, calls), f"a {stage!r} state on {n} devices "
                        f"({per_device} examples each, {opt_name}), budget={budget:_}", n=n) for budget in budgets]
-    diagnose(choose_k, cases, solution=solution_choose_k, mistakes=MISTAKES_10_3, run=_k_runner(choose_k),
-             name="choose_k", rtol=0, atol=0)
+    try:
+        diagnose(choose_k, cases, solution=solution_choose_k, mistakes=MISTAKES_10_3, run=_k_runner(choose_k),
+                 name="choose_k", rtol=0, atol=0)
+    except Mismatch as e:                 # None where a K fits: say which K, not only the types
+        case = next((c for c in cases if str(e).startswith(c.label)), None)
+        if case is None or "got NoneType" not in str(e):
+            raise
+        k, per = solution_choose_k(*case.args[:5]), case.args[2]["x"].shape[0] // case.args[3]
+        raise Mismatch(f"{e} None says no K fits, but K = {k} (a divisor of the {per} examples per device) fits "
+                       f"this budget: did your search try every divisor from 1 to {per}, {per} included?") from None
     return ("the smallest K whose compiled step, arguments + outputs - aliased + temporaries, fits: read from the "
             "program, not guessed, since the peak need not fall steadily with K.")
 
@@ -618,9 +615,12 @@ def _fsdp_as(by=lambda n: n, then=lambda g: g):
 
 
 MISTAKES_10_4 = [
-    Mistake("summed, not averaged", "The steps are those of the mean gradient times the device count: the gradient "
-            "of a slice arrives summed over the devices (the transpose of a gather is a reduce-scatter, a sum), and "
-            "the update needs the mean. With Adam this bug hardly shows, which is why the checker uses SGD too.",
+    Mistake("summed, not averaged", "The steps are those of the mean gradient times the device count: the update "
+            "was fed a sum over the devices where it needs the mean. The gradient of a slice gathered inside the "
+            "loss arrives summed (the transpose of a gather is a reduce-scatter); one taken through a gather "
+            "declared invarying arrives summed already, and a psum_scatter then sums again. Count the sums and "
+            "divide once by the device count. (With Adam this hardly shows, which is why the checker uses SGD "
+            "too.)",
             _fsdp_as(by=lambda n: 1)),
     *[Mistake(name, "Each device's gradient is the mean of all the devices' gradient slices, different rows of each "
               "leaf: a pmean after the reduce-scatter mixes them. The reduce-scatter already summed each slice over "
@@ -646,29 +646,24 @@ def check_fsdp_step(make_fsdp_step):
         diagnose(make_fsdp_step, cases, solution=solution_fsdp_step, mistakes=MISTAKES_10_4,
                  run=_fsdp_runner(make_fsdp_step, seen), name="make_fsdp_step", rtol=1e-4, atol=1e-5)
     except Mismatch as e:
-        low = set().union(*(_low_precision(jax.make_jaxpr(f)(*args).jaxpr) for f, args, _ in seen.values()))
+        texts = [f.lower(*args).as_text() for f, args, _ in seen.values()]
+        low = {name for name, t in (("bfloat16", "bf16"), ("float16", r"[x<]f16\b")) if re.search(t, " ".join(texts))}
         if low:                   # values that differ, from a half-precision computation
             raise Mismatch(f"{e} Your code computes in {' and '.join(sorted(low))}: with 8 bits of mantissa "
                            "(bfloat16) or 11 (float16) the result is no longer float32's. Keep this exercise in "
                            "float32.") from None
-        raise
+        _count_fix(e)
     for case in cases:
         f, args, n_params = seen[case.label]
         every = _big_collectives(f.lower(*args).compile().as_text(), 1)
         all_reduces = _gradient_all_reduces(every, 4 * n_params // case.n)
-        if not any(c.op == "all-gather" for c in every):
-            raise Mismatch(f"{case.label}: the values are right, but the compiled program gathers no parameters "
-                           f"({_listed(every)}).")
-        if all_reduces:
-            raise Mismatch(f"{case.label}: the values are right, but the compiled program all-reduces the gradient "
-                           f"({_listed(all_reduces)}): each device received the whole summed gradient and threw "
-                           "most of it away. FSDP hands each device only its slice of the sum: let jax.grad "
-                           "transpose the gather, or scatter the sum yourself (section 3). A gather whose result is "
-                           "declared the same on every device (invarying) does this too: jax.grad then sums its "
-                           "gradient everywhere before each device keeps its slice.")
-        if not any(c.op == "reduce-scatter" for c in every):
-            raise Mismatch(f"{case.label}: the values are right, but the compiled program has no reduce-scatter of "
-                           f"the gradient ({_listed(every)}).")
+        ops = [c.op for c in every]
+        if all_reduces or "all-gather" not in ops or "reduce-scatter" not in ops:
+            raise Mismatch(f"{case.label}: the values are right, but the compiled program's collectives are "
+                           f"{_listed(every)}; FSDP's are an all-gather of the parameters and a reduce-scatter of "
+                           "the gradient, with no gradient-sized all-reduce: each device receives only its slice of "
+                           "the sum. Let jax.grad transpose the gather (section 3); a gather declared the same on "
+                           "every device (invarying) makes jax.grad sum the whole gradient everywhere instead.")
     return ("every leaf stays split between steps; the gathers inside the loss make jax.grad return each slice's "
             "reduce-scattered (summed) gradient, divided by n for the mean; the same training as data parallelism, "
             "whatever the model's leaves.")
@@ -732,9 +727,15 @@ MISTAKES_10_5 = [
             "whole accumulator across the micro-batches and sums it once per step.",
             _table_5(replicated=lambda k: {"all-reduce": k})),
     Mistake("zero1 all-reduces", "ZeRO-1 runs no all-reduce on parameter-sized buffers: each device needs only its "
-            "slice of the summed gradient.", _table_5(zero1=lambda k: {"all-reduce": 1, "all-gather": 1})),
-    Mistake("zero2 without its gather", "ZeRO-2's all-gather is missing: after each device updates its slice, how "
-            "does every device get the whole parameters back?", _table_5(zero2=lambda k: {"reduce-scatter": k})),
+            "slice of the summed gradient, and these counts leave out the loss's scalar all-reduce.",
+            _table_5(zero1=lambda k: {"all-reduce": 1, "all-gather": 1})),
+    Mistake("the loss's all-reduce counted", "ZeRO-1 and ZeRO-2 have an all-reduce in your prediction: the only one "
+            "in their steps is the loss's, a scalar, not parameter-sized; the counts asked for leave it out.",
+            _table_5(zero1=lambda k: {"reduce-scatter": 1, "all-gather": 1, "all-reduce": 1},
+                     zero2=lambda k: {"reduce-scatter": k, "all-gather": 1, "all-reduce": 1})),
+    Mistake("zero2 without its gather", "ZeRO-2's all-gather is missing: after each device updates its slice once "
+            "per step, every device needs the whole parameters back for the next step's forward pass.",
+            _table_5(zero2=lambda k: {"reduce-scatter": k})),
 ]
 
 

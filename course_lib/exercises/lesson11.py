@@ -354,39 +354,24 @@ def check_stalled_step(stalled_step):
     # a step, while the other steps' durations vary
     cases = [Case((_stall_trace(*args),), f"stalled_step(trace of {args[2]} steps from step {args[1]})")
              for args in [(3, 100, 8, 5000.0), (6, 40, 8, 1700.0), (11, 7, 12, 2600.0), (0, 1000, 5, 1800.0)]]
-    run = _trace_runner("stalled_step")
-    try:
-        diagnose(stalled_step, cases, solution=solution_stalled_step, mistakes=MISTAKES_11_3, name="stalled_step",
-                 run=run)
-    except Mismatch as e:
-        found = None if any(m.feedback in str(e) for m in MISTAKES_11_3) else _which_marker(stalled_step, cases, run)
-        if found is None:
-            raise
-        raise Mismatch(found) from None
+    diagnose(stalled_step, cases, solution=solution_stalled_step, mistakes=MISTAKES_11_3, name="stalled_step",
+             run=_marker_runner)
     return "the longest host step, named by its own step number."
 
 
-def _which_marker(stalled_step, cases, run) -> str | None:
-    """For the first case answered with another step number: which marker that number names, and how long it
-    lasted against the longest (a ratio of step numbers means nothing); None if the answer is not a number."""
-    for case in cases:
-        try:
-            got, (t,) = run(stalled_step, case), case.args
-        except Mismatch:
-            return None
-        if isinstance(got, (bool, np.bool_)):
-            return None                     # the engine's words: a bool, not a number
-        if not isinstance(got, (int, np.integer)) or got == solution_stalled_step(t):
-            continue
-        longest = max(m.dur_us for m in t.markers)
-        found = [(i, m) for i, m in enumerate(t.markers) if m.step == got]
-        if not found:
-            return (f"{case.label} returned {got}: no marker carries that step number (the markers' .step run "
-                    f"from {t.markers[0].step} to {t.markers[-1].step}).")
-        i, m = found[0]
-        return (f"{case.label} returned step {got}, marker {i + 1} of {len(t.markers)}, which lasted "
-                f"{m.dur_us:,.0f} µs; the stalled step's marker lasted the longest, {longest:,.0f} µs.")
-    return None
+def _marker_runner(fn, case):
+    """The step number ``fn`` returns (any whole number), with the marker it names and how long that lasted (a
+    ratio of step numbers means nothing)."""
+    from .lesson12 import _whole
+    got, markers = _trace_runner("stalled_step")(fn, case), case.args[0].markers
+    if isinstance(got, (bool, np.bool_)):
+        return Said(f"{got!r}: a bool (True/False), not a number")
+    if _whole(got) is None:
+        return Said(f"{got!r:.60} ({type(got).__name__}), not a step number")
+    got = _whole(got)
+    found = [f"marker {i + 1} of {len(markers)}, which lasted {m.dur_us:,.0f} µs" for i, m in enumerate(markers)
+             if m.step == got] or [f"which no marker carries: they run from {markers[0].step} to {markers[-1].step}"]
+    return Said(f"step {got} ({found[0]})")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -374,13 +374,14 @@ def _gather_runner(seen):
         except Exception:
             seen[case.label] = None                   # reported with the inputs by call() below
         try:
-            return call(f, *args, name="the checker's FSDP step with your gather_layer", hints={
+            loss, grads = call(f, *args, name="the checker's FSDP step with your gather_layer", hints={
                 "unbound axis name": f"The mesh axis is named {AXIS!r}: use that name in the collective.",
                 "cannot reshape": f"Your gather assumes a number of devices; this run has {case.n}. Inside "
                                   "shard_map, jax.lax.axis_size gives it, or let the collective join the slices "
                                   "itself."})
         except Mismatch as e:
             raise type(e)(_no_paths(e)) from None
+        return grads, loss                            # the gradients first: a leaf gathered wrongly shows in its own
     return run
 
 
@@ -400,7 +401,7 @@ MISTAKES_12_2 = [
 def check_gather_layer(gather_layer):
     cases, seen = [Case((), f"on {n} devices", n=n) for n in _sizes()], {}
     diagnose(gather_layer, cases, solution=solution_gather_layer, mistakes=MISTAKES_12_2, run=_gather_runner(seen),
-             name="gather_layer", rtol=1e-4, atol=1e-6)
+             name="gather_layer", rtol=1e-4, atol=1e-6, names=("the gradient of params", "the loss"))
     for case in cases:
         found = compiled_collectives(seen[case.label] or "")
         if "all-gather" not in found:

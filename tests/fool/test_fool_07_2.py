@@ -82,7 +82,7 @@ WRONG = {
     "the lesson's axis name": (_lesson_axis, ["its only axis is 'i'"]),
     "loss of device 0 only": (_sm(average_loss=False, check_vma=False), ["device 0's rows only"]),
     "no gradient averaging, check off": (_sm(reduce=None, check_vma=False), ["device 0's own gradient"]),
-    "hard-coded 8-device mesh": (_sm(fixed_mesh=jax.make_mesh((8,), ("i",))), ["Build on that mesh"]),
+    "hard-coded 8-device mesh": (_sm(fixed_mesh=jax.make_mesh((8,), ("i",))), ["was built on another mesh"]),
 }
 
 
@@ -175,7 +175,7 @@ def _step(scale=1.0, loss_red="pmean", two=False):
 
 
 FRESH = [
-    ("loss summed, not averaged", _step(loss_red="psum"), "[0][2]: 8x too large, a factor of the device count"),
+    ("loss summed, not averaged", _step(loss_red="psum"), "step 1's loss: 8x too large, a factor of the device count"),
     ("only (params, opt_state)", _step(two=True), "should return a triple (params, opt_state, loss)"),
     ("returns None", lambda l, o, m: None, "returned None: write"),
 ]

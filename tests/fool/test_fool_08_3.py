@@ -30,7 +30,7 @@ def _list_shape(local_rows, mesh):
 
 
 WRONG = {
-    "the local shape as the global one": (_make(shape=lambda r: r.shape[0]), ["the shape of its own rows"]),
+    "the local shape as the global one": (_make(shape=lambda r: r.shape[0]), ["the shape of this process's own rows"]),
     "device_put, no make_array": (lambda r, m: jax.device_put(r, NamedSharding(m, P("data"))),
                                   ["without calling"]),
     "replicated": (_make(spec=P()), ["expected axis 0 split over the mesh axis 'data'"]),

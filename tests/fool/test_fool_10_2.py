@@ -57,8 +57,8 @@ def with_dynamic_slice(params, grads, lr):      # right: lax.dynamic_slice with 
 WRONG = [
     ("rows scattered (the default axis)", lambda p, g, lr: zero(p, g, lr, scatter=0, gather=0),
      "scatter_dimension"),
-    ("flattened, the lesson's way", flattened, "flattened or cut along the rows"),
-    ("pmean, then a block", pmean_then_slice, "no reduce-scatter of the gradient"),
+    ("flattened, the lesson's way", flattened, "gradient-sized collectives are"),
+    ("pmean, then a block", pmean_then_slice, "gradient-sized collectives are"),
     ("summed, not averaged", lambda p, g, lr: zero(p, g, lr, mean=False), "times too large"),
     ("own gradient only", lambda p, g, lr: p - lr * g, "applied only its own gradient"),
     ("gather not tiled", lambda p, g, lr: zero(p, g, lr, tiled=False), "stacked on a new axis"),
@@ -75,13 +75,6 @@ RIGHT = [("scatter the transpose", transposed), ("dynamic_slice, two gathers", w
 
 verdict, test_a_wrong_answer_fails_and_its_feedback_names_the_mistake, \
     test_a_right_answer_written_another_way_passes = fool_tests(ID, WRONG, RIGHT)
-
-
-def test_every_declared_mistake_is_named():
-    from course_lib.exercises import lesson10 as L
-    for m in L.MISTAKES_10_2:
-        feedback = verdict(m.fn)
-        assert not feedback and m.feedback.split("{n}")[-1][:40] in feedback.message, (m.name, feedback.message)
 
 
 def test_a_written_in_device_count_is_measured():

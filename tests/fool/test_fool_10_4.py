@@ -103,7 +103,7 @@ def mean_loss_inside(loss_fn, optimizer):       # right: differentiate the loss 
 
 WRONG = [
     ("summed, not averaged", lambda l, o: fsdp(l, o, mean=False), "the mean gradient times the device count"),
-    ("all-reduce, then slice", all_reduce_then_slice, "all-reduces the gradient"),
+    ("all-reduce, then slice", all_reduce_then_slice, "no gradient-sized all-reduce"),
     ("gathered invarying", lambda l, o: fsdp(l, o, gather_to="invarying"), "invarying"),
     ("never gathers", never_gathers, "needs every parameter whole"),
     ("returns the gathered parameters", lambda l, o: fsdp(l, o, return_whole=True), "not the gathered parameters"),

@@ -33,12 +33,12 @@ WRONG = {
     "longest dispatch over the devices": (_longest_dispatch_over_devices, "the stall is on the host"),
     "position in the list": (lambda t: max(range(len(t.markers)), key=lambda i: t.markers[i].dur_us),
                              "position in the list"),
-    "the marker itself": (lambda t: max(t.markers, key=lambda m: m.dur_us), "expected one number, got Marker"),
+    "the marker itself": (lambda t: max(t.markers, key=lambda m: m.dur_us), "(Marker), not a step number"),
     "the shortest step": (lambda t: min(t.markers, key=lambda m: m.dur_us).step, "the shortest step"),
     "the first step": (lambda t: t.markers[0].step, "the first step's number"),
     "sorted in place": (_sorts_in_place, "changed the trace it was given in place (markers)"),
     "gap to the next start": (_gap_to_next_start, "the last step has no next one"),
-    "a bool": (lambda t: t.markers[0].step > 0, "a bool"),
+    "a bool": (lambda t: t.markers[0].step > 0, "a bool (True/False), not a number"),
     "one after": (lambda t: max(t.markers, key=lambda m: m.dur_us).step + 1, "the step after the stalled one"),
     "one before": (lambda t: max(t.markers, key=lambda m: m.dur_us).step - 1, "the step before the stalled one"),
 }
@@ -82,8 +82,8 @@ import numpy as _np  # noqa: E402
 from course_lib.exercises.lesson11 import solution_stalled_step as _stalled  # noqa: E402
 
 FRESH = [
-    ("the longest duration, not its step", lambda t: max(m.dur_us for m in t.markers), "expected 103, got 5000"),
-    ("the step as text", lambda t: str(_stalled(t)), "got str '103'"),
+    ("the longest duration, not its step", lambda t: max(m.dur_us for m in t.markers), "step 5000 (which no marker"),
+    ("the step as text", lambda t: str(_stalled(t)), "got '103' (str)"),
     ("the latest start", lambda t: max(t.markers, key=lambda m: m.start_us).step, "That is the last step's number"),
     ("the third marker", lambda t: t.markers[2].step, "marker 3 of 8, which lasted"),
     ("returns None", lambda t: None, "returned None: write"),

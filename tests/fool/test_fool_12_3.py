@@ -90,11 +90,8 @@ def test_feedback_never_prints_the_compiled_counts():
         assert str(compiled) not in message, message
 
 
-def test_every_declared_mistake_is_named_and_a_near_miss_is_not():
+def test_a_near_miss_is_not_named_a_mistake():
     from course_lib.exercises import lesson12 as L
-    for m in L.MISTAKES_12_3:
-        feedback = check("12.3", m.fn)
-        assert not feedback and m.feedback in feedback.message, (m.name, feedback.message)
     off_by_one = _answer(lambda n, k, i, o, r: n * (2 * (k + i) + o) + 1 if r else n * (k + i + o))
     message = check("12.3", off_by_one).message
     assert "too many all-gathers" in message and not any(m.feedback in message for m in L.MISTAKES_12_3)
