@@ -84,8 +84,14 @@ def test_call_reports_the_learners_exception_with_inputs():
         call(broken, jnp.zeros((4, 3)), n=2)
     with pytest.raises(Mismatch, match="expected a function, got ndarray"):
         call(np.zeros(2))
+    with pytest.raises(Mismatch, match=r"forgot\(Array float32\[2\]\) returned None: did it forget to `return`"):
+        call(lambda x: None, jnp.zeros(2), name="forgot")
+
+    def placeholder(x):
+        ...
+
     with pytest.raises(Mismatch, match=r"placeholder\(Array float32\[2\]\) returned None: write the function's body"):
-        call(lambda x: None, jnp.zeros(2), name="placeholder")
+        call(placeholder, jnp.zeros(2))
 
 
 def test_expect_placed_on_messages(devices):
@@ -205,8 +211,11 @@ def test_progress_counts_attempts_and_passes_per_lesson(monkeypatch):
     monkeypatch.setattr(ex, "_attempts", ex.collections.Counter())
     monkeypatch.setattr(ex, "_passed", set())
     monkeypatch.setattr(ex, "_hints_shown", ex.collections.Counter())
+    def unwritten(dispatch_ms, step_ms, k):
+        ...
+
     check("09.1", None)                         # a placeholder is not an attempt
-    check("09.1", lambda d, s, k: None)
+    check("09.1", unwritten)
     assert "· 09.1" in str(ex.progress("09"))
     check("09.1", lambda d, s, k: d * k + s)
     check("09.1", ALL["09.1"].solution)

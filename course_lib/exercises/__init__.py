@@ -117,15 +117,33 @@ _answer_is_stub: list[bool] = [False]
 
 
 def is_placeholder(fn) -> bool:
-    """Whether ``fn``'s body does nothing: ``...``, ``pass``, a docstring or ``return None``."""
-    code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
-    if code is None:
+    """Whether ``fn``'s body is still a placeholder: only ``...``, ``pass`` or a docstring. A body that is
+    written, even ``return None`` or ``lambda x: None``, is an attempt."""
+    fn = getattr(fn, "__wrapped__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None or fn.__name__ == "<lambda>":      # a lambda's body is written: `lambda x: None` is an attempt
         return False
+    import ast
     import dis
-    ops = [i for i in dis.get_instructions(code) if i.opname not in ("RESUME", "NOP", "CACHE")]
-    if [i.opname for i in ops] == ["RETURN_CONST"]:
-        return ops[0].argval is None
-    return [i.opname for i in ops] == ["LOAD_CONST", "RETURN_VALUE"] and ops[0].argval is None
+    ops = [(i.opname, i.argval) for i in dis.get_instructions(code) if i.opname not in ("RESUME", "NOP", "CACHE")]
+    if ops not in ([("RETURN_CONST", None)], [("LOAD_CONST", None), ("RETURN_VALUE", None)]):
+        return False
+    try:                                    # the bytecode of `...` and of `return None` is the same: read the source
+        node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
+        return True
+    body = getattr(node, "body", None)
+    return isinstance(body, list) and all(isinstance(b, ast.Pass) or (isinstance(b, ast.Expr) and isinstance(
+        b.value, ast.Constant) and (b.value.value is ... or isinstance(b.value.value, str))) for b in body)
+
+
+def returned_none(shown: str, fn, what: str = "its result"):
+    """The one way ``None`` from an answer is reported: a placeholder is not started; a written body that
+    returned None is an attempt that forgot its ``return``."""
+    if _answer_is_stub[0] or is_placeholder(fn):
+        return _NotStarted(f"{shown} returned None: write the function's body, and `return` {what}.")
+    return Mismatch(f"{shown} returned None: did it forget to `return` {what}? Every path through the function "
+                    "must end in one.")
 
 NO_ANSWER = "no answer yet: write your code in the cell above, then run it again."
 
@@ -451,10 +469,7 @@ def call(fn, *args, name: str | None = None, hints: dict[str, str] | None = None
                            "alone and return a new value (the caller may still need them, and jax.Arrays cannot "
                            "be changed in place at all).")
     if result is None:
-        if _answer_is_stub[0] or is_placeholder(fn):
-            raise _NotStarted(f"{name}({shown}) returned None: write the function's body, and `return` its result.")
-        raise Mismatch(f"{name}({shown}) returned None. Does every path through the function end in a `return` "
-                       "of its result?")
+        raise returned_none(f"{name}({shown})", fn)
     return result
 
 

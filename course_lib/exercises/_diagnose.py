@@ -141,7 +141,9 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
         text = str(error).rstrip()
         raise type(error)(f"{case.label}: {text}{'' if text.endswith(('.', '?', '!')) else '.'}{where}") from None
     _, expected, got, diff = next(r for r in rows if r[0] is case)
-    named = [] if any(e is not None for _, e in failed) else _confirmed(mistakes, rows, run, opts)
+    named = _confirmed(mistakes, rows, run, opts)       # on the cases that ran: their numbers confirm it or not
+    raised = [f" On {c.label} it raised: {str(e).rstrip()}" for c, e in failed if e is not None]
+    where = "".join(raised[:1]) or where
     shown = f"expected {_show(expected)}, got {_show(got)}"
     if len(shown) > 240 or _show(expected) == _show(got) or _show(expected) == describe_tree(expected):
         shown = diff                        # long, alike in print, or only a structure: say where it differs
@@ -151,7 +153,7 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
     evidence = f"{case.label}: {shown}"
     if len(named) == 1:
         fields = _Fields(n=case.n, label=case.label)
-        raise Mismatch(f"{evidence}. {named[0].feedback.format_map(fields)}")
+        raise Mismatch(f"{evidence}. {named[0].feedback.format_map(fields)}{''.join(raised[:1])}")
     if diff.startswith("expected ") or shown == diff:   # the diff says both sides
         raise Mismatch(f"{case.label}: {diff}.{where}")
     raise Mismatch(f"{evidence}: {diff}.{where}")
@@ -452,7 +454,8 @@ def relation(g: np.ndarray, e: np.ndarray, *, n: int | None = None, rtol: float 
         if np.array_equal(np.round(g64, 6), np.round(np.round(e64, digits), 6)) and not close(g64, e64):
             return f"the expected values rounded to {digits} decimal{'s' * (digits != 1)}"
     rel = float(np.max(np.abs(g64 - e64)) / max(float(np.max(np.abs(e64))), 1e-30))
-    for half, eps in (("float16", 2.0 ** -11), ("bfloat16", 2.0 ** -8)):
+    # the answer's own half dtype first; else bfloat16, whose values float16 holds too (not the other way)
+    for half, eps in sorted((("bfloat16", 2.0 ** -8), ("float16", 2.0 ** -11)), key=lambda h: h[0] != g.dtype.name):
         with np.errstate(over="ignore", invalid="ignore"):  # only values that half precision can hold say so
             held = np.array_equal(g64, g64.astype(jax.numpy.dtype(half)).astype(np.float64))
         if rel <= 8 * eps and held:
