@@ -54,7 +54,7 @@ import jax
 import numpy as np
 
 __all__ = ["Feedback", "Mismatch", "Exercise", "exercise", "check", "hint", "solution", "progress", "exercises",
-           "call", "expect_placed_on", "describe",
+           "call", "expect_placed_on", "expect_pmapped", "describe",
            "Mistake", "Case", "diagnose", "difference", "relation", "same"]
 
 
@@ -440,12 +440,14 @@ def _argument(x) -> str:
     return describe(x)
 
 
-def call(fn, *args, name: str | None = None, hints: dict[str, str] | None = None, **kwargs):
+def call(fn, *args, name: str | None = None, hints: dict[str, str] | None = None,
+         summaries: dict[str, str] | None = None, **kwargs):
     """Call the learner's ``fn``; if it raises, say so in a ``Mismatch`` naming the inputs.
 
     ``hints`` maps a fragment of an expected error message to an explanation that is added
-    to the feedback when the learner's code raises an error containing it. An input that the
-    call changes in place (a NumPy array written to, a dict or list edited) is reported too.
+    to the feedback when the learner's code raises an error containing it; ``summaries`` to one sentence that
+    replaces JAX's long message. An input that the call changes in place (a NumPy array written to, a dict or
+    list edited) is reported too.
     """
     if not callable(fn):
         raise Mismatch(f"expected a function, got {describe_tree(fn)}.")
@@ -457,7 +459,8 @@ def call(fn, *args, name: str | None = None, hints: dict[str, str] | None = None
     except Exception as e:  # the learner's error, reported rather than raised
         first = _error_text(e)
         extra = [hint for fragment, hint in (hints or {}).items() if fragment in str(e)]
-        shown_error = first if len(first) <= 300 else first[:300] + " ..."
+        summary = [text for fragment, text in (summaries or {}).items() if fragment in str(e)]
+        shown_error = summary[0] if summary else first if len(first) <= 300 else first[:300] + " ..."
         if extra and not shown_error.endswith((".", "?", "!", ":")):
             shown_error += "."
         raise Mismatch(" ".join([f"{name}({shown}) raised {type(e).__name__}: {shown_error}", *extra])) from None
@@ -484,6 +487,21 @@ def expect_placed_on(got, devices, *, what: str = "the result", split: bool = Tr
                        f"expected the {len(devices)} devices with ids {[d.id for d in devices]}.")
     if split and len(devices) > 1 and got.sharding.is_fully_replicated:
         raise Mismatch(f"{what} holds a full copy on every device; expected one block per device.")
+
+
+def expect_pmapped(fn, got, args, devices, *, what: str, name: str, how: str) -> list:
+    """``got`` lives on ``devices`` as pmap leaves it, and ``fn(*args)``'s program holds a pmap: its shard_map
+    equations are returned. ``how`` completes "the exercise is jax.pmap, ..." in the feedback."""
+    if isinstance(got, jax.Array) and len(got.devices()) == 1 and len(devices) > 1:
+        raise Mismatch(f"{what} has the right values but lives on one device: computed there (vmap, plain jnp) or "
+                       f"brought there afterwards. The exercise is jax.pmap, {how}, and the result returned as pmap "
+                       "gives it.")
+    expect_placed_on(got, devices, what=what)
+    maps = [e for e in primitives(fn, *args, name=name) if e.primitive.name == "shard_map"]
+    if not maps:
+        raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap (it was placed there "
+                       f"some other way): the exercise is jax.pmap, {how}.")
+    return maps
 
 
 # ---------------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import jax
 import numpy as np
@@ -142,11 +142,11 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
         raise type(error)(f"{case.label}: {text}{'' if text.endswith(('.', '?', '!')) else '.'}{where}") from None
     _, expected, got, diff = next(r for r in rows if r[0] is case)
     named = _confirmed(mistakes, rows, run, opts)       # on the cases that ran: their numbers confirm it or not
-    raised = [f" On {c.label} it raised: {str(e).rstrip()}" for c, e in failed if e is not None]
+    raised = [f" {c.label[:1].upper()}{c.label[1:]}, it raised: {str(e).rstrip()}" for c, e in failed if e is not None]
     where = "".join(raised[:1]) or where
     shown = f"expected {_show(expected)}, got {_show(got)}"
     if len(shown) > 240 or _show(expected) == _show(got) or _show(expected) == describe_tree(expected):
-        shown = diff                        # long, alike in print, or only a structure: say where it differs
+        shown = diff = difference(got, expected, n=case.n, values=True, **opts)   # where it differs, and how
     if not reveal:
         shown = diff = (f"you predicted {_values(got)}: {_off(got, expected, opts)} (the right values are not shown: "
                         "the compiled program gives them)")
@@ -194,7 +194,7 @@ def _where(cases, right_on, failed) -> str:
         return ""
     k = len(right_on)
     text = " It is right in the other case" if k == 1 else f" It is right in the other {k} cases"
-    text += "." if len(failed) == 1 else f"; wrong also in: {_join([c.label for c, _ in failed[1:]])}."
+    text += "." if len(failed) == 1 else f"; wrong also in: {', '.join(c.label for c, _ in failed[1:])}."
     total = len(jax.devices())
     good = [c.n for c in cases if c.label in right_on]
     bad = [c.n for c, _ in failed]
@@ -207,10 +207,6 @@ def _where(cases, right_on, failed) -> str:
 class _Fields(dict):
     def __missing__(self, key):
         return "{" + key + "}"
-
-
-def _join(labels: list[str]) -> str:
-    return ", ".join(labels)
 
 
 def _confirmed(mistakes, rows, run, opts) -> list[Mistake]:
@@ -313,14 +309,17 @@ def same(got, expected, *, rtol: float = 1e-5, atol: float = 1e-6, dtype: bool =
 
 
 def difference(got, expected, *, n: int | None = None, rtol: float = 1e-5, atol: float = 1e-6,
-               dtype: bool = True, strict: bool = False, names: str | Sequence[str] = "output") -> str | None:
+               dtype: bool = True, strict: bool = False, names: str | Sequence[str] = "output",
+               values: bool = False) -> str | None:
     """None when ``got`` equals ``expected``; otherwise what differs, with a measured relation, and where:
-    ``output [0][1]: ...`` (``names``: see ``diagnose``)."""
+    ``output [0][1]: ...`` (``names``: see ``diagnose``; ``values``: the differing part's values too, if short)."""
     pairs = _pairs(got, expected, strict)
     if isinstance(pairs, str):
         return pairs
     for path, g, e in pairs:
         text = _leaf_difference(g, e, n, rtol, atol, dtype)
+        if text is not None and values and not text.startswith("expected") and len(_show(g) + _show(e)) <= 160:
+            text = f"expected {_show(e)}, got {_show(g)}: {text}"
         if text is not None:
             return f"{_readable(path, names)}: {text}" if path and not isinstance(e, Said) else text
     return None
