@@ -153,12 +153,17 @@ def test_vmap_is_seen_however_the_vmapped_function_was_built():
     assert ex.vmap_calls(lambda a: jnp.linalg.norm(a, axis=1), x) == 0
 
 
-def test_pmap_specs_read_in_axes_and_out_axes_from_the_program():
+def test_expect_pmapped_reads_the_pmap_and_the_placement():
     xs = jnp.ones((8, 3))
-    (ins, outs), = ex.pmap_specs(jax.pmap(lambda r, s: r * s, in_axes=(0, None), out_axes=1), xs, 2.0)
-    assert len(tuple(ins[1])) == 0 and len(tuple(ins[0])) == 1      # the scalar broadcast, the batch mapped
-    assert tuple(outs[0])[0] is None and tuple(outs[0])[1] is not None
-    assert ex.pmap_specs(lambda a: a * 2, xs) == []
+    devices = jax.devices()
+    f = jax.pmap(lambda r, s: r * s, in_axes=(0, None), out_axes=1)
+    (m,) = ex.expect_pmapped(f, f(xs, 2.0), (xs, 2.0), devices, what="f", name="f", how="one row each")
+    assert len(tuple(m.params["in_specs"][1])) == 0 and len(tuple(m.params["in_specs"][0])) == 1
+    with pytest.raises(Mismatch, match="lives on one device"):
+        ex.expect_pmapped(lambda a: a * 2, xs * 2, (xs,), devices, what="g", name="g", how="one row each")
+    spread = jax.device_put(xs, jax.sharding.NamedSharding(jax.make_mesh((8,), ("i",)), jax.P("i")))
+    with pytest.raises(Mismatch, match="its program has no jax.pmap"):
+        ex.expect_pmapped(lambda a: spread, spread, (xs,), devices, what="h", name="h", how="one row each")
 
 
 HINTED = ex.Exercise("97.3", "hinted", lambda f: "ok", None, hints=("nudge", "key API"))

@@ -489,15 +489,19 @@ def expect_placed_on(got, devices, *, what: str = "the result", split: bool = Tr
         raise Mismatch(f"{what} holds a full copy on every device; expected one block per device.")
 
 
-def expect_pmapped(fn, got, args, devices, *, what: str, name: str, how: str) -> list:
+def expect_pmapped(fn, got, args, devices, *, what: str, name: str, how: str, untraceable: str = "") -> list:
     """``got`` lives on ``devices`` as pmap leaves it, and ``fn(*args)``'s program holds a pmap: its shard_map
-    equations are returned. ``how`` completes "the exercise is jax.pmap, ..." in the feedback."""
+    equations are returned. ``how`` completes "the exercise is jax.pmap, ..." in the feedback; ``untraceable``
+    is added when the program cannot be read (the likely cause)."""
     if isinstance(got, jax.Array) and len(got.devices()) == 1 and len(devices) > 1:
         raise Mismatch(f"{what} has the right values but lives on one device: computed there (vmap, plain jnp) or "
                        f"brought there afterwards. The exercise is jax.pmap, {how}, and the result returned as pmap "
                        "gives it.")
     expect_placed_on(got, devices, what=what)
-    maps = [e for e in primitives(fn, *args, name=name) if e.primitive.name == "shard_map"]
+    try:
+        maps = [e for e in primitives(fn, *args, name=name) if e.primitive.name == "shard_map"]
+    except Mismatch as e:
+        raise Mismatch(f"{e} {untraceable}".strip()) from None
     if not maps:
         raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap (it was placed there "
                        f"some other way): the exercise is jax.pmap, {how}.")
@@ -529,19 +533,6 @@ def primitives(fn, *args, name: str = "your function") -> list:
                        f"jax.make_jaxpr ({type(e).__name__}: {first}), so it cannot see which mechanism it uses. Keep "
                        "the function in JAX: no np.asarray, float() or .tolist() on its inputs.") from None
     return list(_eqns(closed.jaxpr))
-
-
-def pmap_specs(fn, *args, name: str = "your function", untraceable: str = "") -> list[tuple[tuple, tuple]]:
-    """``(in_specs, out_specs)`` of every ``pmap``/``shard_map`` in ``fn(*args)``'s program.
-
-    ``untraceable`` is added to the feedback when the program cannot be read (the likely cause).
-    """
-    try:
-        eqns = primitives(fn, *args, name=name)
-    except Mismatch as e:
-        raise Mismatch(f"{e} {untraceable}".strip()) from None
-    return [(tuple(e.params["in_specs"]), tuple(e.params["out_specs"]))
-            for e in eqns if e.primitive.name == "shard_map"]
 
 
 def vmap_calls(fn, *args) -> int | None:

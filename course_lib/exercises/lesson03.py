@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import (Case, Mismatch, Mistake, _eqns, call, diagnose, exercise, expect_placed_on, expect_pmapped,
-               placement, pmap_specs, primitives)
+               placement, primitives)
 from .lesson00 import _data
 
 
@@ -146,19 +146,12 @@ def check_predict(predict):
     results = diagnose(predict, cases, solution=solution_predict, mistakes=MISTAKES_03_2, run=run, rtol=1e-4,
                        atol=1e-5)
     for case, got in zip(cases, results):
-        if isinstance(got, jax.Array) and len(got.devices()) == 1:
-            raise Mismatch(f"{case.label} has the right values but lives on one device: the exercise is jax.pmap, "
-                           "the parameters broadcast and the batch mapped.")
-        expect_placed_on(got, devices[:case.n], what=case.label)
-    params, xs = cases[-1].args
-    what = cases[-1].label
-    specs = pmap_specs(predict, params, xs, name=name, untraceable=(
-        "It seems to copy the parameters once per device first (sharding.replicate, np.stack): the copies that "
-        "in_axes=None makes unnecessary."))
-    if not specs:
-        raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap: the exercise is "
-                       "pmap with the parameters broadcast.")
-    if _unmapped(specs) < len(params):
+        maps = expect_pmapped(predict, got, case.args, devices[:case.n], what=case.label, name=name,
+                              how="the parameters broadcast and the batch mapped", untraceable=(
+            "It seems to copy the parameters once per device first (sharding.replicate, np.stack): the copies "
+            "that in_axes=None makes unnecessary."))
+    (params, _), what = cases[-1].args, cases[-1].label
+    if _unmapped([(m.params["in_specs"], ()) for m in maps]) < len(params):
         raise Mismatch(f"{what} has the right values, but the parameters were mapped over the devices (stacked "
                        "or replicated into one copy per device, then in_axes=0): this exercise is about sending "
                        "them whole to every device, not about mapping copies.")

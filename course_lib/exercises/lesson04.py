@@ -89,11 +89,6 @@ def _ring(a, shift=1):
     return [(i, (i + shift) % n) for i in range(n)]
 
 
-def _every(x, a):
-    """Every device's x, stacked in device order (for writing mistakes)."""
-    return jax.lax.all_gather(x, a)
-
-
 def _ppermute_bytes(fn, xs) -> tuple[int, int]:
     """(ppermutes run, bytes one device sends in them) by ``fn``'s program under pmap over ``xs``.
 
@@ -299,7 +294,7 @@ MISTAKES_04_2 = [
             "(mean, var).", lambda x, a: solution_global_mean_var(x, a)[::-1]),
     Mistake("variance of the device means", "The variance is the variance of the {n} shard means (how far the devices' "
             "means spread), not of all the values.",
-            _right_mean(lambda x, a, m, v: jnp.var(_every(jnp.mean(x), a)))),
+            _right_mean(lambda x, a, m, v: jnp.var(jax.lax.all_gather(jnp.mean(x), a)))),
 ]
 
 
@@ -377,7 +372,7 @@ def solution_gather_all(x, axis_name):
 
 def _zero_row(x, a, k):
     """Every device's x in device order, with row (me + k) % n left at zero (for writing mistakes)."""
-    return _every(x, a).at[(jax.lax.axis_index(a) + k) % jax.lax.axis_size(a)].set(0)
+    return jax.lax.all_gather(x, a).at[(jax.lax.axis_index(a) + k) % jax.lax.axis_size(a)].set(0)
 
 
 MISTAKES_04_4 = [
@@ -388,10 +383,10 @@ MISTAKES_04_4 = [
             lambda x, a: _zero_row(x, a, 1)),
     Mistake("own value first", "Each device has every value, but starting with its own: row j of every device's "
             "result must be device j's value; here row k holds what arrived after k hops.",
-            lambda x, a: jnp.roll(_every(x, a), -jax.lax.axis_index(a), axis=0)),
+            lambda x, a: jnp.roll(jax.lax.all_gather(x, a), -jax.lax.axis_index(a), axis=0)),
     Mistake("rows filed the other way", "Every device has every value, but in the wrong rows: the values travel "
             "round the ring in one direction, and the bookkeeping of where each came from assumes the other.",
-            lambda x, a: _every(x, a)[(2 * jax.lax.axis_index(a) - jnp.arange(jax.lax.axis_size(a)))
+            lambda x, a: jax.lax.all_gather(x, a)[(2 * jax.lax.axis_index(a) - jnp.arange(jax.lax.axis_size(a)))
                                       % jax.lax.axis_size(a)]),
     Mistake("only its own value", "Every row of each device's result is its own value: nothing arrived from the "
             "other devices.", lambda x, a: jnp.stack([x] * jax.lax.axis_size(a))),
