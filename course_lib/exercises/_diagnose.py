@@ -460,8 +460,10 @@ def relation(g: np.ndarray, e: np.ndarray, *, n: int | None = None, rtol: float 
         if rel <= 8 * eps and held:
             return (f"the largest difference is {100 * rel:.2g}% of the largest value, within a few roundings "
                     f"to {half} (one rounding: {100 * eps:.2g}%)")
+    wrong = ~np.isclose(g64, e64, rtol=max(rtol, 1e-4), atol=max(atol, 1e-6), equal_nan=True)
     if 0 < rel <= 0.05:                                 # close, but not by any rounding named above
-        return f"the largest difference is {100 * rel:.2g}% of the largest value"
+        count = f"{int(wrong.sum())} of {wrong.size} values differ; " if g.size > 1 else ""
+        return f"{count}the largest difference is {100 * rel:.2g}% of the largest value"
     if g.ndim >= 1 and g.shape[0] > 1:
         if close(g64, e64[::-1]):
             return "the expected values in reverse order along the first axis"
@@ -472,7 +474,6 @@ def relation(g: np.ndarray, e: np.ndarray, *, n: int | None = None, rtol: float 
         return "the expected values, transposed"
     if g.size > 1 and close(np.sort(g64, axis=None), np.sort(e64, axis=None)):
         return "the expected values, in another order"
-    wrong = ~np.isclose(g64, e64, rtol=max(rtol, 1e-4), atol=max(atol, 1e-6), equal_nan=True)
     if g.ndim == 0:
         return f"off by {float(g64 - e64):+.4g}"
     first = tuple(int(i) for i in np.argwhere(wrong)[0])
