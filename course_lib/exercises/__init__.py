@@ -316,24 +316,18 @@ def hint(id: str) -> None:
     shown = _hints_shown[id]
     # Where the instructor withheld the solutions, no message points to solution() (it would print none) or to
     # the file that holds the reference solutions: the lesson's own cells are where to look.
-    withheld = _solutions.withheld()
-    lesson = id.split(".")[0]
+    withheld = (f"the instructor has withheld the solutions in this class: reread the cells of lesson "
+                f"{id.split('.')[0]} that the hints name, run check again to see what differs, or ask the "
+                "instructor." if _solutions.withheld() else "")
     if shown >= len(ex.hints):
-        after = (f"The instructor has withheld the solutions in this class: reread the cells of lesson {lesson} "
-                 "that the hints name, run check again to see what differs, or ask the instructor."
-                 if withheld else f"Next step: solution({id!r}) prints a reference solution.")
+        after = withheld[:1].upper() + withheld[1:] or f"Next step: solution({id!r}) prints a reference solution."
         print(f"[{id}] No hints left ({len(ex.hints)} shown). {after}")
         return
     _hints_shown[id] = shown + 1
     _record(id, "hint")
     last = shown + 1 == len(ex.hints)
-    if last and withheld:
-        after = (f" That was the last one; the instructor has withheld the solutions in this class, so the "
-                 f"lesson {lesson} cells these hints name, and check's message, are what to work from.")
-    elif last:
-        after = f" That was the last one: solution({id!r}) is next."
-    else:
-        after = f" Run hint({id!r}) again for more."
+    after = (f" That was the last one; {withheld}" if last and withheld else
+             f" That was the last one: solution({id!r}) is next." if last else f" Run hint({id!r}) again for more.")
     print(f"[{id}] Hint {shown + 1} of {len(ex.hints)}: {ex.hints[shown]}{after}")
 
 
