@@ -244,15 +244,11 @@ def _add_hints(module) -> None:
     _HINTS_LOADED.add(module.__name__)
 
 
-def _load_all() -> None:
+def exercises() -> dict[str, Exercise]:
+    """Every exercise of the course, by id (``"02.1"``), in order."""
     for info in pkgutil.iter_modules(__path__):
         if info.name.startswith("lesson"):
             _add_hints(importlib.import_module(f"{__name__}.{info.name}"))
-
-
-def exercises() -> dict[str, Exercise]:
-    """Every exercise of the course, by id (``"02.1"``), in order."""
-    _load_all()
     return dict(sorted(_REGISTRY.items()))
 
 

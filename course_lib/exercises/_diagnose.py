@@ -88,10 +88,6 @@ class Case:
     kwargs: dict = dataclasses.field(default_factory=dict)
 
 
-def _default_run(fn, case: Case, name: str):
-    return call(fn, *case.args, name=name, **case.kwargs)
-
-
 def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Sequence[Mistake] = (),
              run: Callable | None = None, name: str | None = None, rtol: float = 1e-5, atol: float = 1e-6,
              dtype: bool = True, strict_containers: bool = False, names: str | Sequence[str] = "output",
@@ -111,7 +107,7 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
     """
     name = name or getattr(answer, "__name__", "your function")
     if run is None:
-        run = lambda fn, case: _default_run(fn, case, name)  # noqa: E731
+        run = lambda fn, case: call(fn, *case.args, name=name, **case.kwargs)  # noqa: E731
     opts = dict(rtol=rtol, atol=atol, dtype=dtype, strict=strict_containers, names=names)
     rows, results, right_on, failed = [], [], [], []
     for case in cases:
@@ -296,12 +292,6 @@ def _numbers(x):
     return a
 
 
-def _tolerance(expected: np.ndarray, rtol: float, atol: float) -> tuple[float, float]:
-    if expected.dtype.itemsize <= 2 and jax.numpy.issubdtype(expected.dtype, np.floating):
-        return max(rtol, 1e-2), max(atol, 1e-2)
-    return rtol, atol
-
-
 def same(got, expected, *, rtol: float = 1e-5, atol: float = 1e-6, dtype: bool = True,
          strict: bool = False) -> bool:
     """Whether ``got`` equals ``expected`` in the engine's sense (other forms of a right answer allowed)."""
@@ -353,7 +343,8 @@ def _leaf_difference(g, e, n, rtol, atol, dtype) -> str | None:
         return f"expected {_describe_leaf(e)}, got {describe_tree(g)}"
     if gv.shape != ev.shape:
         return _shape_relation(gv, ev, n)
-    rt, at = _tolerance(ev, rtol, atol)
+    half = ev.dtype.itemsize <= 2 and jax.numpy.issubdtype(ev.dtype, np.floating)   # half precision: looser
+    rt, at = (max(rtol, 1e-2), max(atol, 1e-2)) if half else (rtol, atol)
     floats = jax.numpy.issubdtype(gv.dtype, np.floating) and jax.numpy.issubdtype(ev.dtype, np.floating)
     # A 0-d value: only a loss of precision counts (a Python float expected: anything below float32)
     want = np.dtype(e.dtype) if hasattr(e, "dtype") else np.dtype(np.float32)

@@ -106,16 +106,6 @@ def _ppermute_bytes(fn, xs) -> tuple[int, int]:
     return _count_ppermutes(closed.jaxpr)
 
 
-def _sub_jaxprs(value):
-    if hasattr(value, "eqns"):                          # a Jaxpr
-        yield value
-    elif hasattr(getattr(value, "jaxpr", None), "eqns"):  # a ClosedJaxpr
-        yield value.jaxpr
-    elif isinstance(value, (tuple, list)):
-        for v in value:
-            yield from _sub_jaxprs(v)
-
-
 def _count_ppermutes(jaxpr) -> tuple[int, int]:
     hops = sent = 0
     for e in jaxpr.eqns:
@@ -124,13 +114,10 @@ def _count_ppermutes(jaxpr) -> tuple[int, int]:
             hops += 1
             sent += sum(int(np.prod(v.aval.shape)) * np.dtype(v.aval.dtype).itemsize for v in e.invars)
             continue
-        if name == "cond":
-            counts = [_count_ppermutes(b) for b in _sub_jaxprs(e.params["branches"])]
-            h, b = max(counts, key=lambda c: c[1], default=(0, 0))
-            hops, sent = hops + h, sent + b
-            continue
-        inner = [_count_ppermutes(j) for v in e.params.values() for j in _sub_jaxprs(v)]
-        h, b = sum(c[0] for c in inner), sum(c[1] for c in inner)
+        inner = [_count_ppermutes(getattr(j, "jaxpr", j)) for v in e.params.values()        # nested programs
+                 for j in (v if isinstance(v, (tuple, list)) else [v]) if hasattr(getattr(j, "jaxpr", j), "eqns")]
+        h, b = (max(inner, key=lambda c: c[1], default=(0, 0)) if name == "cond"          # the costlier branch
+                else (sum(c[0] for c in inner), sum(c[1] for c in inner)))
         if h and name == "while":
             raise Mismatch("the program sends with ppermute inside a lax.while_loop (a lax.fori_loop whose bounds "
                            "are traced values becomes one), so the checker cannot count how many times it runs, "
