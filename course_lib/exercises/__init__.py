@@ -38,6 +38,7 @@ Hints can also come from a module-level dict in the lesson module,
 
 from __future__ import annotations
 
+import ast
 import builtins
 import collections
 import contextlib
@@ -117,24 +118,14 @@ _answer_is_stub: list[bool] = [False]
 
 
 def is_placeholder(fn) -> bool:
-    """Whether ``fn``'s body is still a placeholder: only ``...``, ``pass`` or a docstring. A body that is
-    written, even ``return None`` or ``lambda x: None``, is an attempt."""
-    fn = getattr(fn, "__wrapped__", fn)
-    code = getattr(fn, "__code__", None)
-    if code is None or fn.__name__ == "<lambda>":      # a lambda's body is written: `lambda x: None` is an attempt
-        return False
-    import ast
-    import dis
-    ops = [(i.opname, i.argval) for i in dis.get_instructions(code) if i.opname not in ("RESUME", "NOP", "CACHE")]
-    if ops not in ([("RETURN_CONST", None)], [("LOAD_CONST", None), ("RETURN_VALUE", None)]):
-        return False
-    try:                                    # the bytecode of `...` and of `return None` is the same: read the source
-        node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    """Whether ``fn``'s body, read from its source, is still a placeholder: only ``...``, ``pass`` or a docstring.
+    A written body, even ``return None`` or ``lambda x: None``, is an attempt."""
+    try:
+        node = ast.parse(textwrap.dedent(inspect.getsource(getattr(fn, "__wrapped__", fn)))).body[0]
     except (OSError, TypeError, SyntaxError, IndexError):
-        return True
-    body = getattr(node, "body", None)
-    return isinstance(body, list) and all(isinstance(b, ast.Pass) or (isinstance(b, ast.Expr) and isinstance(
-        b.value, ast.Constant) and (b.value.value is ... or isinstance(b.value.value, str))) for b in body)
+        return False
+    return isinstance(node, ast.FunctionDef) and all(isinstance(b, ast.Pass) or (isinstance(b, ast.Expr) and isinstance(
+        b.value, ast.Constant) and (b.value.value is ... or isinstance(b.value.value, str))) for b in node.body)
 
 
 def returned_none(shown: str, fn, what: str = "its result"):
@@ -185,6 +176,8 @@ class Exercise:
             return Feedback(self.id, False, str(e), started=not _answer_is_stub[0])
         except Exception as e:  # a safety net: the answer broke the checker itself
             return Feedback(self.id, False, self._could_not_use(e))
+        finally:
+            _answer_is_stub[0] = False      # a later call() outside check reads its own function only
 
     def mistakes(self) -> list:
         """The mistakes this exercise declares as data: the ``Mistake`` list its lesson module names

@@ -148,8 +148,8 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
                         "the compiled program gives them)")
     evidence = f"{case.label}: {shown}"
     if len(named) == 1:
-        fields = _Fields(n=case.n, label=case.label)
-        raise Mismatch(f"{evidence}. {named[0].feedback.format_map(fields)}{''.join(raised[:1])}")
+        feedback = named[0].feedback.replace("{n}", str(case.n)).replace("{label}", case.label)
+        raise Mismatch(f"{evidence}. {feedback}{''.join(raised[:1])}")
     if diff.startswith("expected ") or shown == diff:   # the diff says both sides
         raise Mismatch(f"{case.label}: {diff}.{where}")
     raise Mismatch(f"{evidence}: {diff}.{where}")
@@ -198,11 +198,6 @@ def _where(cases, right_on, failed) -> str:
         text += (f" It is right only on the cases with all {total} devices and fails on every case with fewer: "
                  f"the answer does not follow the device count it is given.")
     return text
-
-
-class _Fields(dict):
-    def __missing__(self, key):
-        return "{" + key + "}"
 
 
 def _confirmed(mistakes, rows, run, opts) -> list[Mistake]:
