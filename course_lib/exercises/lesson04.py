@@ -332,10 +332,12 @@ def check_rotate_right(rotate_right):
     diagnose(rotate_right, cases, solution=solution_rotate_right, mistakes=MISTAKES_04_3,
              run=_runner("rotate_right"))
     hops, _ = _ppermute_bytes(rotate_right, cases[-1].args[0])
+    if not hops:
+        raise Mismatch("right values, but the program has no ppermute: the values did not travel between devices "
+                       "as the exercise asks.")
     if hops != 1:
         raise Mismatch(f"right values, but expected 1 ppermute, got {hops}: the exercise asks for one collective, one "
-                       "hop, " + ("and the values did not travel between devices." if not hops else
-                                  f"and this program sends each value {hops} times to arrive at the same place."))
+                       f"hop, and this program sends each value {hops} times to arrive at the same place.")
     return "each shard moved one device to the right, and the last one wrapped round to device 0."
 
 
