@@ -303,7 +303,8 @@ def difference(got, expected, *, n: int | None = None, rtol: float = 1e-5, atol:
         return pairs
     for path, g, e in pairs:
         text = _leaf_difference(g, e, n, rtol, atol, dtype)
-        if text is not None and values and not text.startswith("expected") and len(_show(g) + _show(e)) <= 160:
+        if text is not None and values and not text.startswith(("expected", "shape", "dtype", "one number")) \
+                and len(_show(g) + _show(e)) <= 160:                # values, where a relation of values is told
             text = f"expected {_show(e)}, got {_show(g)}: {text}"
         if text is not None:
             return f"{_readable(path, names)}: {text}" if path and not isinstance(e, Said) else text
