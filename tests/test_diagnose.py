@@ -222,3 +222,9 @@ def test_byte_counts_beyond_float16_compare_without_a_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         relation(np.array([3e9, 4e9]), np.array([1e9, 2e9]), n=None, rtol=1e-6, atol=0.0)
+
+
+def test_a_half_precision_answer_is_measured_against_its_own_dtype():
+    e = np.linspace(0.7, 1.7, 8).astype(np.float32)
+    said = relation(np.asarray((e * 1.002).astype(jnp.bfloat16)), e)
+    assert "within a few roundings to bfloat16 (one rounding: 0.39%)" in said, said

@@ -84,8 +84,14 @@ def test_call_reports_the_learners_exception_with_inputs():
         call(broken, jnp.zeros((4, 3)), n=2)
     with pytest.raises(Mismatch, match="expected a function, got ndarray"):
         call(np.zeros(2))
+    with pytest.raises(Mismatch, match=r"forgot\(Array float32\[2\]\) returned None: did it forget to `return`"):
+        call(lambda x: None, jnp.zeros(2), name="forgot")
+
+    def placeholder(x):
+        ...
+
     with pytest.raises(Mismatch, match=r"placeholder\(Array float32\[2\]\) returned None: write the function's body"):
-        call(lambda x: None, jnp.zeros(2), name="placeholder")
+        call(placeholder, jnp.zeros(2))
 
 
 def test_expect_placed_on_messages(devices):
@@ -147,12 +153,17 @@ def test_vmap_is_seen_however_the_vmapped_function_was_built():
     assert ex.vmap_calls(lambda a: jnp.linalg.norm(a, axis=1), x) == 0
 
 
-def test_pmap_specs_read_in_axes_and_out_axes_from_the_program():
+def test_expect_pmapped_reads_the_pmap_and_the_placement():
     xs = jnp.ones((8, 3))
-    (ins, outs), = ex.pmap_specs(jax.pmap(lambda r, s: r * s, in_axes=(0, None), out_axes=1), xs, 2.0)
-    assert len(tuple(ins[1])) == 0 and len(tuple(ins[0])) == 1      # the scalar broadcast, the batch mapped
-    assert tuple(outs[0])[0] is None and tuple(outs[0])[1] is not None
-    assert ex.pmap_specs(lambda a: a * 2, xs) == []
+    devices = jax.devices()
+    f = jax.pmap(lambda r, s: r * s, in_axes=(0, None), out_axes=1)
+    (m,) = ex.expect_pmapped(f, f(xs, 2.0), (xs, 2.0), devices, what="f", name="f", how="one row each")
+    assert len(tuple(m.params["in_specs"][1])) == 0 and len(tuple(m.params["in_specs"][0])) == 1
+    with pytest.raises(Mismatch, match="lives on one device"):
+        ex.expect_pmapped(lambda a: a * 2, xs * 2, (xs,), devices, what="g", name="g", how="one row each")
+    spread = jax.device_put(xs, jax.sharding.NamedSharding(jax.make_mesh((8,), ("i",)), jax.P("i")))
+    with pytest.raises(Mismatch, match="its program has no jax.pmap"):
+        ex.expect_pmapped(lambda a: spread, spread, (xs,), devices, what="h", name="h", how="one row each")
 
 
 HINTED = ex.Exercise("97.3", "hinted", lambda f: "ok", None, hints=("nudge", "key API"))
@@ -205,8 +216,11 @@ def test_progress_counts_attempts_and_passes_per_lesson(monkeypatch):
     monkeypatch.setattr(ex, "_attempts", ex.collections.Counter())
     monkeypatch.setattr(ex, "_passed", set())
     monkeypatch.setattr(ex, "_hints_shown", ex.collections.Counter())
+    def unwritten(dispatch_ms, step_ms, k):
+        ...
+
     check("09.1", None)                         # a placeholder is not an attempt
-    check("09.1", lambda d, s, k: None)
+    check("09.1", unwritten)
     assert "· 09.1" in str(ex.progress("09"))
     check("09.1", lambda d, s, k: d * k + s)
     check("09.1", ALL["09.1"].solution)

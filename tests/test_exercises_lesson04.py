@@ -290,3 +290,35 @@ def test_04_5_the_missing_all_gather_is_named():
 def test_04_4_int_of_the_axis_index_is_explained():
     fb = check("04.4", lambda x, a: jnp.stack([x] * jax.lax.axis_size(a))[int(jax.lax.axis_index(a))])
     assert not fb and "no Python number yet" in fb.message
+
+
+def test_04_findings_of_the_learner_runs():
+    """A stacked pair passes; three ppermutes are counted; a traced perm and a line without wrap-around are named."""
+    def stacked(x, a):
+        mean = jax.lax.pmean(jnp.mean(x), a)
+        return jnp.stack([mean, jax.lax.pmean(jnp.mean((x - mean) ** 2), a)])
+
+    assert check("04.2", stacked)
+
+    def three_hops(x, a):
+        y = jax.lax.ppermute(jax.lax.ppermute(x, a, ring(a)), a, ring(a))
+        return jax.lax.ppermute(y, a, ring(a, -1))
+
+    assert "expected 1 ppermute, got 3" in check("04.3", three_hops).message
+
+    def traced_perm(x, a):
+        i, n = jax.lax.axis_index(a), jax.lax.axis_size(a)
+        return jax.lax.ppermute(x, a, [(i, (i + 1) % n)])
+
+    fb = check("04.3", traced_perm)
+    assert "one static Python list of every (source, destination) pair" in fb.message and fb.started
+
+    def line_of_seven(x, a):
+        total, passing = x, x
+        for _ in range(7):
+            passing = jax.lax.ppermute(passing, a, [(i, i + 1) for i in range(7)])
+            total = total + passing
+        return total
+
+    fb = check("04.1", line_of_seven)
+    assert "the ring is not closed" in fb.message and "names device 7" in fb.message

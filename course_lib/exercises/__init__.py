@@ -38,6 +38,7 @@ Hints can also come from a module-level dict in the lesson module,
 
 from __future__ import annotations
 
+import ast
 import builtins
 import collections
 import contextlib
@@ -54,7 +55,7 @@ import jax
 import numpy as np
 
 __all__ = ["Feedback", "Mismatch", "Exercise", "exercise", "check", "hint", "solution", "progress", "exercises",
-           "call", "expect_placed_on", "describe",
+           "call", "expect_placed_on", "expect_pmapped", "describe",
            "Mistake", "Case", "diagnose", "difference", "relation", "same"]
 
 
@@ -117,15 +118,23 @@ _answer_is_stub: list[bool] = [False]
 
 
 def is_placeholder(fn) -> bool:
-    """Whether ``fn``'s body does nothing: ``...``, ``pass``, a docstring or ``return None``."""
-    code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
-    if code is None:
+    """Whether ``fn``'s body, read from its source, is still a placeholder: only ``...``, ``pass`` or a docstring.
+    A written body, even ``return None`` or ``lambda x: None``, is an attempt."""
+    try:
+        node = ast.parse(textwrap.dedent(inspect.getsource(getattr(fn, "__wrapped__", fn)))).body[0]
+    except (OSError, TypeError, SyntaxError, IndexError):
         return False
-    import dis
-    ops = [i for i in dis.get_instructions(code) if i.opname not in ("RESUME", "NOP", "CACHE")]
-    if [i.opname for i in ops] == ["RETURN_CONST"]:
-        return ops[0].argval is None
-    return [i.opname for i in ops] == ["LOAD_CONST", "RETURN_VALUE"] and ops[0].argval is None
+    return isinstance(node, ast.FunctionDef) and all(isinstance(b, ast.Pass) or (isinstance(b, ast.Expr) and isinstance(
+        b.value, ast.Constant) and (b.value.value is ... or isinstance(b.value.value, str))) for b in node.body)
+
+
+def returned_none(shown: str, fn, what: str = "its result"):
+    """The one way ``None`` from an answer is reported: a placeholder is not started; a written body that
+    returned None is an attempt that forgot its ``return``."""
+    if _answer_is_stub[0] or is_placeholder(fn):
+        return _NotStarted(f"{shown} returned None: write the function's body, and `return` {what}.")
+    return Mismatch(f"{shown} returned None: did it forget to `return` {what}? Every path through the function "
+                    "must end in one.")
 
 NO_ANSWER = "no answer yet: write your code in the cell above, then run it again."
 
@@ -167,6 +176,8 @@ class Exercise:
             return Feedback(self.id, False, str(e), started=not _answer_is_stub[0])
         except Exception as e:  # a safety net: the answer broke the checker itself
             return Feedback(self.id, False, self._could_not_use(e))
+        finally:
+            _answer_is_stub[0] = False      # a later call() outside check reads its own function only
 
     def mistakes(self) -> list:
         """The mistakes this exercise declares as data: the ``Mistake`` list its lesson module names
@@ -226,15 +237,11 @@ def _add_hints(module) -> None:
     _HINTS_LOADED.add(module.__name__)
 
 
-def _load_all() -> None:
+def exercises() -> dict[str, Exercise]:
+    """Every exercise of the course, by id (``"02.1"``), in order."""
     for info in pkgutil.iter_modules(__path__):
         if info.name.startswith("lesson"):
             _add_hints(importlib.import_module(f"{__name__}.{info.name}"))
-
-
-def exercises() -> dict[str, Exercise]:
-    """Every exercise of the course, by id (``"02.1"``), in order."""
-    _load_all()
     return dict(sorted(_REGISTRY.items()))
 
 
@@ -298,24 +305,18 @@ def hint(id: str) -> None:
     shown = _hints_shown[id]
     # Where the instructor withheld the solutions, no message points to solution() (it would print none) or to
     # the file that holds the reference solutions: the lesson's own cells are where to look.
-    withheld = _solutions.withheld()
-    lesson = id.split(".")[0]
+    withheld = (f"the instructor has withheld the solutions in this class: reread the cells of lesson "
+                f"{id.split('.')[0]} that the hints name, run check again to see what differs, or ask the "
+                "instructor." if _solutions.withheld() else "")
     if shown >= len(ex.hints):
-        after = (f"The instructor has withheld the solutions in this class: reread the cells of lesson {lesson} "
-                 "that the hints name, run check again to see what differs, or ask the instructor."
-                 if withheld else f"Next step: solution({id!r}) prints a reference solution.")
+        after = withheld[:1].upper() + withheld[1:] or f"Next step: solution({id!r}) prints a reference solution."
         print(f"[{id}] No hints left ({len(ex.hints)} shown). {after}")
         return
     _hints_shown[id] = shown + 1
     _record(id, "hint")
     last = shown + 1 == len(ex.hints)
-    if last and withheld:
-        after = (f" That was the last one; the instructor has withheld the solutions in this class, so the "
-                 f"lesson {lesson} cells these hints name, and check's message, are what to work from.")
-    elif last:
-        after = f" That was the last one: solution({id!r}) is next."
-    else:
-        after = f" Run hint({id!r}) again for more."
+    after = (f" That was the last one; {withheld}" if last and withheld else
+             f" That was the last one: solution({id!r}) is next." if last else f" Run hint({id!r}) again for more.")
     print(f"[{id}] Hint {shown + 1} of {len(ex.hints)}: {ex.hints[shown]}{after}")
 
 
@@ -422,12 +423,14 @@ def _argument(x) -> str:
     return describe(x)
 
 
-def call(fn, *args, name: str | None = None, hints: dict[str, str] | None = None, **kwargs):
+def call(fn, *args, name: str | None = None, hints: dict[str, str] | None = None,
+         summaries: dict[str, str] | None = None, **kwargs):
     """Call the learner's ``fn``; if it raises, say so in a ``Mismatch`` naming the inputs.
 
     ``hints`` maps a fragment of an expected error message to an explanation that is added
-    to the feedback when the learner's code raises an error containing it. An input that the
-    call changes in place (a NumPy array written to, a dict or list edited) is reported too.
+    to the feedback when the learner's code raises an error containing it; ``summaries`` to one sentence that
+    replaces JAX's long message. An input that the call changes in place (a NumPy array written to, a dict or
+    list edited) is reported too.
     """
     if not callable(fn):
         raise Mismatch(f"expected a function, got {describe_tree(fn)}.")
@@ -439,7 +442,8 @@ def call(fn, *args, name: str | None = None, hints: dict[str, str] | None = None
     except Exception as e:  # the learner's error, reported rather than raised
         first = _error_text(e)
         extra = [hint for fragment, hint in (hints or {}).items() if fragment in str(e)]
-        shown_error = first if len(first) <= 300 else first[:300] + " ..."
+        summary = [text for fragment, text in (summaries or {}).items() if fragment in str(e)]
+        shown_error = summary[0] if summary else first if len(first) <= 300 else first[:300] + " ..."
         if extra and not shown_error.endswith((".", "?", "!", ":")):
             shown_error += "."
         raise Mismatch(" ".join([f"{name}({shown}) raised {type(e).__name__}: {shown_error}", *extra])) from None
@@ -451,10 +455,7 @@ def call(fn, *args, name: str | None = None, hints: dict[str, str] | None = None
                            "alone and return a new value (the caller may still need them, and jax.Arrays cannot "
                            "be changed in place at all).")
     if result is None:
-        if _answer_is_stub[0] or is_placeholder(fn):
-            raise _NotStarted(f"{name}({shown}) returned None: write the function's body, and `return` its result.")
-        raise Mismatch(f"{name}({shown}) returned None. Does every path through the function end in a `return` "
-                       "of its result?")
+        raise returned_none(f"{name}({shown})", fn)
     return result
 
 
@@ -469,6 +470,25 @@ def expect_placed_on(got, devices, *, what: str = "the result", split: bool = Tr
                        f"expected the {len(devices)} devices with ids {[d.id for d in devices]}.")
     if split and len(devices) > 1 and got.sharding.is_fully_replicated:
         raise Mismatch(f"{what} holds a full copy on every device; expected one block per device.")
+
+
+def expect_pmapped(fn, got, args, devices, *, what: str, name: str, how: str, untraceable: str = "") -> list:
+    """``got`` lives on ``devices`` as pmap leaves it, and ``fn(*args)``'s program holds a pmap: its shard_map
+    equations are returned. ``how`` completes "the exercise is jax.pmap, ..." in the feedback; ``untraceable``
+    is added when the program cannot be read (the likely cause)."""
+    if isinstance(got, jax.Array) and len(got.devices()) == 1 and len(devices) > 1:
+        raise Mismatch(f"{what} has the right values but lives on one device: computed there (vmap, plain jnp) or "
+                       f"brought there afterwards. The exercise is jax.pmap, {how}, and the result returned as pmap "
+                       "gives it.")
+    expect_placed_on(got, devices, what=what)
+    try:
+        maps = [e for e in primitives(fn, *args, name=name) if e.primitive.name == "shard_map"]
+    except Mismatch as e:
+        raise Mismatch(f"{e} {untraceable}".strip()) from None
+    if not maps:
+        raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap (it was placed there "
+                       f"some other way): the exercise is jax.pmap, {how}.")
+    return maps
 
 
 # ---------------------------------------------------------------------------------------------
@@ -496,19 +516,6 @@ def primitives(fn, *args, name: str = "your function") -> list:
                        f"jax.make_jaxpr ({type(e).__name__}: {first}), so it cannot see which mechanism it uses. Keep "
                        "the function in JAX: no np.asarray, float() or .tolist() on its inputs.") from None
     return list(_eqns(closed.jaxpr))
-
-
-def pmap_specs(fn, *args, name: str = "your function", untraceable: str = "") -> list[tuple[tuple, tuple]]:
-    """``(in_specs, out_specs)`` of every ``pmap``/``shard_map`` in ``fn(*args)``'s program.
-
-    ``untraceable`` is added to the feedback when the program cannot be read (the likely cause).
-    """
-    try:
-        eqns = primitives(fn, *args, name=name)
-    except Mismatch as e:
-        raise Mismatch(f"{e} {untraceable}".strip()) from None
-    return [(tuple(e.params["in_specs"]), tuple(e.params["out_specs"]))
-            for e in eqns if e.primitive.name == "shard_map"]
 
 
 def vmap_calls(fn, *args) -> int | None:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import jax
 import numpy as np
@@ -88,10 +88,6 @@ class Case:
     kwargs: dict = dataclasses.field(default_factory=dict)
 
 
-def _default_run(fn, case: Case, name: str):
-    return call(fn, *case.args, name=name, **case.kwargs)
-
-
 def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Sequence[Mistake] = (),
              run: Callable | None = None, name: str | None = None, rtol: float = 1e-5, atol: float = 1e-6,
              dtype: bool = True, strict_containers: bool = False, names: str | Sequence[str] = "output",
@@ -111,7 +107,7 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
     """
     name = name or getattr(answer, "__name__", "your function")
     if run is None:
-        run = lambda fn, case: _default_run(fn, case, name)  # noqa: E731
+        run = lambda fn, case: call(fn, *case.args, name=name, **case.kwargs)  # noqa: E731
     opts = dict(rtol=rtol, atol=atol, dtype=dtype, strict=strict_containers, names=names)
     rows, results, right_on, failed = [], [], [], []
     for case in cases:
@@ -141,17 +137,19 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
         text = str(error).rstrip()
         raise type(error)(f"{case.label}: {text}{'' if text.endswith(('.', '?', '!')) else '.'}{where}") from None
     _, expected, got, diff = next(r for r in rows if r[0] is case)
-    named = [] if any(e is not None for _, e in failed) else _confirmed(mistakes, rows, run, opts)
+    named = _confirmed(mistakes, rows, run, opts)       # on the cases that ran: their numbers confirm it or not
+    raised = [f" {c.label[:1].upper()}{c.label[1:]}, it raised: {str(e).rstrip()}" for c, e in failed if e is not None]
+    where = "".join(raised[:1]) or where
     shown = f"expected {_show(expected)}, got {_show(got)}"
     if len(shown) > 240 or _show(expected) == _show(got) or _show(expected) == describe_tree(expected):
-        shown = diff                        # long, alike in print, or only a structure: say where it differs
+        shown = diff = difference(got, expected, n=case.n, values=True, **opts)   # where it differs, and how
     if not reveal:
         shown = diff = (f"you predicted {_values(got)}: {_off(got, expected, opts)} (the right values are not shown: "
                         "the compiled program gives them)")
     evidence = f"{case.label}: {shown}"
     if len(named) == 1:
-        fields = _Fields(n=case.n, label=case.label)
-        raise Mismatch(f"{evidence}. {named[0].feedback.format_map(fields)}")
+        feedback = named[0].feedback.replace("{n}", str(case.n)).replace("{label}", case.label)
+        raise Mismatch(f"{evidence}. {feedback}{''.join(raised[:1])}")
     if diff.startswith("expected ") or shown == diff:   # the diff says both sides
         raise Mismatch(f"{case.label}: {diff}.{where}")
     raise Mismatch(f"{evidence}: {diff}.{where}")
@@ -192,7 +190,7 @@ def _where(cases, right_on, failed) -> str:
         return ""
     k = len(right_on)
     text = " It is right in the other case" if k == 1 else f" It is right in the other {k} cases"
-    text += "." if len(failed) == 1 else f"; wrong also in: {_join([c.label for c, _ in failed[1:]])}."
+    text += "." if len(failed) == 1 else f"; wrong also in: {', '.join(c.label for c, _ in failed[1:])}."
     total = len(jax.devices())
     good = [c.n for c in cases if c.label in right_on]
     bad = [c.n for c, _ in failed]
@@ -200,15 +198,6 @@ def _where(cases, right_on, failed) -> str:
         text += (f" It is right only on the cases with all {total} devices and fails on every case with fewer: "
                  f"the answer does not follow the device count it is given.")
     return text
-
-
-class _Fields(dict):
-    def __missing__(self, key):
-        return "{" + key + "}"
-
-
-def _join(labels: list[str]) -> str:
-    return ", ".join(labels)
 
 
 def _confirmed(mistakes, rows, run, opts) -> list[Mistake]:
@@ -298,12 +287,6 @@ def _numbers(x):
     return a
 
 
-def _tolerance(expected: np.ndarray, rtol: float, atol: float) -> tuple[float, float]:
-    if expected.dtype.itemsize <= 2 and jax.numpy.issubdtype(expected.dtype, np.floating):
-        return max(rtol, 1e-2), max(atol, 1e-2)
-    return rtol, atol
-
-
 def same(got, expected, *, rtol: float = 1e-5, atol: float = 1e-6, dtype: bool = True,
          strict: bool = False) -> bool:
     """Whether ``got`` equals ``expected`` in the engine's sense (other forms of a right answer allowed)."""
@@ -311,14 +294,18 @@ def same(got, expected, *, rtol: float = 1e-5, atol: float = 1e-6, dtype: bool =
 
 
 def difference(got, expected, *, n: int | None = None, rtol: float = 1e-5, atol: float = 1e-6,
-               dtype: bool = True, strict: bool = False, names: str | Sequence[str] = "output") -> str | None:
+               dtype: bool = True, strict: bool = False, names: str | Sequence[str] = "output",
+               values: bool = False) -> str | None:
     """None when ``got`` equals ``expected``; otherwise what differs, with a measured relation, and where:
-    ``output [0][1]: ...`` (``names``: see ``diagnose``)."""
+    ``output [0][1]: ...`` (``names``: see ``diagnose``; ``values``: the differing part's values too, if short)."""
     pairs = _pairs(got, expected, strict)
     if isinstance(pairs, str):
         return pairs
     for path, g, e in pairs:
         text = _leaf_difference(g, e, n, rtol, atol, dtype)
+        if text is not None and values and not text.startswith(("expected", "shape", "dtype", "one number")) \
+                and len(_show(g) + _show(e)) <= 160:                # values, where a relation of values is told
+            text = f"expected {_show(e)}, got {_show(g)}: {text}"
         if text is not None:
             return f"{_readable(path, names)}: {text}" if path and not isinstance(e, Said) else text
     return None
@@ -352,7 +339,8 @@ def _leaf_difference(g, e, n, rtol, atol, dtype) -> str | None:
         return f"expected {_describe_leaf(e)}, got {describe_tree(g)}"
     if gv.shape != ev.shape:
         return _shape_relation(gv, ev, n)
-    rt, at = _tolerance(ev, rtol, atol)
+    half = ev.dtype.itemsize <= 2 and jax.numpy.issubdtype(ev.dtype, np.floating)   # half precision: looser
+    rt, at = (max(rtol, 1e-2), max(atol, 1e-2)) if half else (rtol, atol)
     floats = jax.numpy.issubdtype(gv.dtype, np.floating) and jax.numpy.issubdtype(ev.dtype, np.floating)
     # A 0-d value: only a loss of precision counts (a Python float expected: anything below float32)
     want = np.dtype(e.dtype) if hasattr(e, "dtype") else np.dtype(np.float32)
@@ -452,14 +440,17 @@ def relation(g: np.ndarray, e: np.ndarray, *, n: int | None = None, rtol: float 
         if np.array_equal(np.round(g64, 6), np.round(np.round(e64, digits), 6)) and not close(g64, e64):
             return f"the expected values rounded to {digits} decimal{'s' * (digits != 1)}"
     rel = float(np.max(np.abs(g64 - e64)) / max(float(np.max(np.abs(e64))), 1e-30))
-    for half, eps in (("float16", 2.0 ** -11), ("bfloat16", 2.0 ** -8)):
+    # the answer's own half dtype first; else bfloat16, whose values float16 holds too (not the other way)
+    for half, eps in sorted((("bfloat16", 2.0 ** -8), ("float16", 2.0 ** -11)), key=lambda h: h[0] != g.dtype.name):
         with np.errstate(over="ignore", invalid="ignore"):  # only values that half precision can hold say so
             held = np.array_equal(g64, g64.astype(jax.numpy.dtype(half)).astype(np.float64))
         if rel <= 8 * eps and held:
             return (f"the largest difference is {100 * rel:.2g}% of the largest value, within a few roundings "
                     f"to {half} (one rounding: {100 * eps:.2g}%)")
+    wrong = ~np.isclose(g64, e64, rtol=max(rtol, 1e-4), atol=max(atol, 1e-6), equal_nan=True)
     if 0 < rel <= 0.05:                                 # close, but not by any rounding named above
-        return f"the largest difference is {100 * rel:.2g}% of the largest value"
+        count = f"{int(wrong.sum())} of {wrong.size} values differ; " if g.size > 1 else ""
+        return f"{count}the largest difference is {100 * rel:.2g}% of the largest value"
     if g.ndim >= 1 and g.shape[0] > 1:
         if close(g64, e64[::-1]):
             return "the expected values in reverse order along the first axis"
@@ -470,7 +461,6 @@ def relation(g: np.ndarray, e: np.ndarray, *, n: int | None = None, rtol: float 
         return "the expected values, transposed"
     if g.size > 1 and close(np.sort(g64, axis=None), np.sort(e64, axis=None)):
         return "the expected values, in another order"
-    wrong = ~np.isclose(g64, e64, rtol=max(rtol, 1e-4), atol=max(atol, 1e-6), equal_nan=True)
     if g.ndim == 0:
         return f"off by {float(g64 - e64):+.4g}"
     first = tuple(int(i) for i in np.argwhere(wrong)[0])

@@ -13,26 +13,6 @@ def _data(shape, seed):
     return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
 
 
-def expect_dtype(got, expected, *, what: str = "the result") -> None:
-    """``got`` has dtype ``expected``; a cast (float16, bfloat16, float64, an int) is named, not called "values differ".
-
-    Shared by the checkers of lessons 00-03.
-    """
-    dtype = getattr(got, "dtype", None)
-    if dtype is None:
-        return
-    expected = np.dtype(expected)
-    try:
-        same = np.dtype(dtype) == expected
-    except TypeError:
-        same = False
-    if not same:
-        name = getattr(dtype, "name", None) or str(dtype)
-        raise Mismatch(f"{what} has dtype {name}; expected {expected.name}, the input's dtype. Something in the "
-                       f"answer casts the values (astype, a dtype= argument, half precision or integer "
-                       f"arithmetic): leave the dtype as it comes in.")
-
-
 # ----------------------------------------------------------------------------------------------
 # 00.1 Put an array on device 3
 

@@ -4,12 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import (Case, Mismatch, Mistake, call, diagnose, exercise, expect_placed_on, placement, pmap_specs,
-               vmap_calls)
-
-
-def _batch(b, d, seed):
-    return np.random.default_rng(seed).normal(size=(b, d)).astype(np.float32)
+from . import Case, Mismatch, Mistake, call, diagnose, exercise, expect_pmapped, placement, vmap_calls
+from .lesson00 import _data
 
 
 MISTAKES_01_2 = MISTAKES_01_3 = [
@@ -61,7 +57,7 @@ def check_split_across(split_across):
     cases = []
     for devs, b, d in [(devices, 2 * n_all, 3), (devices[:4], 12, 2), (devices[:2], 2, 5),
                        (devices[n_all // 2:], 2 * (n_all - n_all // 2), 2)]:
-        x = _batch(b, d, seed=len(devs) + b)
+        x = _data((b, d), seed=len(devs) + b)
         cases.append(Case((x, list(devs)), f"split_across(x {x.shape}, devices with ids {[v.id for v in devs]})",
                           n=len(devs)))
     diagnose(split_across, cases, solution=solution_split_across, mistakes=MISTAKES_01_1, run=_pieces_and_places)
@@ -86,9 +82,9 @@ def solution_batched_norms(x):
                  "exercise.",
                  "Section 3 of the lesson: `jax.vmap`, and what the function it returns takes."])
 def check_batched_norms(batched_norms):
-    probe = jnp.asarray(_batch(7, 13, seed=713))  # first, and a shape no earlier call is likely to have cached
+    probe = jnp.asarray(_data((7, 13), seed=713))  # first, and a shape no earlier call is likely to have cached
     vmaps = vmap_calls(batched_norms, probe)
-    cases = [Case((jnp.asarray(_batch(b, d, seed=b * 10 + d)),), f"batched_norms(x {(b, d)})")
+    cases = [Case((jnp.asarray(_data((b, d), seed=b * 10 + d)),), f"batched_norms(x {(b, d)})")
              for b, d in [(8, 3), (5, 7), (1, 2), (7, 13), (12, 4)]]
 
     def run(fn, case):
@@ -126,18 +122,11 @@ def solution_norms_on_devices(x):
                  "Section 4 of the lesson: `jax.pmap`, and how long x's leading axis may be."])
 def check_norms_on_devices(norms_on_devices):
     devices = jax.devices()
-    cases = [Case((jnp.asarray(_batch(n, d, seed=n + d)),), f"norms_on_devices(x {(n, d)})", n=n)
+    cases = [Case((jnp.asarray(_data((n, d), seed=n + d)),), f"norms_on_devices(x {(n, d)})", n=n)
              for n, d in [(len(devices), 3), (4, 6), (2, 5)]]
     results = diagnose(norms_on_devices, cases, solution=solution_norms_on_devices, mistakes=MISTAKES_01_3,
                        rtol=1e-4, name="norms_on_devices")
     for case, got in zip(cases, results):
-        n, what = case.n, case.label
-        if isinstance(got, jax.Array) and len(got.devices()) == 1:
-            raise Mismatch(f"{what} has the right values but lives on one device: computed there (vmap, plain "
-                           "jnp) or brought there afterwards. The exercise is jax.pmap, so that each of the "
-                           f"{n} rows is computed on its own device, and the result returned as pmap gives it.")
-        expect_placed_on(got, devices[:n], what=what)
-        if not pmap_specs(norms_on_devices, case.args[0], name="norms_on_devices"):
-            raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap (the rows were "
-                           "placed some other way): compute the norms with jax.pmap, one row per device.")
+        expect_pmapped(norms_on_devices, got, case.args, devices[:case.n], what=case.label, name="norms_on_devices",
+                       how=f"so that each of the {case.n} rows is computed on its own device")
     return "one program, one row per device, the results spread over the devices."

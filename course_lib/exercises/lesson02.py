@@ -4,11 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import Case, Mismatch, Mistake, Said, call, diagnose, exercise, expect_placed_on, placement, primitives
-
-
-def _data(shape, seed):
-    return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
+from . import Case, Mismatch, Mistake, Said, call, diagnose, exercise, expect_pmapped, placement
+from .lesson00 import _data
 
 
 # ----------------------------------------------------------------------------------------------
@@ -90,17 +87,8 @@ def check_sum_of_squares(sum_of_squares):
                        name="sum_of_squares", rtol=1e-4)
     for case, got in zip(cases, results):
         n, what = case.n, case.label
-        xs = case.args[0]
-        if isinstance(got, jax.Array) and len(got.devices()) == 1 and n > 1:
-            raise Mismatch(f"{what} has the right values but lives on one device (jnp or vmap on the whole "
-                           "stack, or the results brought to one device afterwards): the exercise is jax.pmap, "
-                           "each device summing its own block, and the result returned as pmap gives it.")
-        expect_placed_on(got, devices[:n], what=what)
-        maps = [e for e in primitives(sum_of_squares, jnp.asarray(xs), name="sum_of_squares")
-                if e.primitive.name == "shard_map"]
-        if not maps:
-            raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap (it was placed "
-                           "there some other way): compute it with jax.pmap, one block per device.")
+        maps = expect_pmapped(sum_of_squares, got, case.args, devices[:n], what=what, name="sum_of_squares",
+                              how="each device summing its own block")
         shapes = [tuple(v.aval.shape) for e in maps for v in e.outvars]
         if (n,) not in shapes:
             shown = ", ".join(str(sh) for sh in shapes)

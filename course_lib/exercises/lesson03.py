@@ -4,12 +4,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import Case, Mismatch, Mistake, call, diagnose, exercise, expect_placed_on, placement, pmap_specs, primitives
-from . import _eqns
-
-
-def _data(shape, seed):
-    return np.random.default_rng(seed).normal(size=shape).astype(np.float32)
+from . import (Case, Mismatch, Mistake, _eqns, call, diagnose, exercise, expect_placed_on, expect_pmapped,
+               placement, primitives)
+from .lesson00 import _data
 
 
 # Fragments of JAX's messages for the typical mistakes, and what they mean.
@@ -24,32 +21,6 @@ LEAF_MAPPED = ("squeeze out", "pmap takes the number of slices from the first ma
                "leaf of the parameters mapped? The parameters are the same for every device.")
 PARAMS_MAPPED = ("is partitioned", "An argument was split over the devices along axis 0 but its axis 0 is not "
                  "the device axis: were the parameters mapped? They are the same for every device.")
-
-
-def _quiet_call(fn, *args, name: str, hints: dict[str, str], summaries: dict[str, str]):
-    """``call``, with JAX's long messages for the typical mistakes (``summaries``: a fragment of the message -> one
-    sentence) replaced by that sentence. (What JAX prints on a failed pmap call, a source line in the kernel's
-    temp folder, ``check`` keeps out of the feedback.)"""
-    try:
-        return call(fn, *args, name=name, hints=hints)
-    except Mismatch as e:
-        message = str(e)
-        original = e.__context__  # the learner's exception, whose whole text ``call`` shortened
-        full = str(original) if original is not None else message
-        for fragment, summary in summaries.items():
-            if fragment in full and " raised " in message:
-                head = message.split(" raised ", 1)[0]
-                kind = type(original).__name__ if original is not None else "an error"
-                extra = [text for frag, text in hints.items() if frag in full]
-                message = " ".join([f"{head} raised {kind}: {summary}", *extra])
-                break
-        raise Mismatch(message) from None
-
-
-def _leading_sizes(tree) -> str:
-    """``w has axis 0 of size 3, b of size 2``: the leading sizes of a dict of arrays, for feedback."""
-    parts = [f"{k} {tuple(np.shape(v))}" for k, v in tree.items()]
-    return ", ".join(parts)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -97,14 +68,22 @@ def check_scale_on_two(scale_on_two):
                  DEVICE_IDS[0]: "pmap looked for a Device and found an int.",
                  "is partitioned": "pmap could not cut an argument's mapped axis into equal blocks, one per device."}
     results = diagnose(scale_on_two, cases, solution=solution_scale_on_two, mistakes=MISTAKES_03_1,
-                       run=lambda fn, case: _quiet_call(fn, *case.args, name="scale_on_two", summaries=summaries,
+                       run=lambda fn, case: call(fn, *case.args, name="scale_on_two", summaries=summaries,
                                                         hints=dict([SCALAR_MAPPED, TOO_MANY_SLICES, DEVICE_IDS])))
-    for case, got in zip(cases, results):
-        expect_placed_on(got, two, what=case.label + " (computed with pmap on the first 2 devices)")
     x, s = cases[-1].args
     # The program with s as a plain number, as a static argument (static_broadcasted_argnums) or a closure needs it
-    maps = [e for e in primitives(lambda x: scale_on_two(x, float(s)), x, name="scale_on_two")
-            if e.primitive.name == "shard_map"]
+    eqns = primitives(lambda x: scale_on_two(x, float(s)), x, name="scale_on_two")
+    program = {e.primitive.name for e in eqns}
+    for case, got in zip(cases, results):
+        try:
+            expect_placed_on(got, two, what=case.label + " (computed with pmap on the first 2 devices)")
+        except Mismatch as e:
+            if "shard_map" not in program or len(got.devices()) != 1:
+                raise
+            how = "concatenating the per-device pieces" if "concatenate" in program else "a step after the pmap"
+            raise Mismatch(f"{e} The program has a pmap, so {how} gathered its blocks onto one device: reshape "
+                           "pmap's output instead, which leaves each block on its device.") from None
+    maps = [e for e in eqns if e.primitive.name == "shard_map"]
     if not maps:
         raise Mismatch("scale_on_two has the right values on 2 devices, but its program has no jax.pmap: the "
                        "exercise is pmap with the scalar broadcast.")
@@ -154,10 +133,11 @@ def check_predict(predict):
 
     def run(fn, case):
         params, xs = case.args
-        return _quiet_call(fn, dict(params), xs, name=name, hints=dict([PARAMS_MAPPED, SCALAR_MAPPED, LEAF_MAPPED]),
+        sizes = ", ".join(f"{k} {tuple(np.shape(v))}" for k, v in params.items())
+        return call(fn, dict(params), xs, name=name, hints=dict([PARAMS_MAPPED, SCALAR_MAPPED, LEAF_MAPPED]),
                            summaries={"is partitioned": f"pmap tried to cut axis 0 of every mapped argument into "
                                                         f"{case.n} equal blocks, one per device, and could not "
-                                                        f"(params: {_leading_sizes(params)}; xs {tuple(xs.shape)}).",
+                                                        f"(params: {sizes}; xs {tuple(xs.shape)}).",
                                       "rank at least 1": "pmap was asked to split a scalar (rank 0) over the "
                                                          "devices.",
                                       "squeeze out": "a mapped argument was cut into blocks of more than one "
@@ -166,19 +146,12 @@ def check_predict(predict):
     results = diagnose(predict, cases, solution=solution_predict, mistakes=MISTAKES_03_2, run=run, rtol=1e-4,
                        atol=1e-5)
     for case, got in zip(cases, results):
-        if isinstance(got, jax.Array) and len(got.devices()) == 1:
-            raise Mismatch(f"{case.label} has the right values but lives on one device: the exercise is jax.pmap, "
-                           "the parameters broadcast and the batch mapped.")
-        expect_placed_on(got, devices[:case.n], what=case.label)
-    params, xs = cases[-1].args
-    what = cases[-1].label
-    specs = pmap_specs(predict, params, xs, name=name, untraceable=(
-        "It seems to copy the parameters once per device first (sharding.replicate, np.stack): the copies that "
-        "in_axes=None makes unnecessary."))
-    if not specs:
-        raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap: the exercise is "
-                       "pmap with the parameters broadcast.")
-    if _unmapped(specs) < len(params):
+        maps = expect_pmapped(predict, got, case.args, devices[:case.n], what=case.label, name=name,
+                              how="the parameters broadcast and the batch mapped", untraceable=(
+            "It seems to copy the parameters once per device first (sharding.replicate, np.stack): the copies "
+            "that in_axes=None makes unnecessary."))
+    (params, _), what = cases[-1].args, cases[-1].label
+    if _unmapped([(m.params["in_specs"], ()) for m in maps]) < len(params):
         raise Mismatch(f"{what} has the right values, but the parameters were mapped over the devices (stacked "
                        "or replicated into one copy per device, then in_axes=0): this exercise is about sending "
                        "them whole to every device, not about mapping copies.")
@@ -223,15 +196,11 @@ def check_device_axis_last(device_axis_last):
     results = diagnose(device_axis_last, cases, solution=solution_device_axis_last, mistakes=MISTAKES_03_3,
                        name="device_axis_last")
     for case, got in zip(cases, results):
-        n, what, xs = case.n, case.label, case.args[0]
-        expect_placed_on(got, devices[:n], what=what)
-        specs = pmap_specs(device_axis_last, xs, name="device_axis_last")
-        if not specs:
-            raise Mismatch(f"{what} has the right values, but its program has no jax.pmap: the exercise is pmap "
-                           "putting the device axis last itself.")
+        maps = expect_pmapped(device_axis_last, got, case.args, devices[:case.n], what=case.label,
+                              name="device_axis_last", how="putting the device axis last itself")
         if not any(len(tuple(s)) >= 2 and tuple(s)[0] is None and tuple(s)[1] is not None
-                   for _, outs in specs for s in outs):
-            raise Mismatch(f"{what} has the right values, but pmap stacked the results along axis 0 and the axes "
+                   for m in maps for s in m.params["out_specs"]):
+            raise Mismatch(f"{case.label} has the right values, but pmap stacked the results along axis 0 and the axes "
                            "were swapped afterwards (.T, transpose, swapaxes or moveaxis): an extra copy. Let pmap "
                            "put the device axis last itself, with out_axes (section 4).")
     return "each device's result is a column: the device axis is axis 1."

@@ -13,8 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import collectives as C
-from . import Case, Mismatch, Mistake, _NotStarted, _answer_is_stub, call, diagnose, exercise, primitives
+from . import Case, Mismatch, Mistake, _NotStarted, call, diagnose, exercise, primitives
 
 AXIS = "i"
 
@@ -26,16 +25,24 @@ _ERRORS = {
                             "Python objects: return the jax.numpy result itself.",
     "Abstract tracer value": "Under pmap, jax.lax.axis_index is a traced value with no Python number yet: int() "
                              "or an if on it fails. Keep it in JAX: index an array with it, or use .at[...].set.",
+    "perm was not hashable": "The perm of jax.lax.ppermute is one static Python list of every (source, destination) "
+                             "pair, fixed when the function is traced; jax.lax.axis_index is a traced value and cannot "
+                             "be in it. List the pairs of all n devices, with n = jax.lax.axis_size(axis_name).",
 }
 
 
-def _runner(name):
-    """``run(fn, case)``: the per-device ``fn(x, "i")`` under pmap over the case's ``xs`` (n, ...)."""
+def _runner(name, pair=False):
+    """``run(fn, case)``: the per-device ``fn(x, "i")`` under pmap over the case's ``xs`` (n, ...). With ``pair``,
+    a per-device array of shape (2, ...) stands for the pair it stacks."""
+
+    def per_device(x, fn):
+        out = fn(x, AXIS)
+        return (out[0], out[1]) if pair and getattr(out, "shape", ())[:1] == (2,) else out
 
     def run(fn, case):
         xs = case.args[0]
         n = xs.shape[0]
-        mapped = jax.pmap(lambda x: fn(x, AXIS), axis_name=AXIS, devices=jax.devices()[:n])
+        mapped = jax.pmap(lambda x: per_device(x, fn), axis_name=AXIS, devices=jax.devices()[:n])
         try:
             return call(mapped, jnp.asarray(xs), name=f"pmap({name})", hints=_ERRORS)
         except Mismatch as e:
@@ -82,11 +89,6 @@ def _ring(a, shift=1):
     return [(i, (i + shift) % n) for i in range(n)]
 
 
-def _every(x, a):
-    """Every device's x, stacked in device order (for writing mistakes)."""
-    return jax.lax.all_gather(x, a)
-
-
 def _ppermute_bytes(fn, xs) -> tuple[int, int]:
     """(ppermutes run, bytes one device sends in them) by ``fn``'s program under pmap over ``xs``.
 
@@ -104,16 +106,6 @@ def _ppermute_bytes(fn, xs) -> tuple[int, int]:
     return _count_ppermutes(closed.jaxpr)
 
 
-def _sub_jaxprs(value):
-    if hasattr(value, "eqns"):                          # a Jaxpr
-        yield value
-    elif hasattr(getattr(value, "jaxpr", None), "eqns"):  # a ClosedJaxpr
-        yield value.jaxpr
-    elif isinstance(value, (tuple, list)):
-        for v in value:
-            yield from _sub_jaxprs(v)
-
-
 def _count_ppermutes(jaxpr) -> tuple[int, int]:
     hops = sent = 0
     for e in jaxpr.eqns:
@@ -122,13 +114,10 @@ def _count_ppermutes(jaxpr) -> tuple[int, int]:
             hops += 1
             sent += sum(int(np.prod(v.aval.shape)) * np.dtype(v.aval.dtype).itemsize for v in e.invars)
             continue
-        if name == "cond":
-            counts = [_count_ppermutes(b) for b in _sub_jaxprs(e.params["branches"])]
-            h, b = max(counts, key=lambda c: c[1], default=(0, 0))
-            hops, sent = hops + h, sent + b
-            continue
-        inner = [_count_ppermutes(j) for v in e.params.values() for j in _sub_jaxprs(v)]
-        h, b = sum(c[0] for c in inner), sum(c[1] for c in inner)
+        inner = [_count_ppermutes(getattr(j, "jaxpr", j)) for v in e.params.values()        # nested programs
+                 for j in (v if isinstance(v, (tuple, list)) else [v]) if hasattr(getattr(j, "jaxpr", j), "eqns")]
+        h, b = (max(inner, key=lambda c: c[1], default=(0, 0)) if name == "cond"          # the costlier branch
+                else (sum(c[0] for c in inner), sum(c[1] for c in inner)))
         if h and name == "while":
             raise Mismatch("the program sends with ppermute inside a lax.while_loop (a lax.fori_loop whose bounds "
                            "are traced values becomes one), so the checker cannot count how many times it runs, "
@@ -140,26 +129,16 @@ def _count_ppermutes(jaxpr) -> tuple[int, int]:
     return hops, sent
 
 
-_PROGRAMS: dict = {}
-
-
-def _uses(fn, xs, primitive: str) -> bool:
-    """Whether ``fn``'s program under pmap over ``xs`` holds ``primitive``. Read once per (fn, shape, dtype)."""
-    key = (fn, xs.shape, str(xs.dtype))
-    if key not in _PROGRAMS:
-        if len(_PROGRAMS) > 64:
-            _PROGRAMS.clear()
-        mapped = jax.pmap(lambda x: fn(x, AXIS), axis_name=AXIS, devices=jax.devices()[:xs.shape[0]])
-        _PROGRAMS[key] = {e.primitive.name for e in primitives(mapped, jnp.asarray(xs), name="your function")}
-    return primitive in _PROGRAMS[key]
-
-
-def _uses_if_readable(fn, xs, primitive: str) -> bool:
-    """``_uses``, or False when the program cannot be traced: running it then gives the clearer feedback."""
+def _program(fn, xs, readable=False) -> set:
+    """The primitives of ``fn``'s program under pmap over ``xs``. One that cannot be traced raises ``Mismatch``,
+    or with ``readable`` gives None: running it then gives the clearer feedback."""
+    mapped = jax.pmap(lambda x: fn(x, AXIS), axis_name=AXIS, devices=jax.devices()[:xs.shape[0]])
     try:
-        return _uses(fn, xs, primitive)
+        return {e.primitive.name for e in primitives(mapped, jnp.asarray(xs), name="your function")}
     except Mismatch:
-        return False
+        if readable:
+            return None
+        raise
 
 
 # ----------------------------------------------------------------------------------------------
@@ -167,7 +146,7 @@ def _uses_if_readable(fn, xs, primitive: str) -> bool:
 
 
 def solution_ring_allreduce(x, axis_name):
-    n = jax.lax.psum(1, axis_name)               # the number of devices, a Python int
+    n = jax.lax.axis_size(axis_name)               # the number of devices, a Python int
     ring = [(i, (i + 1) % n) for i in range(n)]  # everyone sends to the right-hand neighbour
     total, passing = x, x
     for _ in range(n - 1):                       # after n - 1 hops every value has visited every device
@@ -216,14 +195,11 @@ MISTAKES_04_1 = [
 _COLLECTIVES = ("psum", "all_gather", "reduce_scatter", "all_to_all")
 
 
-def _no_collectives(fn, xs, banned=_COLLECTIVES, readable=False) -> None:
-    seen = [{"reduce_scatter": "psum_scatter"}.get(name, name) for name in banned
-            if (_uses(fn, xs, name) if not readable else _uses_if_readable(fn, xs, name))]
+def _no_collectives(program, banned=_COLLECTIVES) -> None:
+    seen = [{"reduce_scatter": "psum_scatter"}.get(name, name) for name in banned if name in (program or ())]
     if seen:
         raise Mismatch(f"the program uses {' and '.join(seen)}: the sum must be built from jax.lax.ppermute alone "
                        "(and +).")
-    if not readable and not _uses(fn, xs, "ppermute"):
-        raise Mismatch("right values, but the program has no ppermute: build it from jax.lax.ppermute (and +).")
 
 
 @exercise("04.1", "Build psum from ppermute (a ring all-reduce)", solution=solution_ring_allreduce,
@@ -235,19 +211,20 @@ def _no_collectives(fn, xs, banned=_COLLECTIVES, readable=False) -> None:
                  "Python for loop can repeat the hop."])
 def check_ring_allreduce(ring_allreduce):
     cases = _cases([(), (3,), (2, 2)], seed=1, other_dtype=np.int32)
-    _no_collectives(ring_allreduce, cases[1].args[0], readable=True)      # the mechanism, read first
-    try:                                  # every mistake named here is one of a ring: none without a ppermute
-        ring = _uses(ring_allreduce, cases[1].args[0], "ppermute")
-    except Mismatch:
-        ring = True
+    program = _program(ring_allreduce, cases[1].args[0], readable=True)
+    _no_collectives(program)                                            # the mechanism, read first
+    ring = program is None or "ppermute" in program     # every mistake named here is one of a ring
     try:
         diagnose(ring_allreduce, cases, solution=solution_ring_allreduce, mistakes=MISTAKES_04_1 if ring else (),
                  run=_runner("ring_allreduce"), rtol=1e-5, atol=1e-5)
     except Mismatch as e:
-        if ring or isinstance(e, _NotStarted) or _answer_is_stub[0]:    # a placeholder: no answer to read yet
+        if ring or isinstance(e, _NotStarted) or "returned None" in str(e):    # no values to read yet
             raise
         raise Mismatch(f"{e} Its program has no ppermute: nothing travelled round a ring.") from None
-    _no_collectives(ring_allreduce, cases[-1].args[0])
+    program = _program(ring_allreduce, cases[-1].args[0])
+    _no_collectives(program)
+    if "ppermute" not in program:
+        raise Mismatch("right values, but the program has no ppermute: build it from jax.lax.ppermute (and +).")
     xs = np.ones((len(jax.devices()), 4), np.float32)     # report the traffic for every device, 16-byte x
     n = xs.shape[0]
     try:
@@ -273,8 +250,12 @@ def solution_global_mean_var(x, axis_name):
     return mean, var
 
 
-def _count(x, a):
-    return x.size * jax.lax.axis_size(a)
+def _right_mean(var_of):
+    """A 04.2 mistake with the right mean: ``var_of(x, a, mean, var)`` is its variance."""
+    def fn(x, a):
+        mean, var = solution_global_mean_var(x, a)
+        return mean, var_of(x, a, mean, var)
+    return fn
 
 
 MISTAKES_04_2 = [
@@ -287,20 +268,20 @@ MISTAKES_04_2 = [
             "of averaging them.", lambda x, a: (jax.lax.psum(jnp.mean(x), a),
                                                 jax.lax.psum(jnp.mean((x - jax.lax.psum(jnp.mean(x), a)) ** 2), a))),
     Mistake("standard deviation", "The second value is the standard deviation of all the data, not its variance.",
-            lambda x, a: (solution_global_mean_var(x, a)[0], jnp.sqrt(solution_global_mean_var(x, a)[1]))),
+            _right_mean(lambda x, a, m, v: jnp.sqrt(v))),
     Mistake("sample variance", "The variance is the sample variance (divided by the count minus one), not the "
             "variance of all the data (divided by the count).",
-            lambda x, a: (solution_global_mean_var(x, a)[0], solution_global_mean_var(x, a)[1] * _count(x, a) / (_count(x, a) - 1))),
+            _right_mean(lambda x, a, m, v: v * (k := x.size * jax.lax.axis_size(a)) / (k - 1))),
     Mistake("squared deviations summed", "The variance is {n} times too large: the {n} shards' squared deviations "
-            "were added, not averaged.", lambda x, a: (solution_global_mean_var(x, a)[0], solution_global_mean_var(x, a)[1] * jax.lax.axis_size(a))),
+            "were added, not averaged.", _right_mean(lambda x, a, m, v: v * jax.lax.axis_size(a))),
     Mistake("variance not averaged", "The devices agree on the mean but not on the variance: each device's "
             "variance is computed from its own shard's values only; the variance of all the data needs an average "
-            "over the devices too.", lambda x, a: (solution_global_mean_var(x, a)[0], jnp.mean((x - solution_global_mean_var(x, a)[0]) ** 2))),
+            "over the devices too.", _right_mean(lambda x, a, m, v: jnp.mean((x - m) ** 2))),
     Mistake("swapped", "The two outputs are swapped: the variance came first and the mean second; the pair is "
             "(mean, var).", lambda x, a: solution_global_mean_var(x, a)[::-1]),
     Mistake("variance of the device means", "The variance is the variance of the {n} shard means (how far the devices' "
             "means spread), not of all the values.",
-            lambda x, a: (solution_global_mean_var(x, a)[0], jnp.var(_every(jnp.mean(x), a)))),
+            _right_mean(lambda x, a, m, v: jnp.var(jax.lax.all_gather(jnp.mean(x), a)))),
 ]
 
 
@@ -308,10 +289,10 @@ MISTAKES_04_2 = [
           returns="a pair (mean, var), each one number per device, the same on every device",
           hints=["Each device sees only its shard, and the statistics of ALL the data need a collective. From "
                  "which mean is each value's deviation measured?",
-                 "Section 2's table of collectives: one of them averages a value over the devices."])
+                 "Section 2's reductions (psum, pmean, pmax, pmin): one of them averages a value over the devices."])
 def check_global_mean_var(global_mean_var):
     diagnose(global_mean_var, _cases([(6,), (3,)], seed=2, spread=3.0), solution=solution_global_mean_var,
-             mistakes=MISTAKES_04_2, run=_runner("global_mean_var"), rtol=1e-4, atol=1e-4,
+             mistakes=MISTAKES_04_2, run=_runner("global_mean_var", pair=True), rtol=1e-4, atol=1e-4,
              names=("the mean (output [0])", "the variance (output [1])"))
     return "every device knows the statistics of the whole batch."
 
@@ -322,7 +303,7 @@ def check_global_mean_var(global_mean_var):
 
 
 def solution_rotate_right(x, axis_name):
-    n = jax.lax.psum(1, axis_name)
+    n = jax.lax.axis_size(axis_name)
     return jax.lax.ppermute(x, axis_name, [(i, (i + 1) % n) for i in range(n)])
 
 
@@ -350,9 +331,13 @@ def check_rotate_right(rotate_right):
     cases = _cases([(2,), (2, 3)], seed=3, other_dtype=np.float16)
     diagnose(rotate_right, cases, solution=solution_rotate_right, mistakes=MISTAKES_04_3,
              run=_runner("rotate_right"))
-    if not _uses(rotate_right, cases[-1].args[0], "ppermute"):
+    hops, _ = _ppermute_bytes(rotate_right, cases[-1].args[0])
+    if not hops:
         raise Mismatch("right values, but the program has no ppermute: the values did not travel between devices "
                        "as the exercise asks.")
+    if hops != 1:
+        raise Mismatch(f"right values, but expected 1 ppermute, got {hops}: the exercise asks for one collective, one "
+                       f"hop, and this program sends each value {hops} times to arrive at the same place.")
     return "each shard moved one device to the right, and the last one wrapped round to device 0."
 
 
@@ -362,7 +347,7 @@ def check_rotate_right(rotate_right):
 
 
 def solution_gather_all(x, axis_name):
-    n = jax.lax.psum(1, axis_name)
+    n = jax.lax.axis_size(axis_name)
     me = jax.lax.axis_index(axis_name)
     ring = [(i, (i + 1) % n) for i in range(n)]
     gathered = jnp.zeros((n,) + x.shape, x.dtype).at[me].set(x)
@@ -376,7 +361,7 @@ def solution_gather_all(x, axis_name):
 
 def _zero_row(x, a, k):
     """Every device's x in device order, with row (me + k) % n left at zero (for writing mistakes)."""
-    return _every(x, a).at[(jax.lax.axis_index(a) + k) % jax.lax.axis_size(a)].set(0)
+    return jax.lax.all_gather(x, a).at[(jax.lax.axis_index(a) + k) % jax.lax.axis_size(a)].set(0)
 
 
 MISTAKES_04_4 = [
@@ -387,10 +372,10 @@ MISTAKES_04_4 = [
             lambda x, a: _zero_row(x, a, 1)),
     Mistake("own value first", "Each device has every value, but starting with its own: row j of every device's "
             "result must be device j's value; here row k holds what arrived after k hops.",
-            lambda x, a: jnp.roll(_every(x, a), -jax.lax.axis_index(a), axis=0)),
+            lambda x, a: jnp.roll(jax.lax.all_gather(x, a), -jax.lax.axis_index(a), axis=0)),
     Mistake("rows filed the other way", "Every device has every value, but in the wrong rows: the values travel "
             "round the ring in one direction, and the bookkeeping of where each came from assumes the other.",
-            lambda x, a: _every(x, a)[(2 * jax.lax.axis_index(a) - jnp.arange(jax.lax.axis_size(a)))
+            lambda x, a: jax.lax.all_gather(x, a)[(2 * jax.lax.axis_index(a) - jnp.arange(jax.lax.axis_size(a)))
                                       % jax.lax.axis_size(a)]),
     Mistake("only its own value", "Every row of each device's result is its own value: nothing arrived from the "
             "other devices.", lambda x, a: jnp.stack([x] * jax.lax.axis_size(a))),
@@ -406,8 +391,8 @@ MISTAKES_04_4 = [
 def check_gather_all(gather_all):
     cases = _cases([(), (2,)], seed=4, other_dtype=np.float16)
     diagnose(gather_all, cases, solution=solution_gather_all, mistakes=MISTAKES_04_4, run=_runner("gather_all"))
-    xs = cases[-1].args[0]
-    if _uses(gather_all, xs, "all_gather") or not _uses(gather_all, xs, "ppermute"):
+    program = _program(gather_all, cases[-1].args[0])
+    if "all_gather" in program or "ppermute" not in program:
         raise Mismatch("right values, but it must be built from jax.lax.ppermute, not all_gather.")
     return "every device holds every device's value, in device order: an all-gather."
 
@@ -418,7 +403,7 @@ def check_gather_all(gather_all):
 
 
 def solution_ring_allreduce_chunked(x, axis_name):
-    n = jax.lax.psum(1, axis_name)
+    n = jax.lax.axis_size(axis_name)
     me = jax.lax.axis_index(axis_name)
     ring = [(i, (i + 1) % n) for i in range(n)]
     chunks = x.reshape(n, -1)                     # n pieces of V / n bytes
@@ -476,7 +461,7 @@ def check_ring_allreduce_chunked(ring_allreduce):
              run=_runner("ring_allreduce_chunked"), rtol=1e-5, atol=1e-5)
     for case in cases:
         xs, n = case.args[0], case.n
-        _no_collectives(ring_allreduce, xs, ("psum", "reduce_scatter", "all_gather", "all_to_all"))
+        _no_collectives(_program(ring_allreduce, xs), ("psum", "reduce_scatter", "all_gather", "all_to_all"))
         hops, sent = _ppermute_bytes(ring_allreduce, xs)
         v, optimal = xs[0].nbytes, 2 * (n - 1) * xs[0].nbytes // n
         if sent > optimal:

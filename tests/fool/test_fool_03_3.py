@@ -17,11 +17,11 @@ WRONG = [
     ("device axis still first", lambda xs: jax.pmap(lambda r: 2.0 * r)(xs), "Row i holds 2 * xs[i]: the result keeps xs's layout"),
     ("mapped over axis 1 too", lambda xs: jax.pmap(lambda c: 2.0 * c, in_axes=1, out_axes=1)(xs),
      "Row i holds 2 * xs[i]: the result keeps xs's layout, (n, b); expected (b, n)"),
-    ("vmap", lambda xs: jax.vmap(lambda r: 2.0 * r, out_axes=1)(xs), "lives on 1 device(s)"),
+    ("vmap", lambda xs: jax.vmap(lambda r: 2.0 * r, out_axes=1)(xs), "lives on one device"),
     ("not doubled", lambda xs: jax.pmap(lambda r: r, out_axes=1)(xs), "2x too small"),
     ("reshaped, not moved", lambda xs: jax.pmap(lambda r: 2.0 * r)(xs).reshape(xs.shape[1], xs.shape[0]),
      "a reshape of the (n, b) result"),
-    ("no pmap", lambda xs: 2.0 * xs.T, "lives on 1 device(s)"),
+    ("no pmap", lambda xs: 2.0 * xs.T, "lives on one device"),
     ("half precision", lambda xs: jax.pmap(lambda r: (2.0 * r).astype(jnp.float16), out_axes=1)(xs),
      "dtype float16"),
 ]

@@ -57,10 +57,10 @@ def swapped(x, a):                      # (var, mean): the pair the wrong way ro
 
 
 WRONG = [
-    (swapped, ["the mean (output [0]): 5.38x too large. The two outputs are swapped"]),
+    (swapped, ["the mean (output [0]): expected [10.6151,", "]: 5.38x too large. The two outputs are swapped"]),
     (variance_not_averaged, ["agree on the mean but not on the variance", "its own shard's values only"]),
     (variance_of_device_means, ["the variance of the 8 shard means"]),
-    (pmean_of_sums_over_n_minus_1, ["the variance (output [1]): 1.31x too small"]),
+    (pmean_of_sums_over_n_minus_1, ["the variance (output [1]): expected [57.085,", "]: 1.31x too small"]),
     (local, ["The devices disagree", "own shard's statistics"]),
     (mean_of_variances, ["per-device variances", "its own shard's mean"]),
     (summed_means, ["times the mean of all the data", "adds the"]),
