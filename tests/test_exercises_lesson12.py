@@ -27,7 +27,10 @@ def test_12_1_reference_passes_on_every_mesh():
 
 
 def test_12_1_placeholder_is_not_started():
-    feedback = check("12.1", lambda params, mesh: None)
+    def fsdp_specs(params, mesh):
+        ...                                    # the notebook's stub: nothing written yet
+
+    feedback = check("12.1", fsdp_specs)
     assert not feedback and not feedback.started
 
 
@@ -146,7 +149,10 @@ def test_12_3_reference_passes_and_matches_the_hlo():
 
 
 def test_12_3_placeholder_is_not_started():
-    feedback = check("12.3", lambda n, k, i, o, r: None)
+    def predict(n_layers, matrices, inner_biases, outer_biases, remat):
+        ...                                    # the notebook's stub: nothing written yet
+
+    feedback = check("12.3", predict)
     assert not feedback and not feedback.started
 
 

@@ -175,9 +175,9 @@ def _step(scale=1.0, loss_red="pmean", two=False):
 
 
 FRESH = [
-    ("loss summed, not averaged", _step(loss_red="psum"), "step 1's loss: 8x too large, a factor of the device count"),
+    ("loss summed, not averaged", _step(loss_red="psum"), "8x too large, a factor of the device count"),
     ("only (params, opt_state)", _step(two=True), "should return a triple (params, opt_state, loss)"),
-    ("returns None", lambda l, o, m: None, "returned None: write"),
+    ("returns None", lambda l, o, m: None, "returned None: did it forget"),
 ]
 
 

@@ -64,7 +64,7 @@ FRESH = [
     ("the first half of the rows", lambda b, d, p: b[:len(b) // 2], "every value off by -24"),
     ("a jax array (int32)", lambda b, d, p: _jnp.asarray(_local(b, d, p)), "dtype int32 where int64"),
     ("d.id compared", lambda b, d, p: b[[i for i, x in enumerate(d) if x.id == p]], "compares each device's id"),
-    ("returns None", lambda b, d, p: None, "returned None: write"),
+    ("returns None", lambda b, d, p: None, "returned None: did it forget"),
     ("a list of rows", lambda b, d, p: [b[i] for i, x in enumerate(d) if x.process_index == p], None),
 ]
 

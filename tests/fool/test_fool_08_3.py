@@ -86,7 +86,7 @@ FRESH = [
      "the number of processes, then every other axis"),
     ("rows times a written-in 2", _make(shape=lambda r: r.shape[0] * 2), "the number of processes, then every other"),
     ("split over the second axis", _make(spec=P(None, "data")), "Split the batch's rows (axis 0)"),
-    ("returns None", lambda r, m: None, "returned None: write"),
+    ("returns None", lambda r, m: None, "returned None: did it forget"),
     ("P('data', None) written out", _make(spec=P("data", None)), None),
 ]
 

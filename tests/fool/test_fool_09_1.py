@@ -39,7 +39,7 @@ import numpy as _np  # noqa: E402
 FRESH = [
     ("rounded to 1 decimal", lambda d, s, k: round(d / k + s, 1), "expected 0.363333, got 0.4"),
     ("k - 1 steps share the dispatch", lambda d, s, k: d / (k - 1) + s if k > 1 else d + s, "shared by k - 1 steps"),
-    ("returns None", lambda d, s, k: None, "returned None: write"),
+    ("returns None", lambda d, s, k: None, "returned None: did it forget"),
     ("a NumPy float32", lambda d, s, k: _np.float32(d / k + s), None),
 ]
 

@@ -57,7 +57,7 @@ from course_lib.exercises.lesson10 import solution_zero_bytes as _zb  # noqa: E4
 FRESH = [
     ("8 devices written in", lambda p, n, s: _zb(p, 8, s), "numbers for all of jax.devices()"),
     ("2-byte params and grads", lambda p, n, s: {k: v / 2 if k != "opt_state" else v for k, v in _zb(p, n, s).items()},
-     "['params']: 2x too small"),
+     "got 2000000000: 2x too small"),
     ("NumPy integers", lambda p, n, s: {k: __import__("numpy").int64(v) for k, v in _zb(p, n, s).items()}, None),
 ]
 

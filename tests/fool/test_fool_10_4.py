@@ -147,10 +147,10 @@ def _extra_pmean(loss_fn, optimizer):                        # the scattered sli
 FRESH = [
     ("divided by jax.device_count()", lambda l, o: fsdp(l, o, divide=lambda n: jax.device_count()),
      "4x too small, a factor 2/8"),
-    ("the loss summed", _psum_loss, "['losses']: 8x too large"),
+    ("the loss summed", _psum_loss, "8x too large, a factor of the device count"),
     ("an extra pmean of the slices", _extra_pmean,
      "a pmean after the reduce-scatter mixes them"),
-    ("returns None", lambda l, o: None, "returned None: write"),
+    ("returns None", lambda l, o: None, "returned None: did it forget"),
 ]
 
 

@@ -115,7 +115,7 @@ FRESH = [
     ("the extra dict only", lambda d, like, devs: checkpoint.restore(d, like, devices=devs)[1], "got dict{'position'"),
     ("cast to float32", lambda d, like, devs: jax.tree.map(lambda a: a.astype(jnp.float32), checkpoint.restore(
         d, like, devices=devs)[0]), "dtype float32 where bfloat16 was expected"),
-    ("returns None", lambda d, like, devs: None, "returned None: write"),
+    ("returns None", lambda d, like, devs: None, "returned None: did it forget"),
 ]
 
 

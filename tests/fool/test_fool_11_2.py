@@ -83,7 +83,7 @@ import numpy as _np  # noqa: E402
 
 FRESH = [
     ("rounded to 2 decimals", lambda t: round(solution_collective_fraction(t), 2), "rounded to 2 decimals"),
-    ("returns None", lambda t: None, "returned None: write"),
+    ("returns None", lambda t: None, "returned None: did it forget"),
     ("a NumPy float32", lambda t: _np.float32(solution_collective_fraction(t)), None),
 ]
 

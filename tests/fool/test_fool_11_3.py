@@ -86,7 +86,7 @@ FRESH = [
     ("the step as text", lambda t: str(_stalled(t)), "got '103' (str)"),
     ("the latest start", lambda t: max(t.markers, key=lambda m: m.start_us).step, "That is the last step's number"),
     ("the third marker", lambda t: t.markers[2].step, "marker 3 of 8, which lasted"),
-    ("returns None", lambda t: None, "returned None: write"),
+    ("returns None", lambda t: None, "returned None: did it forget"),
     ("a NumPy integer", lambda t: _np.int64(_stalled(t)), None),
 ]
 

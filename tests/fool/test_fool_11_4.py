@@ -143,7 +143,7 @@ FRESH = [
     ("like's own shardings", lambda d, like, mesh: _restore(d, like), "devices it was saved from"),
     ("a target with no sharding", lambda d, like, mesh: _restore(d, jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), like)), "unless the restore's target names another"),
-    ("returns None", lambda d, like, mesh: None, "returned None: write"),
+    ("returns None", lambda d, like, mesh: None, "returned None: did it forget"),
 ]
 
 

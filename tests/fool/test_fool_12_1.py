@@ -161,7 +161,7 @@ FRESH = [
     ("the size from jax.device_count()", _first_divisible(lambda mesh: jax.device_count()),
      "stays whole on every device, although its axis 0 (length 6)"),
     ("size 2 written in", _first_divisible(lambda mesh: 2), "which the 8 devices of 'fsdp' do not divide"),
-    ("returns None", lambda p, m: None, "returned None: write"),
+    ("returns None", lambda p, m: None, "returned None: did it forget"),
 ]
 
 

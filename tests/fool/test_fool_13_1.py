@@ -103,7 +103,7 @@ FRESH = [
     ("8 chips written in", lambda c, n, f: _s13(c, 8, f), "over 8 chips whatever the mesh"),
     ("FSDP split over a fixed 4 chips", lambda c, n, f: 12 * (counts(c)[0] / (4 if f else 1) + counts(c)[1]),
      "returns the same number for 4 and 8 chips"),
-    ("returns None", lambda c, n, f: None, "returned None: write"),
+    ("returns None", lambda c, n, f: None, "returned None: did it forget"),
     ("an int", lambda c, n, f: int(_s13(c, n, f)), None),
 ]
 
