@@ -133,9 +133,26 @@ def _skip_lesson13_without_libtpu(items):
             item.add_marker(skip)
 
 
+def _nbval_on(option) -> bool:
+    return bool(getattr(option, "nbval", False) or getattr(option, "nbval_lax", False))
+
+
+def _start_kernel_with_isa(start, isa: str) -> None:
+    """Run ``start()`` (nbval's setup, which starts the kernel with a copy of os.environ) with XLA limited to
+    ``isa``; this process's XLA_FLAGS is as it was afterwards."""
+    before = os.environ.get("XLA_FLAGS")
+    os.environ["XLA_FLAGS"] = isa_flags(before or "", isa)
+    try:
+        start()
+    finally:
+        if before is None:
+            del os.environ["XLA_FLAGS"]
+        else:
+            os.environ["XLA_FLAGS"] = before
+
+
 def pytest_collect_file(file_path, parent):
-    opt = parent.config.option
-    if file_path.suffix != ".ipynb" or not (getattr(opt, "nbval", False) or getattr(opt, "nbval_lax", False)):
+    if file_path.suffix != ".ipynb" or not _nbval_on(parent.config.option):
         return None
     isa = second_isa(parent.config.getoption("--nbval-isa"), os.environ.get("XLA_FLAGS", ""))
     if isa is None or parent.config.getoption("--nbval-passes") == "1":
@@ -160,15 +177,7 @@ def pytest_collect_file(file_path, parent):
             return items
 
         def setup(self):
-            before = os.environ.get("XLA_FLAGS")
-            os.environ["XLA_FLAGS"] = isa_flags(before or "", isa)
-            try:
-                super().setup()  # the kernel starts here, with a copy of os.environ
-            finally:
-                if before is None:
-                    del os.environ["XLA_FLAGS"]
-                else:
-                    os.environ["XLA_FLAGS"] = before
+            _start_kernel_with_isa(super().setup, isa)
 
     base = os.path.relpath(file_path, parent.config.rootpath).replace(os.sep, "/")
     return OtherIsaNotebook.from_parent(parent, path=file_path, nodeid=f"{base}@{isa}")
@@ -188,7 +197,7 @@ def pytest_configure(config):
     """One pass: every notebook kernel nbval starts gets XLA_FLAGS with the other instruction set; this process's
     XLA_FLAGS (the unit tests' JAX) stays as it was."""
     isa = _one_pass_isa(config)
-    if isa is None or not (getattr(config.option, "nbval", False) or getattr(config.option, "nbval_lax", False)):
+    if isa is None or not _nbval_on(config.option):
         return
     from nbval.plugin import IPyNbFile
     if getattr(IPyNbFile.setup, "_course_isa", None):
@@ -196,15 +205,7 @@ def pytest_configure(config):
     plain_setup = IPyNbFile.setup
 
     def setup(self):
-        before = os.environ.get("XLA_FLAGS")
-        os.environ["XLA_FLAGS"] = isa_flags(before or "", isa)
-        try:
-            plain_setup(self)  # the kernel starts here, with a copy of os.environ
-        finally:
-            if before is None:
-                del os.environ["XLA_FLAGS"]
-            else:
-                os.environ["XLA_FLAGS"] = before
+        _start_kernel_with_isa(lambda: plain_setup(self), isa)
 
     setup._course_isa = isa
     IPyNbFile.setup = setup
@@ -216,6 +217,7 @@ def pytest_report_header(config):
         return [f"nbval: each notebook runs once, as a processor limited to {isa} would run it "
                 f"(XLA_FLAGS=--xla_cpu_max_isa={isa}); --nbval-passes=2 adds this processor's own pass"]
     return []
+
 
 _progress_for = set()
 
