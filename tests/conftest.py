@@ -4,10 +4,13 @@ The root conftest.py has already set JAX_NUM_CPU_DEVICES. Here the platform is p
 to the CPU too, so that a machine with one GPU still tests 8-device semantics.
 """
 
+import atexit
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import jax
@@ -15,6 +18,15 @@ import pytest
 
 jax.config.update("jax_platforms", "cpu")
 jax.config.update("jax_num_cpu_devices", 8)
+
+# The checkers compile the same programs many times (each run wraps the function in a new pmap or jit), and XLA's
+# compile is most of a check's time: this test process keeps what it compiled in its own compilation cache and
+# removes it when it ends. The notebooks' kernels and the subprocesses the tests start do not use it.
+_XLA_CACHE = tempfile.mkdtemp(prefix="course-tests-xla-cache-")
+atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
+jax.config.update("jax_compilation_cache_dir", _XLA_CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 N_DEVICES = 8
 
