@@ -28,6 +28,14 @@ jax.config.update("jax_compilation_cache_dir", _XLA_CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
+
+def pytest_configure(config):
+    # A program compiled for a TPU (lesson 13, libtpu's compile-only client) is stored in that cache but cannot be
+    # loaded back on this machine: JAX warns and compiles it again, which is right.
+    config.addinivalue_line("filterwarnings", "ignore:Error reading persistent compilation cache entry for "
+                            ".*PjRtCompiler must be constructed with a Client:UserWarning")
+
+
 N_DEVICES = 8
 
 

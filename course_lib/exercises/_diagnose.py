@@ -234,7 +234,8 @@ def _known(run, fn, case):
     holding anything whose value cannot be read (a path on disk, a learner's function, an unknown object) runs
     every time."""
     try:
-        key = _value_key((fn, run, case.label, case.n, case.args, case.kwargs))
+        key = _value_key((fn, run, case.label, case.n, case.args, case.kwargs, jax.config.jax_enable_x64,
+                          str(jax.sharding.get_abstract_mesh())))
     except Exception:  # a value with no readable form (a PRNG key array, say)
         key = None
     if key is None:
@@ -253,8 +254,8 @@ def _known(run, fn, case):
 
 
 def _value_key(x, depth: int = 0):
-    """A hashable stand-in for what ``x`` is, or None. Functions count by their code and captured values; a
-    dict or list a runner captures is where it writes what it saw, not an input, and is left out."""
+    """A hashable stand-in for what ``x`` is, or None: values by value, functions by their code and the values
+    they captured."""
     if depth > 30:
         return None
     if x is None or isinstance(x, (bool, int, float, complex, np.generic, type)):
@@ -279,7 +280,6 @@ def _value_key(x, depth: int = 0):
         if not x.__module__.startswith(("course_lib", "optax", "jax")):
             return None                             # a learner's function: its globals may change
         cells = [c.cell_contents for c in x.__closure__ or ()]
-        cells = [c for c in cells if not isinstance(c, (dict, list))]
         key = _value_key((x.__module__, x.__defaults__, x.__kwdefaults__, cells), depth + 1)
         return key and (x.__code__, key)
     return None
