@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import checkpoint, profile
-from . import Case, Mismatch, Mistake, Said, call, diagnose, exercise, placement
+from . import Case, Mismatch, Mistake, Said, call, diagnose, exercise, placement, same
 
 # Graded hints, weakest first (the exercise framework shows them one at a time).
 HINTS = {
@@ -46,14 +46,6 @@ HINTS = {
 
 # ----------------------------------------------------------------------------------------------
 # 11.1 Restore a checkpoint onto the devices you are given
-
-
-def _same_structure(got, want) -> bool:
-    """Whether ``got`` has ``want``'s tree structure; False where ``got`` cannot be read as a tree."""
-    try:
-        return jax.tree.structure(got) == jax.tree.structure(want)
-    except Exception:  # noqa: BLE001: a learner's answer of any type
-        return False
 
 
 def solution_restore_onto(directory, like, devices):
@@ -490,9 +482,8 @@ def _resharded_runner(seen):
                            "Orbax itself, as you would write it in your own project (course_lib's restore reads "
                            "only checkpoints that course_lib's save wrote).")
         seen[case.label] = (reads, watching)
-        step = next((Said(f"the values of step {k}") for k, v in saved.items() if _same_structure(got, v) and all(
-            np.allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=1e-2, atol=1e-2)
-            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(v)))), Said("values that no saved step holds"))
+        step = next((Said(f"the values of step {k}") for k, v in saved.items()
+                     if same(got, v, rtol=1e-2, atol=1e-2, dtype=False)), Said("values that no saved step holds"))
         return step, got, jax.tree.map(lambda a: _where_split(a, mesh), got)
     return run
 
