@@ -2,6 +2,7 @@
 
 import contextlib
 import re
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +10,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from ..hlo import compiled_collectives
 from . import Case, Mismatch, Mistake, call, describe_tree, diagnose, exercise, primitives, same
 from .lesson06 import AXIS, _mesh, _spec
 
@@ -42,15 +44,11 @@ def _set_mesh_allowed(mesh):
     """``mesh`` entered here, and ``jax.set_mesh`` a no-op inside: an answer that enters the mesh itself can then be
     traced (JAX refuses set_mesh while a program is traced)."""
     real = jax.set_mesh
-    swapped = [m for m in (jax, jax.sharding) if getattr(m, "set_mesh", None) is real]
-    with real(mesh):
-        for m in swapped:
-            m.set_mesh = lambda *a, **k: contextlib.nullcontext()
-        try:
-            yield
-        finally:
-            for m in swapped:
-                m.set_mesh = real
+    with real(mesh), contextlib.ExitStack() as stack:
+        for m in (jax, jax.sharding):
+            if getattr(m, "set_mesh", None) is real:
+                stack.enter_context(mock.patch.object(m, "set_mesh", lambda *a, **k: contextlib.nullcontext()))
+        yield
 
 
 def _program(fn, *args, name, mesh):
@@ -153,15 +151,10 @@ def _bare_assertion(fn, text: str):
     raise Mismatch(f"JAX raised a bare AssertionError while tracing your per-device code: {said}.") from None
 
 
-@contextlib.contextmanager
 def _vma_unchecked():
     """``jax.shard_map`` with check_vma=False inside: what an answer JAX refused would have returned."""
     real = jax.shard_map
-    jax.shard_map = lambda *a, **k: real(*a, **{**k, "check_vma": False})
-    try:
-        yield
-    finally:
-        jax.shard_map = real
+    return mock.patch.object(jax, "shard_map", lambda *a, **k: real(*a, **{**k, "check_vma": False}))
 
 
 def _full_error(fn, *args) -> str:
@@ -263,8 +256,7 @@ def check_ported(ported):
                                    "itself.")
                 raise Mismatch(f"{what} has the right values, but its shard_map runs on x reshaped to stacked "
                                f"blocks ({n}, {b}, {d}), one per device: the pmap layout, kept.")
-        inside = [names for _, names in maps]
-        if not any(names & set(_SUMS) for names in inside):
+        if not any(names & set(_SUMS) for _, names in maps):
             raise Mismatch(f"{what} has the right values, but no shard_map in it adds the devices' sums with a "
                            "collective: the total is computed outside the per-device code. Port the pmap "
                            "version as it is, collective included, into one shard_map.")
@@ -304,11 +296,6 @@ def solution_make_sharded_step(loss_fn, optimizer, mesh):
 
     step = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(), P("i"), P("i")), out_specs=(P(), P(), P()))
     return jax.jit(step, donate_argnums=(0, 1))
-
-
-def _collectives(hlo: str) -> dict:
-    names = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-    return {c: len(re.findall(rf" {c}(?:-start)?\(", hlo)) for c in names}
 
 
 class _Spy:
@@ -483,12 +470,12 @@ def check_make_sharded_step(make_sharded_step):
                            "from outside (jax.jit(step).lower(...)): the checker cannot read its collectives. "
                            "Return a jitted function of (params, opt_state, x, y), called inside the checker's "
                            "jax.set_mesh.")
-        counts = _collectives(compiled.as_text())
-        if counts["all-gather"]:
-            raise Mismatch(f"the step's compiled program {where} has {counts['all-gather']} all-gather(s): it "
+        counts = compiled_collectives(compiled.as_text())       # {kind: (runs, bytes)}
+        if "all-gather" in counts:
+            raise Mismatch(f"the step's compiled program {where} has {counts['all-gather'][0]} all-gather(s): it "
                            "gathers the batch (or the gradients) onto every device, so each device computes "
                            "on more than its own rows. Leave the batch split as it comes in.")
-        if not counts["all-reduce"] and not counts["reduce-scatter"]:
+        if "all-reduce" not in counts and "reduce-scatter" not in counts:
             raise Mismatch(f"the step's compiled program {where} has no all-reduce: its devices never combine "
                            "their gradients, so it cannot be data parallel.")
     return ("one device's step on the whole batch, reproduced for 3 steps on 8, 4 and 2 devices with SGD, "

@@ -1,7 +1,7 @@
 """Lesson 08 exercises: which part of a global batch each process loads, and the global array built from it."""
 
-import contextlib
 import dis
+from unittest import mock
 
 import jax
 import numpy as np
@@ -216,26 +216,15 @@ class _Recorder:
         return (self.simulate or self.real)(sharding, local_data, global_shape)
 
 
-@contextlib.contextmanager
 def _patched(recorder, process=None, processes=1, devices=None):
     """jax.make_array_from_process_local_data recorded; with ``process``, a simulated job of ``processes``."""
-    names = ["make_array_from_process_local_data", "process_count", "process_index", "local_device_count",
-             "local_devices", "device_count", "devices"]
-    saved = {name: getattr(jax, name) for name in names}
-    jax.make_array_from_process_local_data = recorder
+    job = {}
     if process is not None:
         mine = [d for i, d in enumerate(devices) if i * processes // len(devices) == process]
-        jax.process_count = lambda *a, **k: processes
-        jax.process_index = lambda *a, **k: process
-        jax.local_device_count = lambda *a, **k: len(mine)
-        jax.local_devices = lambda *a, **k: list(mine)
-        jax.device_count = lambda *a, **k: len(devices)
-        jax.devices = lambda *a, **k: list(devices)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(jax, name, value)
+        job = dict(process_count=lambda *a, **k: processes, process_index=lambda *a, **k: process,
+                   local_device_count=lambda *a, **k: len(mine), local_devices=lambda *a, **k: list(mine),
+                   device_count=lambda *a, **k: len(devices), devices=lambda *a, **k: list(devices))
+    return mock.patch.multiple(jax, make_array_from_process_local_data=recorder, **job)
 
 
 def _split(sharding) -> Said:

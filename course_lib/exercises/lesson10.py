@@ -4,14 +4,14 @@ how often each stage's collectives run in an accumulated step before the compile
 
 import re
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from . import Case, Mismatch, Mistake, _NotStarted, call, describe, describe_tree, diagnose, exercise
+from . import Case, Mismatch, Mistake, call, describe_tree, diagnose, exercise, is_placeholder, returned_none
+from .lesson12 import _read_counts
 
 AXIS = "data"
 
@@ -55,12 +55,6 @@ HINTS = {
              "(whole, or only its slice), and which can wait for the update? Leave out the loss's scalar."],
 }
 
-_OPS = ("all-reduce", "reduce-scatter", "all-gather")
-_SPELLINGS = {"psum": "all-reduce", "pmean": "all-reduce", "all_reduce": "all-reduce", "allreduce": "all-reduce",
-              "psum_scatter": "reduce-scatter", "reduce_scatter": "reduce-scatter", "reducescatter": "reduce-scatter",
-              "all_gather": "all-gather", "allgather": "all-gather"}
-
-
 def _big_collectives(hlo_text, min_bytes):
     """The collectives of a compiled program whose buffers hold at least ``min_bytes`` (not the loss's scalar)."""
     from .. import sharded_state
@@ -71,15 +65,14 @@ def _listed(found) -> str:
     return ", ".join(f"{c.op} {c.described}" for c in found) or "none"
 
 
-def _vma_hints():
-    return {
-        "unbound axis name": f"The mesh axis is named {AXIS!r}: use that name in every collective.",
-        "must be divisible": "A tiled psum_scatter splits the vector into n equal slices.",
-        "out_specs": "An output declared the same on every device (P()) differs between devices: average it "
-                     "over the mesh axis (the loss), or gather it (the parameters).",
-        "vma": "The vma checker (check_vma=True) found a value that differs between devices where one that is the "
-               "same on every device is needed (or the reverse): lesson 06 and section 2 of this lesson.",
-    }
+_VMA_HINTS = {
+    "unbound axis name": f"The mesh axis is named {AXIS!r}: use that name in every collective.",
+    "must be divisible": "A tiled psum_scatter splits the vector into n equal slices.",
+    "out_specs": "An output declared the same on every device (P()) differs between devices: average it "
+                 "over the mesh axis (the loss), or gather it (the parameters).",
+    "vma": "The vma checker (check_vma=True) found a value that differs between devices where one that is the "
+           "same on every device is needed (or the reverse): lesson 06 and section 2 of this lesson.",
+}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -182,15 +175,18 @@ def solution_zero2_sgd(params, grads, lr):
 
 
 def _zero(p, g, lr, mean=True, tiled=True, gather_axis=1, start_at=None):
-    """A ZeRO update of a column-split matrix, right or with one of the declared mistakes."""
+    """A ZeRO update of a column-split matrix, right or with one of the declared mistakes (``gather_axis=None``:
+    no gather, this device's updated block returned)."""
     n = jax.lax.axis_size(AXIS)
     cols = p.shape[1] // n
     mine = jax.lax.psum_scatter(g, AXIS, scatter_dimension=1, tiled=True) / (n if mean else 1)
     start = jax.lax.axis_index(AXIS) * cols if start_at is None else start_at
     mine = jax.lax.dynamic_slice_in_dim(p, start, cols, axis=1) - lr * mine
-    return jax.lax.all_gather(mine, AXIS, axis=gather_axis, tiled=tiled)
+    return mine if gather_axis is None else jax.lax.all_gather(mine, AXIS, axis=gather_axis, tiled=tiled)
 
 
+_ONE_BLOCK = ("Every device returned only its block: one device's columns where the whole matrix is expected. The "
+              "forward pass of the next step needs the whole matrix: gather the updated blocks.")
 MISTAKES_10_2 = [
     Mistake("summed", "The step is {n} times too large. psum_scatter adds the devices' gradients; the update needs "
             "their mean.", lambda p, g, lr: _zero(p, g, lr, mean=False)),
@@ -204,9 +200,7 @@ MISTAKES_10_2 = [
     Mistake("first block everywhere", "Only the first block is right: every device updated the first columns of "
             "the parameters with its own block of the gradient. Device i owns the columns from i times the block "
             "width: cut its block where its index says.", lambda p, g, lr: _zero(p, g, lr, start_at=0)),
-    Mistake("no gather", "Every device returned only its block. The forward pass of the next step needs the whole "
-            "matrix: gather the updated blocks.",
-            lambda p, g, lr: jax.lax.psum_scatter(g, AXIS, scatter_dimension=1, tiled=True)),
+    Mistake("no gather", _ONE_BLOCK, lambda p, g, lr: _zero(p, g, lr, gather_axis=None)),
 ]
 
 
@@ -215,23 +209,25 @@ def _zero2_program(fn, mesh, lr):
     def body(p, g):
         out = fn(p, g, lr)
         if out is None:
-            raise _NoResult
+            raise returned_none("zero2_sgd(params, grads, lr)", fn)
         return jnp.asarray(out)[None]
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(AXIS), check_vma=True))
 
 
-def _zero2_runner(answer):
+def _zero2_runner(shapes):
+    """Each device's update (its result - params), or its result when that is not shaped like params; the shape
+    each function's result has on one device kept in ``shapes[fn, label]``."""
     def run(fn, case):
         whole, grads, lr, mesh = case.args
         f = _zero2_program(fn, mesh, lr)
         try:
-            jax.eval_shape(f, whole, grads)
-        except _NoResult:
-            _none_returned(answer, "zero2_sgd(params, grads, lr)", "its result")
+            jax.eval_shape(f, whole, grads)   # a None from inside the program is reported here, as call() does
+        except Mismatch:
+            raise
         except Exception:  # noqa: BLE001: reported with the inputs by call() below
             pass
         try:
-            out = call(f, whole, grads, name="zero2_sgd", hints=_scatter_hints())
+            out = call(f, whole, grads, name="zero2_sgd", hints=_SCATTER_HINTS)
         except Mismatch as e:               # name what one device's function received, not the global arrays
             from . import _argument
             rows, cols = grads.shape[0] // mesh.size, grads.shape[1]
@@ -239,9 +235,8 @@ def _zero2_runner(answer):
                         f"float32[{rows}, {cols}] (this device's own gradient), lr={lr!r}) on each of {mesh.size} "
                         "devices")
             raise Mismatch(str(e).replace(f"zero2_sgd({_argument(whole)}, {_argument(grads)})", received)) from None
-        if out.shape[1:] != whole.shape or out.dtype != whole.dtype:
-            return out
-        return out - whole[None]               # the update each device made: a factor shows in it
+        shapes[fn, case.label] = out.shape[1:]
+        return out if out.shape[1:] != whole.shape or out.dtype != whole.dtype else out - whole[None]
     return run
 
 
@@ -253,26 +248,14 @@ def _count_fix(e: Mismatch):
     raise e
 
 
-class _NoResult(Exception):
-    """The learner's function returned None inside the mapped program."""
-
-
-def _none_returned(fn, shown, what):
-    """None from inside a mapped program, reported as ``call`` reports it: not started for a placeholder."""
-    from . import _answer_is_stub, is_placeholder
-    if _answer_is_stub[0] or is_placeholder(fn):
-        raise _NotStarted(f"{shown} returned None: write the function's body, and `return` {what}.")
-    raise Mismatch(f"{shown} returned None. Does every path through the function end in a `return` of {what}?")
-
-
-def _scatter_hints():
-    return {**_vma_hints(),
-            "must be divisible": "A tiled psum_scatter splits its operand along scatter_dimension (the first axis "
-                                 "unless told): here each device owns a block of columns, and the number of rows "
-                                 "does not divide by the device count.",
-            "scatter dimension": "psum_scatter's scatter_dimension names the axis the slices are cut along.",
-            "dynamic_slice": "A slice whose start depends on axis_index is traced, and Python slicing needs fixed "
-                             "bounds: section 2 cuts the block with jax.lax.dynamic_slice_in_dim(..., axis=1)."}
+_SCATTER_HINTS = {
+    **_VMA_HINTS,
+    "must be divisible": "A tiled psum_scatter splits its operand along scatter_dimension (the first axis unless "
+                         "told): here each device owns a block of columns, and the number of rows does not divide by "
+                         "the device count.",
+    "scatter dimension": "psum_scatter's scatter_dimension names the axis the slices are cut along.",
+    "dynamic_slice": "A slice whose start depends on axis_index is traced, and Python slicing needs fixed bounds: "
+                     "section 2 cuts the block with jax.lax.dynamic_slice_in_dim(..., axis=1)."}
 
 
 @exercise("10.2", "The ZeRO update of a column-split matrix: psum_scatter, update your block, all_gather",
@@ -288,20 +271,26 @@ def check_zero2_sgd(zero2_sgd):
         cases.append(Case((jax.device_put(params, NamedSharding(mesh, P())), grads, lr, mesh),
                           f"zero2_sgd on {n} devices, a ({rows}, {n * cols}) matrix ({cols} columns per device), "
                           "each device's update (its result - params)", n=n))
+    shapes = {}
     try:
-        diagnose(zero2_sgd, cases, solution=solution_zero2_sgd, mistakes=MISTAKES_10_2, run=_zero2_runner(zero2_sgd),
+        diagnose(zero2_sgd, cases, solution=solution_zero2_sgd, mistakes=MISTAKES_10_2, run=_zero2_runner(shapes),
                  name="zero2_sgd", rtol=1e-4, atol=1e-5)
-    except Mismatch as e:
+    except Mismatch as e:              # the shape of one device's block of columns, measured: say so
+        blocks = [c for c in cases if str(e).startswith(c.label) and shapes.get((zero2_sgd, c.label)) == (
+            c.args[0].shape[0], c.args[0].shape[1] // c.n)]
+        if blocks and _ONE_BLOCK not in str(e):
+            raise Mismatch(f"{e} {_ONE_BLOCK}") from None
         _count_fix(e)
     for case in cases:
         whole, grads, lr, mesh = case.args
-        n, (rows, c), cols = mesh.size, whole.shape, whole.shape[1] // mesh.size
+        (rows, c), cols = whole.shape, whole.shape[1] // mesh.size
         what = case.label.rsplit(", each", 1)[0]
         f = _zero2_program(zero2_sgd, mesh, lr)
         # The mechanism, read from the compiled program: each device must receive its block of the summed gradient.
         found = _big_collectives(f.lower(whole, grads).compile().as_text(), 4 * rows * c)
         ops = [x.op for x in found]
-        blocks = [x for x in found if x.op == "reduce-scatter" and len(x.shape) == 2 and np.prod(x.shape) == rows * cols]
+        blocks = [x for x in found if x.op == "reduce-scatter" and len(x.shape) == 2
+                  and np.prod(x.shape) == rows * cols]
         if len(blocks) != ops.count("reduce-scatter") or not blocks or "all-reduce" in ops or "all-gather" not in ops:
             raise Mismatch(f"{what}: the values are right, but the compiled program's gradient-sized collectives are "
                            f"{_listed(found)}; ZeRO's are a reduce-scatter that hands each device its ({rows}, {cols}) "
@@ -377,11 +366,10 @@ def _k3_case(stage, n, per_device, d_in, hidden, d_out, optimizer_name):
         for k in range(1, per_device + 1):
             if per_device % k == 0:
                 m = make_step(k).compile(state, batch).memory_analysis()
-                parts[k] = {"arguments": int(m.argument_size_in_bytes), "outputs": int(m.output_size_in_bytes),
-                            "aliased": int(m.alias_size_in_bytes), "temporaries": int(m.temp_size_in_bytes),
-                            "xla_peak": int(getattr(m, "peak_memory_in_bytes", -1))}
-                parts[k]["peak"] = (parts[k]["arguments"] + parts[k]["outputs"] - parts[k]["aliased"]
-                                    + parts[k]["temporaries"])
+                p = {"arguments": int(m.argument_size_in_bytes), "outputs": int(m.output_size_in_bytes),
+                     "aliased": int(m.alias_size_in_bytes), "temporaries": int(m.temp_size_in_bytes),
+                     "xla_peak": int(getattr(m, "peak_memory_in_bytes", -1))}
+                parts[k] = {**p, "peak": p["arguments"] + p["outputs"] - p["aliased"] + p["temporaries"]}
         _K3_CASES[key] = (make_step, state, batch, parts, calls)
     return _K3_CASES[key]
 
@@ -428,8 +416,6 @@ _K3_PARTS: dict = {}
 
 def _k_runner(answer):
     """Run a choose_k on a case: on copies of the state and batch, counting the steps the answer builds."""
-    from . import _answer_is_stub
-
     def run(fn, case):
         make_step, state, batch, n, budget, calls = case.args
         before = len(calls)
@@ -438,13 +424,12 @@ def _k_runner(answer):
                        "micro-batches": "K must divide each device's examples (the batch's rows divided by "
                                         "n_devices), so that every micro-batch has the same size; try only those K."
                    })[0]
-        if fn is answer and got is None and _answer_is_stub[0]:
-            raise _NotStarted("choose_k(make_step, state, batch, n_devices, budget) returned None: write the "
-                              "function's body, and `return` its result.")
+        if fn is answer and got is None and is_placeholder(fn):     # None is an answer here: "no K fits"
+            raise returned_none("choose_k(make_step, state, batch, n_devices, budget)", fn)
         if fn is answer and len(calls) == before:
-            raise Mismatch(f"{case.label} returned {got!r} without building a single step: the peak of a step "
-                           "with K micro-batches is read from its compiled program, make_step(K) compiled for "
-                           "this state and batch.")
+            raise Mismatch(f"choose_k returned {got!r} without building a single step: the peak of a step with K "
+                           "micro-batches is read from its compiled program, make_step(K) compiled for this state "
+                           "and batch.")
         return got
     return run
 
@@ -460,10 +445,12 @@ def check_choose_k(choose_k):
         _K3_PARTS[id(make_step)] = parts
         peaks = {k: p["peak"] for k, p in parts.items()}
         ks = sorted(parts)
-        # budgets: room for every K; exactly the peak of a K that beats every smaller one (not K = 1); too little
+        # budgets: room for every K (even with the aliased bytes counted twice: every declared mistake finds one);
+        # exactly the peak of a K that beats every smaller one (not K = 1); too little
         record = [k for i, k in enumerate(ks) if all(peaks[k] < peaks[j] for j in ks[:i])]
         # and budgets where the declared mistakes' measures part: only some K's temporaries or XLA's field fit
-        budgets = [max(peaks.values()) + 4096, *([peaks[k] for k in record[1:][:2]] or [peaks[ks[0]]]),
+        budgets = [max(p["peak"] + p["aliased"] for p in parts.values()) + 4096,
+                   *([peaks[k] for k in record[1:][:2]] or [peaks[ks[0]]]),
                    min(peaks.values()) - 1, *{min(p[m] for p in parts.values()) for m in ("temporaries", "xla_peak")}]
         cases += [Case((make_step, state, batch, n, budget, calls), f"a {stage!r} state on {n} devices "
                        f"({per_device} examples each, {opt_name}), budget={budget:_}", n=n) for budget in budgets]
@@ -556,7 +543,8 @@ def _fsdp_runner(answer, seen):
         def body(p, o, b):
             out = step(p, o, b)
             if out is None:
-                raise _NoResult
+                raise returned_none("step(my_params, opt_state, batch)", step, "the new slices, the new optimizer "
+                                    "state and the loss")
             if not isinstance(out, (tuple, list)) or len(out) != 3:
                 raise Mismatch(f"step returned {describe_tree(out)}; expected three things: the new slices of the "
                                "parameters, the new optimizer state and the loss.")
@@ -567,9 +555,6 @@ def _fsdp_runner(answer, seen):
         args = (put(params, split), put(opt_state, opt_specs), put(data[0], P(AXIS)))
         try:
             rows = {k: s.shape[0] for k, s in jax.eval_shape(f, *args)[0].items()}
-        except _NoResult:
-            _none_returned(step, "step(my_params, opt_state, batch)", "the new slices, the new optimizer state "
-                           "and the loss")
         except Mismatch:
             raise
         except Exception:
@@ -582,7 +567,7 @@ def _fsdp_runner(answer, seen):
         p, o, losses, first = args[0], args[1], [], None
         for batch in data:
             p, o, loss = call(f, p, o, put(batch, P(AXIS)), name="step", hints={
-                **_vma_hints(), "dot_general requires contracting dimensions": _NEEDS_WHOLE,
+                **_VMA_HINTS, "dot_general requires contracting dimensions": _NEEDS_WHOLE,
                 "Incompatible shapes for broadcasting": _NEEDS_WHOLE, "add got incompatible shapes": _NEEDS_WHOLE})
             losses.append(loss)
             first = {k: np.asarray(p[k]) - params[k] for k in params} if first is None else first
@@ -746,33 +731,8 @@ MISTAKES_10_5 = [
 def check_predict_collectives(predict):
     cases = [Case((stage, k), f"predict({stage!r}, {k})") for stage, k in _compiled_counts()]
     diagnose(predict, cases, solution=lambda stage, k: _compiled_counts()[stage, k][0], mistakes=MISTAKES_10_5,
-             run=lambda fn, case: _read_prediction(call(fn, *case.args, name="predict"), *case.args),
+             run=lambda fn, case: _read_counts(call(fn, *case.args, name="predict")),
              name="predict", reveal=False)
     return ("read from the compiled programs: a collective inside the micro-batch loop runs k times per step. "
             "ZeRO-1 communicates once per step like data parallelism; ZeRO-2 scatters every micro-batch and "
             "gathers once.")
-
-
-def _read_prediction(got, stage, k) -> dict:
-    """A prediction as ``{op: runs}`` for every op of ``_OPS``, in the compiled program's names (JAX's accepted)."""
-    if not isinstance(got, dict):
-        raise Mismatch(f"predict({stage!r}, {k}) returned {describe_tree(got)}; expected a dict from a "
-                       'collective\'s name to how many times one step runs it, e.g. {"all-gather": 1}.')
-    counts = dict.fromkeys(_OPS, 0)
-    for op, count in got.items():
-        if not isinstance(op, str):
-            raise Mismatch(f"predict({stage!r}, {k}) has the key {op!r}; the keys are the collectives' names, "
-                           f"strings: {', '.join(repr(o) for o in _OPS)}.")
-        name = _SPELLINGS.get(op.strip().lower().replace(" ", ""), op.strip().lower())
-        if name not in _OPS:
-            raise Mismatch(f"predict({stage!r}, {k}) names {op!r}; use the compiled program's names: "
-                           f"{', '.join(repr(o) for o in _OPS)} (psum is an all-reduce, psum_scatter a "
-                           "reduce-scatter).")
-        from .lesson12 import _whole
-        number = _whole(count)
-        if number is None:
-            raise Mismatch(f"predict({stage!r}, {k})[{op!r}] is "
-                           f"{describe(count) if hasattr(count, 'shape') else repr(count)}; expected a whole "
-                           "number of runs per step (an int such as 1 or k; 3.0 is accepted too).")
-        counts[name] += number
-    return counts

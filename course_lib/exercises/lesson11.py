@@ -5,13 +5,14 @@ import contextlib
 import copy
 import pathlib
 import tempfile
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .. import checkpoint, profile
-from . import Case, Mismatch, Mistake, Said, call, diagnose, exercise, placement
+from . import Case, Mismatch, Mistake, Said, call, diagnose, exercise, placement, same
 
 # Graded hints, weakest first (the exercise framework shows them one at a time).
 HINTS = {
@@ -47,14 +48,6 @@ HINTS = {
 # 11.1 Restore a checkpoint onto the devices you are given
 
 
-def _same_structure(got, want) -> bool:
-    """Whether ``got`` has ``want``'s tree structure; False where ``got`` cannot be read as a tree."""
-    try:
-        return jax.tree.structure(got) == jax.tree.structure(want)
-    except Exception:  # noqa: BLE001: a learner's answer of any type
-        return False
-
-
 def solution_restore_onto(directory, like, devices):
     state, extra = checkpoint.restore(directory, like, devices=devices)
     return state
@@ -69,17 +62,8 @@ def _watch(module, attribute, calls):
         calls.append(kwargs)
         return original(*args, **kwargs)
 
-    setattr(module, attribute, watched)
-    try:
+    with mock.patch.object(module, attribute, watched):
         yield
-    finally:
-        setattr(module, attribute, original)
-
-
-def _orbax_as_saved(directory, like, devices):
-    import orbax.checkpoint as ocp
-    with ocp.CheckpointManager(directory) as manager:
-        return manager.restore(manager.latest_step())["state"]
 
 
 _LIKE = "like='s values (zeros): restore the checkpoint, not like=."
@@ -93,7 +77,7 @@ MISTAKES_11_1 = [
             "gives you the last ones): use the devices argument itself.",
             lambda d, like, devs: checkpoint.restore(d, like, devices=jax.devices()[:len(devs)])[0]),
     Mistake("where it was saved", "Those are the devices it was saved from: with no placement asked for, the "
-            "restore puts each array back where it was saved.", _orbax_as_saved),
+            "restore puts each array back where it was saved.", lambda d, like, devs: _orbax_restore(d)["state"]),
     Mistake("like, not restored", "These are " + _LIKE, lambda d, like, devs: jax.device_put(
         like, checkpoint.replicated_on(devs))),
     Mistake("the oldest step", "These are the oldest step's values; restore the newest step in the directory "
@@ -195,19 +179,6 @@ def _encloses(op, ops):
                and o.end_us <= op.end_us and o.dur_us < op.dur_us for o in ops)
 
 
-def _call_on_trace(fn, trace, name):
-    """``fn(trace)`` through ``call``; a ``Mismatch`` if it changed the trace in place (a Trace is not a pytree,
-    so ``call`` cannot see inside it)."""
-    before = copy.deepcopy(trace)
-    got = call(fn, trace, name=name)
-    if trace != before:
-        changed = [f for f in ("ops", "dispatches", "markers", "host_reads") if getattr(trace, f) != getattr(before, f)]
-        raise Mismatch(f"{name}(trace) changed the trace it was given in place ({', '.join(changed)}): a list was "
-                       "sorted, emptied or edited. Read the trace without changing it (sorted() returns a new list; "
-                       "list.sort changes the one you have), so that the caller can still use it.")
-    return got
-
-
 def solution_collective_fraction(trace):
     per_device = profile.summarise(trace)
     collective = sum(v["collective_us"] for v in per_device.values())
@@ -258,15 +229,20 @@ MISTAKES_11_2 = [
 ]
 
 
-def _trace_runner(name, watched=None):
-    """Run a function on a case's trace (a fresh copy), reporting changes in place; with ``watched``, calls of
-    profile.collective_fraction are recorded there."""
+def _trace_runner(name, watched):
+    """Run a function on a fresh copy of a case's trace, with a ``Mismatch`` if it changed the trace in place (a
+    Trace is not a pytree, so ``call`` cannot see inside it); calls of profile.collective_fraction go to ``watched``."""
     def run(fn, case):
-        trace = copy.deepcopy(case.args[0])
-        if watched is None:
-            return _call_on_trace(fn, trace, name)
+        trace, before = copy.deepcopy(case.args[0]), case.args[0]
         with _watch(profile, "collective_fraction", watched):
-            return _call_on_trace(fn, trace, name)
+            got = call(fn, trace, name=name)
+        if trace != before:
+            changed = [f for f in ("ops", "dispatches", "markers", "host_reads")
+                       if getattr(trace, f) != getattr(before, f)]
+            raise Mismatch(f"{name}(trace) changed the trace it was given in place ({', '.join(changed)}): a list was "
+                           "sorted, emptied or edited. Read the trace without changing it (sorted() returns a new "
+                           "list; list.sort changes the one you have), so that the caller can still use it.")
+        return got
     return run
 
 
@@ -280,10 +256,8 @@ def check_collective_fraction(collective_fraction):
              for seed, wait, n, c, loop in [(0, (10.0, 70.0), 4, 1, False), (1, (100.0, 300.0), 8, 3, False),
                                             (2, (5.0, 400.0), 2, 2, False), (3, (20.0, 90.0), 4, 2, True)]]
     shortcut = []
-    run = _trace_runner("collective_fraction", shortcut)
     diagnose(collective_fraction, cases, solution=solution_collective_fraction, mistakes=MISTAKES_11_2,
-             name="collective_fraction", rtol=1e-6, atol=1e-9,
-             run=run)
+             name="collective_fraction", rtol=1e-6, atol=1e-9, run=_trace_runner("collective_fraction", shortcut))
     if shortcut:
         raise Mismatch("collective_fraction(trace) calls profile.collective_fraction, the function this exercise "
                        "asks you to write. Compute it yourself from what profile.summarise reports per device.")
@@ -363,7 +337,7 @@ def _marker_runner(fn, case):
     """The step number ``fn`` returns (any whole number), with the marker it names and how long that lasted (a
     ratio of step numbers means nothing)."""
     from .lesson12 import _whole
-    got, markers = _trace_runner("stalled_step")(fn, case), case.args[0].markers
+    got, markers = _trace_runner("stalled_step", [])(fn, case), case.args[0].markers
     if isinstance(got, (bool, np.bool_)):
         return Said(f"{got!r}: a bool (True/False), not a number")
     if _whole(got) is None:
@@ -392,34 +366,26 @@ def solution_restore_resharded(directory, like, mesh):
 def _orbax_reads(reads):
     """Record, for every array Orbax reads, where it was asked to put it: the ``Sharding`` (a jax.Array) or
     ``"host"`` (a NumPy array). Nothing is recorded if this Orbax names its handlers otherwise."""
-    patched = []
     try:
         from orbax.checkpoint._src.serialization import jax_array_handlers, type_handlers
         targets = [(jax_array_handlers.ArrayHandler, "array"), (type_handlers.NumpyHandler, "host")]
     except Exception:
         targets = []
-    for cls, kind in targets:
-        original = cls.__dict__.get("deserialize")
-        if original is None:
-            continue
 
-        def make(original, kind):
-            async def deserialize(self, infos, args=None):
-                for arg in (args or [None] * len(infos)):
-                    sharding = getattr(arg, "sharding", None)
-                    restore_type = getattr(arg, "restore_type", None)
-                    host = kind == "host" or (restore_type is not None and restore_type is not jax.Array)
-                    reads.append("host" if host else sharding)
-                return await original(self, infos, args)
-            return deserialize
+    def make(original, kind):
+        async def deserialize(self, infos, args=None):
+            for arg in (args or [None] * len(infos)):
+                restore_type = getattr(arg, "restore_type", None)
+                host = kind == "host" or (restore_type is not None and restore_type is not jax.Array)
+                reads.append("host" if host else getattr(arg, "sharding", None))
+            return await original(self, infos, args)
+        return deserialize
 
-        setattr(cls, "deserialize", make(original, kind))
-        patched.append((cls, original))
-    try:
+    patched = [(cls, kind) for cls, kind in targets if "deserialize" in cls.__dict__]
+    with contextlib.ExitStack() as stack:
+        for cls, kind in patched:
+            stack.enter_context(mock.patch.object(cls, "deserialize", make(cls.__dict__["deserialize"], kind)))
         yield bool(patched)
-    finally:
-        for cls, original in patched:
-            setattr(cls, "deserialize", original)
 
 
 # Orbax errors a learner meets when opening the manager's directory another way, and what they mean.
@@ -464,11 +430,12 @@ def _bump(values, k):
         np.shape(v)) % 5).astype(np.asarray(v).dtype), values)
 
 
-def _orbax_restore(directory, target, step=None):
+def _orbax_restore(directory, target=None, step=None):
+    """Orbax's restore of the newest step (or of ``step(all steps)``): onto ``target``, else as it was saved."""
     import orbax.checkpoint as ocp
     with ocp.CheckpointManager(directory) as manager:
         step = manager.latest_step() if step is None else step(manager.all_steps())
-        return manager.restore(step, args=ocp.args.StandardRestore(target))
+        return manager.restore(step, args=None if target is None else ocp.args.StandardRestore(target))
 
 
 def _onto(like, mesh, spec=lambda x: x.sharding.spec):
@@ -515,9 +482,8 @@ def _resharded_runner(seen):
                            "Orbax itself, as you would write it in your own project (course_lib's restore reads "
                            "only checkpoints that course_lib's save wrote).")
         seen[case.label] = (reads, watching)
-        step = next((Said(f"the values of step {k}") for k, v in saved.items() if _same_structure(got, v) and all(
-            np.allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=1e-2, atol=1e-2)
-            for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(v)))), Said("values that no saved step holds"))
+        step = next((Said(f"the values of step {k}") for k, v in saved.items()
+                     if same(got, v, rtol=1e-2, atol=1e-2, dtype=False)), Said("values that no saved step holds"))
         return step, got, jax.tree.map(lambda a: _where_split(a, mesh), got)
     return run
 

@@ -9,7 +9,6 @@ and the collectives in the compiled program (``compiled_collectives``, the metho
 from __future__ import annotations
 
 import functools
-import re
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +17,8 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ..hlo import compiled_collectives, gather_axes
-from . import Case, Mismatch, Mistake, Said, call, describe, describe_tree, diagnose, difference, exercise, same
+from . import (Case, Mismatch, Mistake, Said, call, describe, describe_tree, diagnose, difference, exercise,
+               returned_none)
 
 AXIS = "data"
 
@@ -48,11 +48,6 @@ HINTS = {
 }
 
 
-def _no_paths(error) -> str:
-    """An error's text without the file path some JAX errors name ('This error occurs at source: /path/...')."""
-    return re.sub(r"\s*This error occurs at source:\s*\S+", "", str(error))
-
-
 def _mesh(n: int):
     return jax.make_mesh((n,), (AXIS,), devices=jax.devices()[:n])
 
@@ -60,10 +55,6 @@ def _mesh(n: int):
 def _sizes() -> list[int]:
     n = len(jax.devices())
     return [n] + [k for k in (4, 2) if k < n]
-
-
-def _leaf_names(tree) -> list[tuple[str, object]]:
-    return [(jax.tree_util.keystr(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -133,12 +124,8 @@ def _update(optimizer, gather):
 
 
 def _spec_names(spec) -> list[str]:
-    names = []
-    for entry in spec:
-        if entry is None:
-            continue
-        names += list(entry) if isinstance(entry, (tuple, list)) else [entry]
-    return names
+    """The mesh axes a PartitionSpec names, in order (one entry may name several)."""
+    return [a for entry in spec if entry is not None for a in (entry if isinstance(entry, (tuple, list)) else [entry])]
 
 
 def _kind(name, spec, shape, size) -> Said:
@@ -179,13 +166,12 @@ def _specs_runner(fn, case):
             shapes, is_leaf=lambda s: isinstance(s, tuple)):
         raise Mismatch(f"fsdp_specs should return a dict shaped like params (one PartitionSpec per array, the same "
                        f"keys); got {describe_tree(specs)}.")
-    named = list(zip(_leaf_names(jax.tree.map(lambda s: 0, shapes, is_leaf=lambda s: isinstance(s, tuple))),
-                     jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P)),
-                     jax.tree.leaves(shapes, is_leaf=lambda s: isinstance(s, tuple))))
-    kinds = [_kind(name, spec, shape, mesh.shape["fsdp"]) for (name, _), spec, shape in named]
+    named = [(jax.tree_util.keystr(path), shape) for path, shape in
+             jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda s: isinstance(s, tuple))[0]]
+    kinds = [_kind(name, spec, shape, mesh.shape["fsdp"])
+             for (name, shape), spec in zip(named, jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P)))]
     axes = [k if any(w in k for w in ("'data'", "not a PartitionSpec", "not an axis")) else
-            Said(f"params{name} {shape}: split over 'fsdp' only, or whole") for k, ((name, _), _, shape) in
-            zip(kinds, named)]
+            Said(f"params{name} {shape}: split over 'fsdp' only, or whole") for k, (name, shape) in zip(kinds, named)]
     return axes, kinds                  # the mesh axes first: an array split over 'data' is the main error
 
 
@@ -300,49 +286,43 @@ def solution_gather_layer(layer):
     return jax.tree.map(lambda w: jax.lax.all_gather(w, "data", axis=w.ndim - 1, tiled=True), layer)
 
 
-class _Bad(Exception):
-    """The learner's gather returned something the layer cannot use (raised while tracing)."""
-
-
 def _fsdp_grads(gather, mesh, specs=SPECS):
     def checked(layer):
         given = dict(layer)                             # the slices as they came in, kept from an in-place edit
         out = gather(layer)
         if out is None:
-            from .lesson10 import _none_returned
-            _none_returned(gather, "gather_layer(layer)", "the dict of whole leaves")
+            raise returned_none("gather_layer(layer)", gather, "the dict of whole leaves")
         if not isinstance(layer, dict) or set(layer) != set(given) or any(layer[k] is not given[k] for k in given):
-            raise _Bad("gather_layer changed the dict it was given in place: leave `layer` as it came and build "
-                       "a new dict of whole leaves to return (the caller, or another transformation, may still "
-                       "read the slices).")
+            raise Mismatch("gather_layer changed the dict it was given in place: leave `layer` as it came and "
+                           "build a new dict of whole leaves to return (the caller, or another transformation, may "
+                           "still read the slices).")
         layer = given
         if jax.tree.structure(out) != jax.tree.structure(layer):
-            raise _Bad(f"gather_layer(layer) should return a dict like the layer it was given (keys "
-                       f"{sorted(layer)}); got {describe_tree(out)}.")
+            raise Mismatch(f"gather_layer(layer) should return a dict like the layer it was given (keys "
+                           f"{sorted(layer)}); got {describe_tree(out)}.")
         for key in layer:
+            said = f"gather_layer returned layer[{key!r}]"
             if not hasattr(out[key], "shape") or not hasattr(out[key], "dtype"):
-                raise _Bad(f"gather_layer returned layer[{key!r}] as {describe(out[key])}, not an array: each "
-                           "leaf must come back as the whole weight array.")
-            whole = tuple(layer[key].shape[:-1]) + (layer[key].shape[-1] * jax.lax.axis_size(AXIS),)
-            if tuple(out[key].shape) == tuple(layer[key].shape):
-                raise _Bad(f"gather_layer returned layer[{key!r}] with the shape of this device's slice, "
-                           f"{tuple(layer[key].shape)}: it is still split over the devices. Each leaf must come "
-                           f"back whole, {whole}. Inside shard_map each device holds only its slice: a sharding "
-                           "change such as jax.reshard or device_put does nothing there, and returns the slice "
-                           "unchanged.")
+                raise Mismatch(f"{said} as {describe(out[key])}, not an array: each leaf must come back as the "
+                               "whole weight array.")
+            shape, came = tuple(out[key].shape), tuple(layer[key].shape)
+            whole = came[:-1] + (came[-1] * jax.lax.axis_size(AXIS),)
+            if shape == came:
+                raise Mismatch(f"{said} with the shape of this device's slice, {came}: it is still split over the "
+                               f"devices. Each leaf must come back whole, {whole}. Inside shard_map each device "
+                               "holds only its slice: a sharding change such as jax.reshard or device_put does "
+                               "nothing there, and returns the slice unchanged.")
             if np.dtype(out[key].dtype) != np.dtype(layer[key].dtype):
-                raise _Bad(f"gather_layer returned layer[{key!r}] as {np.dtype(out[key].dtype).name}; it came in as "
-                           f"{np.dtype(layer[key].dtype).name}. A gather moves the numbers as they are: cast "
-                           "nothing (a lower precision belongs in the model's compute, not in the gather).")
-            size = int(np.prod(whole))
-            if len(out[key].shape) == len(whole) + 1 and int(np.prod(out[key].shape)) == size:
-                raise _Bad(f"gather_layer returned layer[{key!r}] with shape {tuple(out[key].shape)}: the "
-                           f"{jax.lax.axis_size(AXIS)} slices came back stacked along a new axis instead of joined "
-                           f"into the whole leaf {whole}. See jax.lax.all_gather's tiled option (lesson section "
-                           "4, where gather_layer uses it).")
-            if tuple(out[key].shape) != whole:
-                raise _Bad(f"gather_layer returned layer[{key!r}] with shape {tuple(out[key].shape)}; the whole leaf "
-                           f"is {whole} (the slices are joined along the last axis, the one that was split).")
+                raise Mismatch(f"{said} as {np.dtype(out[key].dtype).name}; it came in as "
+                               f"{np.dtype(layer[key].dtype).name}. A gather moves the numbers as they are: cast "
+                               "nothing (a lower precision belongs in the model's compute, not in the gather).")
+            if len(shape) == len(whole) + 1 and np.prod(shape) == np.prod(whole):
+                raise Mismatch(f"{said} with shape {shape}: the {jax.lax.axis_size(AXIS)} slices came back stacked "
+                               f"along a new axis instead of joined into the whole leaf {whole}. See "
+                               "jax.lax.all_gather's tiled option (lesson section 4, where gather_layer uses it).")
+            if shape != whole:
+                raise Mismatch(f"{said} with shape {shape}; the whole leaf is {whole} (the slices are joined along "
+                               "the last axis, the one that was split).")
         return out
 
     def per_device(params, x, target):
@@ -367,20 +347,14 @@ def _gather_runner(seen):
         f, args = _fsdp_grads(fn, _mesh(case.n)), _fsdp_inputs(_mesh(case.n), 200 + case.n)
         try:
             seen[case.label] = f.lower(*args).compile().as_text()
-        except _Bad as e:
-            raise Mismatch(_no_paths(e)) from None
-        except Mismatch:
+        except Mismatch:                              # what the gather returned, measured while tracing
             raise
         except Exception:
             seen[case.label] = None                   # reported with the inputs by call() below
-        try:
-            loss, grads = call(f, *args, name="the checker's FSDP step with your gather_layer", hints={
-                "unbound axis name": f"The mesh axis is named {AXIS!r}: use that name in the collective.",
-                "cannot reshape": f"Your gather assumes a number of devices; this run has {case.n}. Inside "
-                                  "shard_map, jax.lax.axis_size gives it, or let the collective join the slices "
-                                  "itself."})
-        except Mismatch as e:
-            raise type(e)(_no_paths(e)) from None
+        loss, grads = call(f, *args, name="the checker's FSDP step with your gather_layer", hints={
+            "unbound axis name": f"The mesh axis is named {AXIS!r}: use that name in the collective.",
+            "cannot reshape": f"Your gather assumes a number of devices; this run has {case.n}. Inside "
+                              "shard_map, jax.lax.axis_size gives it, or let the collective join the slices itself."})
         return grads, loss                            # the gradients first: a leaf gathered wrongly shows in its own
     return run
 
@@ -476,6 +450,31 @@ def measured_collectives(n_layers, matrices, inner_biases, outer_biases, remat, 
 _CASES = [(3, 1, 1, 0, True), (2, 2, 1, 1, True), (2, 1, 0, 2, True), (3, 2, 1, 1, False), (1, 3, 2, 1, True)]
 
 
+_OPS = ("all-gather", "reduce-scatter", "all-reduce")
+_SPELLINGS = {"psum": "all-reduce", "pmean": "all-reduce", "all_reduce": "all-reduce", "allreduce": "all-reduce",
+              "psum_scatter": "reduce-scatter", "reduce_scatter": "reduce-scatter", "reducescatter": "reduce-scatter",
+              "all_gather": "all-gather", "allgather": "all-gather"}
+
+
+def _read_counts(got) -> dict:
+    """A predicted ``{collective: runs per step}`` as ``{op: int}`` for every op of ``_OPS`` (0 where not named), in
+    the compiled program's names (JAX's accepted: psum is an all-reduce). 10.5 and 12.3 read predictions so."""
+    if not isinstance(got, dict):
+        raise Mismatch(f"the prediction is {describe_tree(got)}; expected a dict from a collective's name to how "
+                       'many times one step runs it, e.g. {"all-gather": 1}.')
+    counts = dict.fromkeys(_OPS, 0)
+    for op, count in got.items():
+        name = _SPELLINGS.get(op.strip().lower().replace(" ", ""), op.strip().lower()) if isinstance(op, str) else op
+        if name not in _OPS:
+            raise Mismatch(f"the prediction names {op!r}; use the compiled program's names: "
+                           f"{', '.join(map(repr, _OPS))} (psum is an all-reduce, psum_scatter a reduce-scatter).")
+        if _whole(count) is None:
+            raise Mismatch(f"the prediction's [{op!r}] is {describe(count) if hasattr(count, 'shape') else repr(count)}"
+                           "; expected a whole number of runs per step (an int; 3.0 is accepted too).")
+        counts[name] += _whole(count)
+    return counts
+
+
 def _whole(value):
     """``value`` as an int when it is one whole number: a Python, NumPy or JAX scalar or 0-d array (3, 3.0,
     np.int64(3), jnp.float32(3)); otherwise None."""
@@ -492,11 +491,9 @@ def _whole(value):
 
 def _counts(gathers=None, scatters=None, reduces=None):
     """A prediction: the right counts, with the named kinds computed another way (n, k, inner, outer, remat)."""
-    def predict(n, k, i, o, r):
-        right = solution_predict(n, k, i, o, r)
-        return {"all-gather": gathers(n, k, i, o, r) if gathers else right["all-gather"],
-                "reduce-scatter": scatters(n, k, i, o, r) if scatters else right["reduce-scatter"],
-                "all-reduce": reduces(n, k, i, o, r) if reduces else right["all-reduce"]}
+    def predict(*case):
+        right = solution_predict(*case)
+        return {kind: f(*case) if f else right[kind] for kind, f in zip(_OPS, (gathers, scatters, reduces))}
     return predict
 
 
@@ -533,22 +530,10 @@ MISTAKES_12_3 = [
           solution=solution_predict,
           returns="a dict {'all-gather': int, 'reduce-scatter': int, 'all-reduce': int}")
 def check_predict(predict):
-    kinds = ("all-gather", "reduce-scatter", "all-reduce")
-
-    def run(fn, case):
-        answer = call(fn, *case.args, name="predict")
-        if not isinstance(answer, dict) or set(answer) != set(kinds):
-            raise Mismatch(f"predict should return a dict with exactly the keys {list(kinds)}; got {answer!r:.200}.")
-        numbers = {kind: _whole(answer[kind]) for kind in kinds}
-        for kind, number in numbers.items():
-            if number is None:
-                value = describe(answer[kind]) if hasattr(answer[kind], "shape") else repr(answer[kind])
-                raise Mismatch(f"predict's [{kind!r}] is {value}; expected a whole number of operations (an int).")
-        return numbers
-
     label = "predict(n_layers={}, matrices={}, inner_biases={}, outer_biases={}, remat={})"
-    diagnose(predict, [Case(c, label.format(*c)) for c in _CASES], mistakes=MISTAKES_12_3, run=run, reveal=False,
-             solution=lambda *c: {kind: measured_collectives(*c).get(kind, 0) for kind in kinds}, name="predict")
+    diagnose(predict, [Case(c, label.format(*c)) for c in _CASES], mistakes=MISTAKES_12_3, reveal=False,
+             run=lambda fn, case: _read_counts(call(fn, *case.args, name="predict")),
+             solution=lambda *c: {kind: measured_collectives(*c).get(kind, 0) for kind in _OPS}, name="predict")
     return ("right in every case: the forward gathers every array of every layer; with jax.checkpoint the backward "
             "gathers again what the recomputation reads; each sharded array's gradient is reduce-scattered once per "
             "layer, and the loss's mean is the one all-reduce. (These are the CPU compiler's counts: a GPU merges "

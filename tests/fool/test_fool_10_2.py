@@ -113,7 +113,7 @@ def _zero(by):
 FRESH = [
     ("divided by jax.device_count()", _zero(lambda n: _jax.device_count()), "2x too small, a factor 4/8"),
     ("divided by n - 1", _zero(lambda n: n - 1), "a factor 8/7"),
-    ("returns None", lambda p, g, lr: None, "returned None. Does every path"),
+    ("returns None", lambda p, g, lr: None, "returned None: did it forget"),
 ]
 
 

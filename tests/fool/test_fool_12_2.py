@@ -118,7 +118,7 @@ FRESH = [
      "still split over the devices"),
     ("axis 1 for every leaf", lambda l: jax.tree.map(lambda w: jax.lax.all_gather(w, "data", axis=1, tiled=True), l),
      "axis 1 is out of bounds"),
-    ("returns None", lambda l: None, "returned None. Does every path"),
+    ("returns None", lambda l: None, "returned None: did it forget"),
     ("times 1.0", lambda l: jax.tree.map(lambda w: 1.0 * jax.lax.all_gather(w, "data", axis=-1, tiled=True), l),
      None),
 ]

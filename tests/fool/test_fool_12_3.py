@@ -34,7 +34,7 @@ WRONG = [
      "All-reduces"),
     (_answer(lambda n, k, i, o, r: n * (2 * (k + i) + o) if r else n * (k + i + o), reduces=lambda n: 0),
      "what else in the step"),
-    (lambda n, k, i, o, r: (n, k, 1), "exactly the keys"),
+    (lambda n, k, i, o, r: (n, k, 1), "expected a dict"),
     (lambda n, k, i, o, r: {"all-gather": 2.5, "reduce-scatter": 1, "all-reduce": 1}, "whole number"),
 ]
 
