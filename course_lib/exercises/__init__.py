@@ -503,8 +503,9 @@ def jaxpr_of(fn, *args, name: str = "your function"):
         return jax.make_jaxpr(fn)(*args).jaxpr
     except Exception as e:
         raise Mismatch(f"{name} gives the right values, but the checker could not read its program with "
-                       f"jax.make_jaxpr ({type(e).__name__}: {_error_text(e)[:200]}), so it cannot see which mechanism "
-                       "it uses. Keep the function in JAX: no np.asarray, float() or .tolist() on its inputs.") from None
+                       f"jax.make_jaxpr ({type(e).__name__}: {_error_text(e)[:200]}), so it cannot see which "
+                       "mechanism it uses. Keep the function in JAX: no np.asarray, float() or .tolist() on its "
+                       "inputs.") from None
 
 
 def primitives(fn, *args, name: str = "your function") -> list:
