@@ -48,6 +48,7 @@ import inspect
 import io
 import pkgutil
 import re
+import sys
 import textwrap
 from typing import Any, Callable
 
@@ -55,7 +56,7 @@ import jax
 import numpy as np
 
 __all__ = ["Feedback", "Mismatch", "Exercise", "exercise", "check", "hint", "solution", "progress", "exercises",
-           "call", "expect_placed_on", "expect_pmapped", "describe",
+           "call", "expect_placed_on", "expect_pmapped", "describe", "watch", "jaxpr_of",
            "Mistake", "Case", "diagnose", "difference", "relation", "same"]
 
 
@@ -183,21 +184,12 @@ class Exercise:
         """The mistakes this exercise declares as data: the ``Mistake`` list its lesson module names
         ``MISTAKES_NN_K`` (``MISTAKES_02_1`` for 02.1). ``Mistake.submitted()`` is what a learner making one
         submits, so a test can check that each is named."""
-        import sys
-        module = sys.modules[self.checker.__module__]
-        return list(getattr(module, "MISTAKES_" + self.id.replace(".", "_"), []))
+        return list(getattr(sys.modules[self.checker.__module__], "MISTAKES_" + self.id.replace(".", "_"), []))
 
     def _could_not_use(self, error: Exception) -> str:
-        first = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-        parts = []
-        if "result" in _last_call:
-            parts.append(f"{_last_call['call']} returned {describe_tree(_last_call['result'])}")
-        else:
-            parts.append("the checker could not run your answer")
-        if self.returns:
-            parts.append(f"expected {self.returns}")
-        text = "; ".join(parts)
-        return f"{text}. (Checking it failed with {type(error).__name__}: {first})"
+        text = (f"{_last_call['call']} returned {describe_tree(_last_call['result'])}" if "result" in _last_call
+                else "the checker could not run your answer") + (f"; expected {self.returns}" if self.returns else "")
+        return f"{text}. (Checking it failed with {type(error).__name__}: {_error_text(error)[:200]})"
 
 
 _REGISTRY: dict[str, Exercise] = {}
@@ -395,11 +387,10 @@ def _changed(before, args) -> str | None:
     for old, new, copy in zip(leaves, now, copies):
         if old is not new:
             return "one of its items was replaced"
-        if copy is not None:
-            same = new.shape == copy.shape and np.array_equal(new, copy, equal_nan=np.issubdtype(copy.dtype,
-                                                                                                np.inexact))
-            if not same:
-                return "its values changed" if new.shape == copy.shape else f"its shape changed to {new.shape}"
+        if copy is not None and new.shape != copy.shape:
+            return f"its shape changed to {new.shape}"
+        if copy is not None and not np.array_equal(new, copy, equal_nan=np.issubdtype(copy.dtype, np.inexact)):
+            return "its values changed"
     return None
 
 
@@ -506,16 +497,49 @@ def _eqns(jaxpr):
                     yield from _eqns(inner)
 
 
+def jaxpr_of(fn, *args, name: str = "your function"):
+    """``fn(*args)``'s program (a jaxpr); one that cannot be traced raises ``Mismatch`` in words for the learner."""
+    try:
+        return jax.make_jaxpr(fn)(*args).jaxpr
+    except Exception as e:
+        raise Mismatch(f"{name} gives the right values, but the checker could not read its program with "
+                       f"jax.make_jaxpr ({type(e).__name__}: {_error_text(e)[:200]}), so it cannot see which "
+                       "mechanism it uses. Keep the function in JAX: no np.asarray, float() or .tolist() on its "
+                       "inputs.") from None
+
+
 def primitives(fn, *args, name: str = "your function") -> list:
     """The equations of ``fn(*args)``'s program, nested ones included (``pmap`` shows as ``shard_map``)."""
+    return list(_eqns(jaxpr_of(fn, *args, name=name)))
+
+
+def watch(fn, args, patches, *, again=None) -> bool:
+    """Run ``fn(*args)`` with each ``(owner, name, value)`` of ``patches`` set in place of ``owner.name``, and the
+    originals put back afterwards. When ``again()`` is true after the run (nothing seen: a jit cache may have
+    skipped the tracing), JAX's caches are cleared and ``fn`` runs once more. False if ``fn`` raised: the
+    checker's own call of ``fn`` says how."""
+    saved = [(owner, name, owner.__dict__.get(name, watch)) for owner, name, _ in patches]   # watch: not set
+
+    def run():
+        for owner, name, value in patches:
+            setattr(owner, name, value)
+        try:
+            fn(*args)
+        finally:
+            for owner, name, old in saved:
+                if old is watch:
+                    delattr(owner, name)
+                else:
+                    setattr(owner, name, old)
+
     try:
-        closed = jax.make_jaxpr(fn)(*args)
-    except Exception as e:
-        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-        raise Mismatch(f"{name} gives the right values, but the checker could not read its program with "
-                       f"jax.make_jaxpr ({type(e).__name__}: {first}), so it cannot see which mechanism it uses. Keep "
-                       "the function in JAX: no np.asarray, float() or .tolist() on its inputs.") from None
-    return list(_eqns(closed.jaxpr))
+        run()
+        if again is not None and again():
+            jax.clear_caches()
+            run()
+    except Exception:
+        return False
+    return True
 
 
 def vmap_calls(fn, *args) -> int | None:
@@ -528,8 +552,7 @@ def vmap_calls(fn, *args) -> int | None:
     """
     try:
         from jax._src.interpreters import batching
-        trace_cls = batching.BatchTrace
-        original = trace_cls.__init__
+        original = batching.BatchTrace.__init__
     except (ImportError, AttributeError):
         return None
     count = [0]
@@ -538,21 +561,8 @@ def vmap_calls(fn, *args) -> int | None:
         count[0] += 1
         return original(self, *a, **k)
 
-    def run():
-        trace_cls.__init__ = counting_init
-        try:
-            fn(*args)
-        finally:
-            trace_cls.__init__ = original
-        return count[0]
-
-    try:
-        if run() == 0:
-            jax.clear_caches()  # a jit cache may have skipped the tracing: look once more, with nothing cached
-            run()
-    except Exception:
-        return None  # fn fails on these inputs: the checker's own call of fn will say how
-    return count[0]
+    ran = watch(fn, args, [(batching.BatchTrace, "__init__", counting_init)], again=lambda: count[0] == 0)
+    return count[0] if ran else None
 
 
 from ._diagnose import Case, Mistake, Said, diagnose, difference, placement, relation, same  # noqa: E402  (uses the names above)

@@ -134,7 +134,7 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
         return results
     where = _where(cases, right_on, failed)
     case, error = failed[0]
-    if error is not None and isinstance(error, _NotStarted):
+    if isinstance(error, _NotStarted):
         raise error                         # a placeholder: the same 'no answer yet' words everywhere
     if error is not None:
         text = str(error).rstrip()
@@ -298,14 +298,8 @@ def _pairs(got, expected, strict: bool, path: tuple = ()):
     if isinstance(expected, dict):
         if not isinstance(got, dict) or set(got) != set(expected):
             return f"expected {describe_tree(expected)}, got {describe_tree(got)}"
-        out = []
-        for k in expected:
-            sub = _pairs(got[k], expected[k], strict, path + (k,))
-            if isinstance(sub, str):
-                return sub
-            out += sub
-        return out
-    if isinstance(expected, (tuple, list)):
+        children = [(k, got[k], expected[k]) for k in expected]
+    elif isinstance(expected, (tuple, list)):
         items = got
         if isinstance(got, (tuple, list)) and strict and type(got) is not type(expected) \
                 and not hasattr(expected, "_fields"):
@@ -321,16 +315,18 @@ def _pairs(got, expected, strict: bool, path: tuple = ()):
         if not isinstance(items, (tuple, list)):
             return (f"expected {_kind(expected)} of {len(expected)}, {describe_tree(expected)}; "
                     f"got {describe_tree(got)}")
-        out = []
-        for i, (g, e) in enumerate(zip(items, expected)):
-            sub = _pairs(g, e, strict, path + (i,))
-            if isinstance(sub, str):
-                return sub
-            out += sub
-        return out
-    if not _leaf(got):
+        children = list(zip(range(len(expected)), items, expected))
+    elif not _leaf(got):
         return f"expected {describe_tree(expected)}, got {describe_tree(got)}"
-    return [(path, got, expected)]
+    else:
+        return [(path, got, expected)]
+    out = []
+    for key, g, e in children:
+        sub = _pairs(g, e, strict, path + (key,))
+        if isinstance(sub, str):
+            return sub
+        out += sub
+    return out
 
 
 def _kind(x) -> str:
@@ -366,9 +362,11 @@ def difference(got, expected, *, n: int | None = None, rtol: float = 1e-5, atol:
         return pairs
     for path, g, e in pairs:
         text = _leaf_difference(g, e, n, rtol, atol, dtype)
-        if text is not None and values and not text.startswith(("expected", "shape", "dtype", "one number")) \
-                and len(_show(g) + _show(e)) <= 160:                # values, where a relation of values is told
-            text = f"expected {_show(e)}, got {_show(g)}: {text}"
+        if text is not None and values and not text.startswith(("expected", "shape", "dtype", "one number")):
+            if _show(g) == _show(e):        # the values shown would agree: say where they differ instead
+                text += "" if "first at index" in text else f"; {_first_difference(g, e, rtol, atol)}"
+            elif len(_show(g) + _show(e)) <= 160:                  # values, where a relation of values is told
+                text = f"expected {_show(e)}, got {_show(g)}: {text}"
         if text is not None:
             return f"{_readable(path, names)}: {text}" if path and not isinstance(e, Said) else text
     return None
@@ -526,10 +524,19 @@ def relation(g: np.ndarray, e: np.ndarray, *, n: int | None = None, rtol: float 
         return "the expected values, in another order"
     if g.ndim == 0:
         return f"off by {float(g64 - e64):+.4g}"
-    first = tuple(int(i) for i in np.argwhere(wrong)[0])
     worst = float(np.max(np.abs(g64 - e64)))
-    return (f"{int(wrong.sum())} of {wrong.size} values differ; first at index {first}: expected "
-            f"{_num(e64[first])}, got {_num(g64[first])}; the largest difference is {worst:.4g}")
+    return (f"{int(wrong.sum())} of {wrong.size} values differ; {_first_difference(g, e, rtol, atol)}; the largest "
+            f"difference is {worst:.4g}")
+
+
+def _first_difference(g, e, rtol: float, atol: float) -> str:
+    """``first at index (0, 2): expected 1.5, got 3``: where two same-shaped arrays first differ (beyond the
+    tolerance; else where they differ most)."""
+    g64, e64 = _numbers(g).astype(np.float64), _numbers(e).astype(np.float64)
+    wrong = ~np.isclose(g64, e64, rtol=max(rtol, 1e-4), atol=max(atol, 1e-6), equal_nan=True)
+    at = np.argwhere(wrong)[0] if wrong.any() else np.unravel_index(np.argmax(np.abs(g64 - e64)), g64.shape)
+    at = tuple(int(i) for i in at)
+    return f"first at index {at}: expected {_num(e64[at])}, got {_num(g64[at])}"
 
 
 def _num(v) -> str:

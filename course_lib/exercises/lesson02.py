@@ -86,13 +86,12 @@ def check_sum_of_squares(sum_of_squares):
     results = diagnose(sum_of_squares, cases, solution=solution_sum_of_squares, mistakes=MISTAKES_02_2,
                        name="sum_of_squares", rtol=1e-4)
     for case, got in zip(cases, results):
-        n, what = case.n, case.label
-        maps = expect_pmapped(sum_of_squares, got, case.args, devices[:n], what=what, name="sum_of_squares",
-                              how="each device summing its own block")
+        maps = expect_pmapped(sum_of_squares, got, case.args, devices[:case.n], what=case.label,
+                              name="sum_of_squares", how="each device summing its own block")
         shapes = [tuple(v.aval.shape) for e in maps for v in e.outvars]
-        if (n,) not in shapes:
-            shown = ", ".join(str(sh) for sh in shapes)
-            raise Mismatch(f"{what} has the right values, but the pmap returned shape {shown}, not ({n},): part of "
+        if (case.n,) not in shapes:
+            raise Mismatch(f"{case.label} has the right values, but the pmap returned shape "
+                           f"{', '.join(str(sh) for sh in shapes)}, not ({case.n},): part of "
                            "each block's sum ran after pmap, outside the devices' program. Each device should "
                            "reduce its whole block inside the pmapped function.")
     return "one sum per device, computed where its block lives."

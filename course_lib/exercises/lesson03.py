@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import (Case, Mismatch, Mistake, _eqns, call, diagnose, exercise, expect_placed_on, expect_pmapped,
-               placement, primitives)
+               placement, primitives, watch)
 from .lesson00 import _data
 
 
@@ -34,9 +34,9 @@ def solution_scale_on_two(x, s):
     return out.reshape(x.shape)
 
 
-def _unmapped(specs) -> int:
-    """How many inputs of the pmaps in ``specs`` went whole to every device (in_axes=None: P())."""
-    return max((sum(len(tuple(s)) == 0 for s in ins) for ins, _ in specs), default=0)
+def _unmapped(maps) -> int:
+    """The most inputs one of the pmaps in ``maps`` (shard_map equations) sent whole to every device (P())."""
+    return max((sum(len(tuple(s)) == 0 for s in m.params["in_specs"]) for m in maps), default=0)
 
 
 def _blocks(x, s):
@@ -67,9 +67,9 @@ def check_scale_on_two(scale_on_two):
     summaries = {"rank at least 1": "pmap was asked to split a scalar (rank 0) over the devices.",
                  DEVICE_IDS[0]: "pmap looked for a Device and found an int.",
                  "is partitioned": "pmap could not cut an argument's mapped axis into equal blocks, one per device."}
+    hints = dict([SCALAR_MAPPED, TOO_MANY_SLICES, DEVICE_IDS])
     results = diagnose(scale_on_two, cases, solution=solution_scale_on_two, mistakes=MISTAKES_03_1,
-                       run=lambda fn, case: call(fn, *case.args, name="scale_on_two", summaries=summaries,
-                                                        hints=dict([SCALAR_MAPPED, TOO_MANY_SLICES, DEVICE_IDS])))
+                       run=lambda fn, case: call(fn, *case.args, name="scale_on_two", summaries=summaries, hints=hints))
     x, s = cases[-1].args
     # The program with s as a plain number, as a static argument (static_broadcasted_argnums) or a closure needs it
     eqns = primitives(lambda x: scale_on_two(x, float(s)), x, name="scale_on_two")
@@ -91,7 +91,7 @@ def check_scale_on_two(scale_on_two):
         raise Mismatch("scale_on_two has the right values on 2 devices, but no multiplication runs inside its "
                        "pmap: x was scaled before (or after) the pmap, which only moved the blocks. Scale the "
                        "blocks inside the pmapped function.")
-    if not any(len(m.params["in_specs"]) == 1 or _unmapped([(m.params["in_specs"], ())]) for m in maps):
+    if not any(len(m.params["in_specs"]) == 1 or _unmapped([m]) for m in maps):
         raise Mismatch("scale_on_two has the right values, but the scalar was mapped too (made into an array with "
                        "one copy per device), although it is the same for both devices.")
     return "one block per device, the scalar broadcast with in_axes=None, and the result reshaped back."
@@ -134,14 +134,13 @@ def check_predict(predict):
     def run(fn, case):
         params, xs = case.args
         sizes = ", ".join(f"{k} {tuple(np.shape(v))}" for k, v in params.items())
+        summaries = {"is partitioned": f"pmap tried to cut axis 0 of every mapped argument into {case.n} equal "
+                                       f"blocks, one per device, and could not (params: {sizes}; xs "
+                                       f"{tuple(xs.shape)}).",
+                     "rank at least 1": "pmap was asked to split a scalar (rank 0) over the devices.",
+                     "squeeze out": "a mapped argument was cut into blocks of more than one slice each."}
         return call(fn, dict(params), xs, name=name, hints=dict([PARAMS_MAPPED, SCALAR_MAPPED, LEAF_MAPPED]),
-                           summaries={"is partitioned": f"pmap tried to cut axis 0 of every mapped argument into "
-                                                        f"{case.n} equal blocks, one per device, and could not "
-                                                        f"(params: {sizes}; xs {tuple(xs.shape)}).",
-                                      "rank at least 1": "pmap was asked to split a scalar (rank 0) over the "
-                                                         "devices.",
-                                      "squeeze out": "a mapped argument was cut into blocks of more than one "
-                                                     "slice each."})
+                    summaries=summaries)
 
     results = diagnose(predict, cases, solution=solution_predict, mistakes=MISTAKES_03_2, run=run, rtol=1e-4,
                        atol=1e-5)
@@ -151,7 +150,7 @@ def check_predict(predict):
             "It seems to copy the parameters once per device first (sharding.replicate, np.stack): the copies "
             "that in_axes=None makes unnecessary."))
     (params, _), what = cases[-1].args, cases[-1].label
-    if _unmapped([(m.params["in_specs"], ()) for m in maps]) < len(params):
+    if _unmapped(maps) < len(params):
         raise Mismatch(f"{what} has the right values, but the parameters were mapped over the devices (stacked "
                        "or replicated into one copy per device, then in_axes=0): this exercise is about sending "
                        "them whole to every device, not about mapping copies.")
@@ -233,37 +232,16 @@ def _shard_maps_run(fn, *args):
         prim = _sm.shard_map_p
     except (ImportError, AttributeError):
         return None
-    seen = []
-    original = prim.bind
+    seen, original = [], prim.bind
 
     def watching_bind(*a, **params):
-        mesh = params.get("mesh")
         specs = tuple(params.get("in_specs", ()))
         operands = [tuple(getattr(x, "shape", ())) for x in a[-len(specs):]] if specs else []
-        seen.append((tuple(getattr(mesh, "axis_names", ())),
+        seen.append((tuple(getattr(params.get("mesh"), "axis_names", ())),
                      [(shape, tuple(spec)) for shape, spec in zip(operands, specs)]))
         return original(*a, **params)
 
-    def run():
-        prim.bind = watching_bind
-        try:
-            fn(*args)
-        finally:
-            del prim.bind
-        return seen
-
-    try:
-        if not run():
-            jax.clear_caches()
-            run()
-    except Exception:
-        return None
-    return seen
-
-
-def _split(spec) -> bool:
-    """Whether a PartitionSpec (as a tuple) splits some axis over a mesh axis."""
-    return any(entry is not None for entry in spec)
+    return seen if watch(fn, args, [(prim, "bind", watching_bind)], again=lambda: not seen) else None
 
 
 def _product(x, w):
@@ -333,8 +311,9 @@ def check_smap_predict(smap_predict):
         if not on_i:
             raise Mismatch(f"{case.label}: the values are right, but no smap over the mesh's axis \"i\" ran; "
                            f"{'shard_maps ran over other meshes' if maps else 'no shard_map ran at all'}.")
-        # JAX's own inner maps show too, with 3-D operands: a 2-D operand split over "i" that is not x is w
-        if any(_split(spec) and len(shape) == 2 and shape != x.shape for ops in on_i for shape, spec in ops):
+        # JAX's own inner maps show too, with 3-D operands: a 2-D operand split over "i" that is not x is w (a spec
+        # with any entry, a mesh axis name, splits an axis)
+        if any(any(spec) and len(shape) == 2 and shape != x.shape for ops in on_i for shape, spec in ops):
             raise Mismatch(f"{case.label}: the values are right, but an operand of shape other than x's was split "
                            "over \"i\": w is meant to reach every device whole.")
         if not any(shape == x.shape and spec[:1] == ("i",) for ops in on_i for shape, spec in ops):

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import Case, Mismatch, Mistake, _NotStarted, call, diagnose, exercise, primitives
+from . import Case, Mismatch, Mistake, _NotStarted, _eqns, call, diagnose, exercise, jaxpr_of
 
 AXIS = "i"
 
@@ -97,13 +97,7 @@ def _ppermute_bytes(fn, xs) -> tuple[int, int]:
     ``lax.while_loop`` (a fori_loop with traced bounds) runs a number of times the program does not say: that
     raises ``Mismatch``, since the traffic cannot be counted.
     """
-    mapped = jax.pmap(lambda x: fn(x, AXIS), axis_name=AXIS, devices=jax.devices()[:xs.shape[0]])
-    try:
-        closed = jax.make_jaxpr(mapped)(jnp.asarray(xs))
-    except Exception:                                   # primitives() words the failure for the learner
-        primitives(mapped, jnp.asarray(xs), name="your function")
-        raise
-    return _count_ppermutes(closed.jaxpr)
+    return _count_ppermutes(_jaxpr(fn, xs))
 
 
 def _count_ppermutes(jaxpr) -> tuple[int, int]:
@@ -129,12 +123,17 @@ def _count_ppermutes(jaxpr) -> tuple[int, int]:
     return hops, sent
 
 
+def _jaxpr(fn, xs):
+    """``fn``'s program under pmap over ``xs`` (n, ...); one that cannot be traced raises ``Mismatch``."""
+    mapped = jax.pmap(lambda x: fn(x, AXIS), axis_name=AXIS, devices=jax.devices()[:xs.shape[0]])
+    return jaxpr_of(mapped, jnp.asarray(xs))
+
+
 def _program(fn, xs, readable=False) -> set:
     """The primitives of ``fn``'s program under pmap over ``xs``. One that cannot be traced raises ``Mismatch``,
     or with ``readable`` gives None: running it then gives the clearer feedback."""
-    mapped = jax.pmap(lambda x: fn(x, AXIS), axis_name=AXIS, devices=jax.devices()[:xs.shape[0]])
     try:
-        return {e.primitive.name for e in primitives(mapped, jnp.asarray(xs), name="your function")}
+        return {e.primitive.name for e in _eqns(_jaxpr(fn, xs))}
     except Mismatch:
         if readable:
             return None
@@ -239,7 +238,6 @@ def check_ring_allreduce(ring_allreduce):
             f"{optimal} bytes, because it passes pieces of x, not all of it: optional exercise 04.5.")
 
 
-
 # ----------------------------------------------------------------------------------------------
 # 04.2 The global mean and variance from per-device shards
 
@@ -297,7 +295,6 @@ def check_global_mean_var(global_mean_var):
     return "every device knows the statistics of the whole batch."
 
 
-
 # ----------------------------------------------------------------------------------------------
 # 04.3 Rotate shards one device to the right
 
@@ -310,14 +307,12 @@ def solution_rotate_right(x, axis_name):
 MISTAKES_04_3 = [
     Mistake("rotates left", "Device i got device i + 1's value: that rotates left, not right.",
             lambda x, a: jax.lax.ppermute(x, a, _ring(a, -1))),
-    Mistake("unchanged", "Every device still holds its own x: nothing moved between the devices.",
-            lambda x, a: x),
+    Mistake("unchanged", "Every device still holds its own x: nothing moved between the devices.", lambda x, a: x),
     Mistake("rolled on one device", "Each device rotated the values of its own x (jnp.roll works on one device's "
             "array): nothing moved between the devices. Moving values from device to device takes a collective "
             "(section 2).", lambda x, a: jnp.roll(x, 1)),
     Mistake("ring not closed", "Device 0 received nothing (zeros), so no pair sends to it: the ring is not "
-            "closed, and the last device's value went nowhere.",
-            lambda x, a: jax.lax.ppermute(x, a, _ring(a)[:-1])),
+            "closed, and the last device's value went nowhere.", lambda x, a: jax.lax.ppermute(x, a, _ring(a)[:-1])),
 ]
 
 
@@ -339,7 +334,6 @@ def check_rotate_right(rotate_right):
         raise Mismatch(f"right values, but expected 1 ppermute, got {hops}: the exercise asks for one collective, one "
                        f"hop, and this program sends each value {hops} times to arrive at the same place.")
     return "each shard moved one device to the right, and the last one wrapped round to device 0."
-
 
 
 # ----------------------------------------------------------------------------------------------
@@ -395,7 +389,6 @@ def check_gather_all(gather_all):
     if "all_gather" in program or "ppermute" not in program:
         raise Mismatch("right values, but it must be built from jax.lax.ppermute, not all_gather.")
     return "every device holds every device's value, in device order: an all-gather."
-
 
 
 # ----------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 
 from .. import data, sharding
-from . import Case, Mismatch, Mistake, Said, call, describe_tree, diagnose, exercise, same
+from . import Case, Mismatch, Mistake, Said, call, describe_tree, diagnose, exercise, same, watch
 
 AXIS = "devices"
 
@@ -242,8 +242,7 @@ MISTAKES_05_2 = [Mistake(name, f"That is {text}.", fn) for name, text, fn in [
      _per_leaf(lambda c: np.max(np.abs(c - c[0]) / np.maximum(np.abs(c[0]), 1e-30)))),
     ("norm", "the length (norm) of each copy's difference vector, not the largest difference of one element",
      _per_leaf(lambda c: np.max(np.linalg.norm(c - c[0], axis=1)))),
-    ("one copy", "0.0 where the copies differ: the copies compared were all the same device's",
-     lambda t: 0.0),
+    ("one copy", "0.0 where the copies differ: the copies compared were all the same device's", lambda t: 0.0),
 ]]
 
 
@@ -270,13 +269,9 @@ def _gathers(fn, tree) -> str | None:
         return bind(prim, *args, **params)
 
     jax.clear_caches()
-    _array.ArrayImpl._value, _core.Primitive.bind = property(watched_value), watched_bind
-    try:
-        fn(tree)
-    except Exception:
+    if not watch(fn, (tree,), [(_array.ArrayImpl, "_value", property(watched_value)),
+                               (_core.Primitive, "bind", watched_bind)]):
         return None                  # it ran in the checker already: this run only watches how
-    finally:
-        _array.ArrayImpl._value, _core.Primitive.bind = value, bind
     if read:
         return (f"it read a whole leaf, shape {read[0]}, on the host: the global array holds all the devices' "
                 "copies, and reading it (np.asarray, jax.device_get, .tolist()) gathers them into one host array")

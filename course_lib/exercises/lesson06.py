@@ -8,7 +8,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import sharding
-from . import Case, Mismatch, Mistake, Said, call, describe_tree, diagnose, exercise
+from . import Case, Mismatch, Mistake, Said, _error_text, call, describe_tree, diagnose, exercise
 
 AXIS = "i"
 
@@ -169,7 +169,7 @@ def _run_stats(fn, case):
     try:
         return jax.shard_map(stats, mesh=mesh, in_specs=P(AXIS), out_specs=tuple(specs))(x)
     except Exception as e:
-        text = str(e).strip()
+        text = str(e)
         if "can't be statically inferred" in text:
             label = "P()" if specs[0] == P() else f"{specs[0]} (it names no mesh axis: the same as P())"
             why = (f"check_vma rejects {label} for the per-device sums, which differ from device to device. Only "
@@ -177,7 +177,7 @@ def _run_stats(fn, case):
         elif "marked as manual" in text or "not found in mesh" in text:
             why = f"it names a mesh axis that the mesh does not have: its only axis is {AXIS!r}."
         else:
-            why = (f"shard_map raised {type(e).__name__}: {text.splitlines()[0][:200] if text else ''}. Each spec "
+            why = (f"shard_map raised {type(e).__name__}: {_error_text(e)[:200]}. Each spec "
                    f"names, per axis of that output, the mesh axis it is split over: {AXIS!r} or nothing.")
         raise Mismatch(f"out_specs {tuple(specs)}: {why}") from None
 
