@@ -1,5 +1,7 @@
 """The diagnosis engine: a mistake is named only when every case confirms it; otherwise a measured difference."""
 
+import collections
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -228,3 +230,51 @@ def test_a_half_precision_answer_is_measured_against_its_own_dtype():
     e = np.linspace(0.7, 1.7, 8).astype(np.float32)
     said = relation(np.asarray((e * 1.002).astype(jnp.bfloat16)), e)
     assert "within a few roundings to bfloat16 (one rounding: 0.39%)" in said, said
+
+
+def test_a_prediction_is_told_only_which_way_it_is_off_never_by_how_much():
+    counts = lambda n: {"all-gather": 2 * n, "all-reduce": 1}
+    cases = [Case((n,), f"on {n} devices", n=n) for n in (4, 8)]
+    with pytest.raises(Mismatch) as e:
+        diagnose(lambda n: {"all-gather": 6 * n, "all-reduce": 1}, cases, solution=counts, reveal=False)
+    assert "too many all-gathers" in str(e.value) and "3x" not in str(e.value) and "8" not in str(e.value)
+
+
+def test_equal_prefixes_are_followed_by_the_first_index_that_differs():
+    e = np.arange(24.).reshape(4, 3, 2)
+    g = e.copy()
+    g[2:] = g[2:][::-1]
+    assert "first at index (2, 0, 0): expected 12, got 18" in difference(g, e, values=True)
+
+
+def test_the_course_own_functions_run_once_per_case_and_the_answer_every_time():
+    _RUNS.clear()
+    for _ in range(3):
+        with pytest.raises(Mismatch):
+            diagnose(_answer_triple, [Case((2.0,), "x = 2.0")], solution=_solution_double, run=_run_counted,
+                     mistakes=[Mistake("squared", "x squared.", _mistake_square)])
+    assert _RUNS == {"_answer_triple": 3, "_solution_double": 1, "_mistake_square": 1}
+
+
+_RUNS = collections.Counter()
+
+
+def _run_counted(fn, case):
+    _RUNS[fn.__name__] += 1
+    return fn(*case.args)
+
+
+def _solution_double(x):
+    return 2 * x
+
+
+def _mistake_square(x):
+    return x * x
+
+
+def _answer_triple(x):  # the learner's: defined outside course_lib
+    return 3 * x
+
+
+for _f in (_run_counted, _solution_double, _mistake_square):   # as if they were the course's own
+    _f.__module__ = "course_lib.exercises.test_stand_in"

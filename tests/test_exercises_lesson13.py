@@ -36,7 +36,7 @@ def test_the_measurement_is_the_tpu_compilers_and_deterministic():
     (lambda c, n, f: L.solution_predict_state_bytes(c, n, f) * 4 / 3, "temporaries"),
     (lambda c, n, f: L.solution_predict_state_bytes(c, n, f) / 2**30, "GiB"),
     (lambda c, n, f: L.solution_predict_state_bytes(c, n, f) * 8, "bits"),
-    (lambda c, n, f: L.solution_predict_state_bytes(c, n, f) * 1.7, "too high (1.7x)"),
+    (lambda c, n, f: L.solution_predict_state_bytes(c, n, f) * 1.7, "is too high"),
     (lambda c, n, f: "a lot", "expected one number"),
     (lambda c, n, f: -1, "positive"),
 ], ids=["params-only", "with-gradients", "gib", "bits", "ratio", "string", "negative"])

@@ -51,6 +51,7 @@ import re
 import sys
 import textwrap
 from typing import Any, Callable
+from unittest import mock
 
 import jax
 import numpy as np
@@ -518,19 +519,11 @@ def watch(fn, args, patches, *, again=None) -> bool:
     originals put back afterwards. When ``again()`` is true after the run (nothing seen: a jit cache may have
     skipped the tracing), JAX's caches are cleared and ``fn`` runs once more. False if ``fn`` raised: the
     checker's own call of ``fn`` says how."""
-    saved = [(owner, name, owner.__dict__.get(name, watch)) for owner, name, _ in patches]   # watch: not set
-
     def run():
-        for owner, name, value in patches:
-            setattr(owner, name, value)
-        try:
+        with contextlib.ExitStack() as stack:
+            for owner, name, value in patches:
+                stack.enter_context(mock.patch.object(owner, name, value, create=True))
             fn(*args)
-        finally:
-            for owner, name, old in saved:
-                if old is watch:
-                    delattr(owner, name)
-                else:
-                    setattr(owner, name, old)
 
     try:
         run()

@@ -119,7 +119,7 @@ FRESH = [
     ("remat ignored", lambda n, k, i, o, r: _sp(n, k, i, o, True), "nothing is gathered again"),
     ("an all-reduce per layer, plus one", lambda *a: {**_sp(*a), "all-reduce": a[0] + 1}, "too many all-reduces"),
     ("two reduce-scatters per array", lambda *a: {**_sp(*a), "reduce-scatter": 2 * _sp(*a)["reduce-scatter"]},
-     "too many reduce-scatters (2x)"),
+     "too many reduce-scatters"),
     ("returns None", lambda *a: None, "returned None: did it forget"),
     ("float32 counts", lambda *a: {k: _jnp.float32(v) for k, v in _sp(*a).items()}, None),
 ]
