@@ -98,12 +98,18 @@ def isa_flags(xla_flags: str, isa: str) -> str:
 # the many short unit-test files filling in at the end (otherwise one long notebook can start last and run alone
 # while the other worker idles). Rough seconds per notebook pass and per slow file on 2 cores; only the order
 # matters, and an estimate that is off costs time, never a result.
-SECONDS_GUESS = {"13": 180, "12": 170, "11": 120, "10": 110, "09": 90, "04": 60, "05": 60, "07": 60, "08": 50,
-                 "06": 40, "03": 40, "02": 40, "01": 30, "00": 25,
-                 "test_lesson13.py": 120, "test_site.py": 120, "test_colab_runtime.py": 70,
-                 "test_lab_browser.py": 60, "test_slides.py": 60, "test_distributed.py": 60,
-                 "test_setup_check.py": 40, "test_copies.py": 40, "test_checkpoint.py": 40, "test_isa_pass.py": 40,
-                 "test_lesson12.py": 30, "test_faults_processes.py": 30, "test_wheel.py": 30}
+SECONDS_GUESS = {"13": 145, "12": 135, "10": 115, "09": 60, "11": 55, "05": 40, "04": 35, "07": 25,
+                 "test_diagnose.py": 125, "test_site.py": 110, "test_exercises_framework.py": 105,
+                 "test_bench.py": 100, "test_fool_07_2.py": 60, "test_isa_pass.py": 50, "test_fool_11_4.py": 45,
+                 "test_copies.py": 40, "test_devices.py": 35, "test_fool_13_1.py": 35, "test_lesson13.py": 35,
+                 "test_fool_10_4.py": 35, "test_fool_10_3.py": 35, "test_fool_12_2.py": 30, "test_backends.py": 30,
+                 "test_course_script.py": 30, "test_exercises_lesson11.py": 30, "test_fool_05_1.py": 30,
+                 "test_lab_browser.py": 30, "test_distributed.py": 25, "test_exercises_lesson05.py": 25,
+                 "test_browser.py": 25, "test_exercises_lesson04.py": 25, "test_colab_runtime.py": 25,
+                 "test_fool_04_4.py": 25, "test_fool_07_1.py": 25, "test_sharded_state.py": 20,
+                 "test_exercises_basics_feedback.py": 20, "test_checkpoint.py": 20, "test_fool_10_2.py": 20,
+                 "test_fool_11_1.py": 15, "test_fool_04_5.py": 15, "test_faults_processes.py": 15,
+                 "test_fool_04_2.py": 15, "test_slides.py": 15, "test_training.py": 15, "test_collectives.py": 15}
 
 
 def _schedule_rank(nodeid: str) -> int:
