@@ -90,14 +90,15 @@ def _shard_maps(fn, *args, name, mesh):
     return found
 
 
-def _ported_as(reduce=jax.lax.psum, out_specs=(P("i"), P())):
-    """The port with one mistake: another collective (or none), or other out_specs (nothing checks them)."""
+def _ported_as(reduce=jax.lax.psum, out_specs=(P("i"), P()), axis=0, order=slice(None)):
+    """The port with one mistake: another collective (or none), other out_specs (nothing checks them), the sums
+    along another axis, the outputs in another order."""
     def ported(x, w, mesh):
         def per_device(xb, wb):
             h = jnp.tanh(xb @ wb)
-            return h, reduce(h.sum(axis=0), "i") if reduce else h.sum(axis=0)
+            return h, reduce(h.sum(axis=axis), "i") if reduce else h.sum(axis=axis)
         return jax.shard_map(per_device, mesh=mesh, in_specs=(P("i"), P()), out_specs=out_specs,
-                             check_vma=False)(x, w)
+                             check_vma=False)(x, w)[order]
     return ported
 
 
@@ -116,6 +117,10 @@ MISTAKES_07_1 = [
             "axis claims the output is the same on every device and returns a single block (JAX refuses that "
             "claim where it can check it; with check_vma=False nothing does): name the axis the rows are split "
             "over.", _ported_as(out_specs=(P(), P()))),
+    Mistake("swapped", "The two outputs are swapped: return (tanh(x @ w), column sums), in that order.",
+            _ported_as(order=slice(None, None, -1))),
+    Mistake("row sums", "The second output holds each row's sum (along axis 1), not the column sums: sum the "
+            "rows of tanh(x @ w), along axis 0, and add the devices' sums.", _ported_as(axis=1)),
 ]
 _SPEC_HINTS = {
     **dict.fromkeys(("marked as manual", "not found in mesh"), "A spec or a collective names a mesh axis that this "

@@ -393,7 +393,8 @@ _ORBAX_LAYOUT = {
     "subdirectory not found": "A CheckpointManager that saved one unnamed item keeps it in a sub-directory of the "
                               "step, named 'default'; open the directory with a CheckpointManager, as it was saved, "
                               "and it finds the item itself.",
-    "Composite": "The checker saved one unnamed item (StandardSave alone, no Composite): restore it the same way.",
+    "Composite": "Orbax says this for a step the directory does not hold (it holds steps {steps}), and for a "
+                 "restore that does not match the save (one unnamed item, StandardSave alone, no Composite).",
     "not found in mesh": "The mesh you were given names its axis differently from the one you wrote: take the "
                          "axis names from like= and the mesh, not from the lesson.",
 }
@@ -473,7 +474,8 @@ def _resharded_runner(seen):
         with _orbax_reads(reads) as watching, _watch(checkpoint, "restore", through_course_lib), \
                 _watch(checkpoint.Checkpoints, "restore", through_course_lib):
             try:
-                got = call(fn, directory, like, mesh, name="restore_resharded", hints=_ORBAX_LAYOUT)
+                got = call(fn, directory, like, mesh, name="restore_resharded", hints={
+                    **_ORBAX_LAYOUT, "Composite": _ORBAX_LAYOUT["Composite"].format(steps=sorted(saved))})
             except Mismatch:
                 if not through_course_lib:
                     raise
