@@ -301,6 +301,11 @@ MISTAKES_11_3 = [
     Mistake("start to next start", "You measured each step from its start to the next step's start, and the "
             "last step has no next one: each marker carries its own duration.",
             lambda t: _step_of_longest(t, np.diff([m.start_us for m in t.markers]))),
+    Mistake("gap before", "That is the step that starts after the longest gap between two steps' starts: the gap "
+            "before a step holds the step before it. Each marker carries its own duration.",
+            lambda t: t.markers[int(np.argmax(np.diff([m.start_us for m in t.markers]))) + 1].step),
+    Mistake("duration", "That is the longest step's duration in µs (its dur_us), not its number: return the "
+            "step number its marker carries.", lambda t: max(m.dur_us for m in t.markers)),
 ]
 
 
