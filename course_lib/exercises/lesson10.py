@@ -464,8 +464,9 @@ def check_choose_k(choose_k):
         if case is None or "got NoneType" not in str(e):
             raise
         k, per = solution_choose_k(*case.args[:5]), case.args[2]["x"].shape[0] // case.args[3]
-        raise Mismatch(f"{str(e).replace('got NoneType', 'got None')} None says no K fits, but K = {k} (a divisor of the {per} examples per device) fits "
-                       f"this budget: did your search try every divisor from 1 to {per}, {per} included?") from None
+        raise Mismatch(f"{str(e).replace('got NoneType', 'got None')} None says no K fits, but K = {k} (a divisor "
+                       f"of the {per} examples per device) fits this budget: did your search try every divisor from 1 "
+                       f"to {per}, {per} included?") from None
     return ("the smallest K whose compiled step, arguments + outputs - aliased + temporaries, fits: read from the "
             "program, not guessed, since the peak need not fall steadily with K.")
 
