@@ -1,34 +1,18 @@
 """Lesson 11 checkers: the reference passes; typical mistakes get feedback that names them."""
 
-import jax
-
-from course_lib import checkpoint, profile
-import inspect
 import re
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from course_lib import checkpoint, profile
 from course_lib.exercises import check, exercises, lesson11
 from course_lib.exercises.lesson11 import (solution_collective_fraction, solution_restore_onto,
                                            solution_stalled_step)
-
-
-def solution_lines(id_):
-    source = inspect.getsource(exercises()[id_].solution)
-    body = source.split(":\n", 1)[1]
-    return [n for n in (re.sub(r"\s+", "", line.split("#", 1)[0]) for line in body.splitlines()) if len(n) >= 12]
-
-
-def code_from_solution(id_, text):
-    flat = re.sub(r"\s+", "", text)
-    return [line for line in solution_lines(id_) if line in flat]
-
-
-def backticked_calls(text):
-    return [s for s in re.findall(r"`([^`]*)`", text) if re.search(r"\w\([^)]+\)", s)]
+from hint_rules import assert_hints_are_a_ladder, code_from_solution, solution_lines
 
 
 def wrong(id_, answer):
@@ -81,11 +65,8 @@ def test_11_3_stalled_step():
 def test_every_exercise_has_a_ladder_of_hints_without_the_solution_code():
     assert set(lesson11.HINTS) == {"11.1", "11.2", "11.3", "11.4"}
     for id_ in lesson11.HINTS:
-        hints = exercises()[id_].hints
-        assert len(hints) >= 3 and all(isinstance(h, str) and h for h in hints)
-        for h in hints:
-            assert not code_from_solution(id_, h), (id_, h)
-            assert not backticked_calls(h), (id_, h)
+        assert_hints_are_a_ladder(id_)
+        assert len(exercises()[id_].hints) >= 3
 
 
 def test_11_1_restore_then_move_is_not_the_mechanism():

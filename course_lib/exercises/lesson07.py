@@ -90,14 +90,15 @@ def _shard_maps(fn, *args, name, mesh):
     return found
 
 
-def _ported_as(reduce=jax.lax.psum, out_specs=(P("i"), P())):
-    """The port with one mistake: another collective (or none), or other out_specs (nothing checks them)."""
+def _ported_as(reduce=jax.lax.psum, out_specs=(P("i"), P()), axis=0, order=slice(None)):
+    """The port with one mistake: another collective (or none), other out_specs (nothing checks them), the sums
+    along another axis, the outputs in another order."""
     def ported(x, w, mesh):
         def per_device(xb, wb):
             h = jnp.tanh(xb @ wb)
-            return h, reduce(h.sum(axis=0), "i") if reduce else h.sum(axis=0)
+            return h, reduce(h.sum(axis=axis), "i") if reduce else h.sum(axis=axis)
         return jax.shard_map(per_device, mesh=mesh, in_specs=(P("i"), P()), out_specs=out_specs,
-                             check_vma=False)(x, w)
+                             check_vma=False)(x, w)[order]
     return ported
 
 
@@ -116,6 +117,10 @@ MISTAKES_07_1 = [
             "axis claims the output is the same on every device and returns a single block (JAX refuses that "
             "claim where it can check it; with check_vma=False nothing does): name the axis the rows are split "
             "over.", _ported_as(out_specs=(P(), P()))),
+    Mistake("swapped", "The two outputs are swapped: return (tanh(x @ w), column sums), in that order.",
+            _ported_as(order=slice(None, None, -1))),
+    Mistake("row sums", "The second output holds each row's sum (along axis 1), not the column sums: sum the "
+            "rows of tanh(x @ w), along axis 0, and add the devices' sums.", _ported_as(axis=1)),
 ]
 _SPEC_HINTS = {
     **dict.fromkeys(("marked as manual", "not found in mesh"), "A spec or a collective names a mesh axis that this "
@@ -332,15 +337,19 @@ def _cases(rng):
     return cases
 
 
-def _step_as(pcast=True, reduce=jax.lax.pmean, loss_reduce=jax.lax.pmean, new_state=True, check_vma=True):
+def _step_as(pcast=True, reduce=jax.lax.pmean, loss_reduce=jax.lax.pmean, new_state=True, check_vma=True,
+             after=False):
     """make_sharded_step with one mistake: no pcast, another collective (or none), the loss of one device, the
-    state that came in returned."""
+    state that came in returned, each device's own update averaged after."""
     def make(loss_fn, optimizer, mesh):
         def per_device(params, opt_state, x, y):
             local = jax.tree.map(lambda p: jax.lax.pcast(p, "i", to="varying"), params) if pcast else params
             loss, grads = jax.value_and_grad(loss_fn)(local, x, y)
             grads = reduce(grads, "i") if reduce else grads
             loss = loss_reduce(loss, "i") if loss_reduce else loss
+            if after:
+                updates, state = optimizer.update(grads, jax.lax.pcast(opt_state, "i", to="varying"), local)
+                return *jax.lax.pmean((optax.apply_updates(local, updates), state), "i"), loss
             updates, state = optimizer.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), state if new_state else opt_state, loss
         return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(), P("i"), P("i")),
@@ -367,6 +376,10 @@ MISTAKES_07_2 = [
             _step_as(reduce=jax.lax.psum, loss_reduce=jax.lax.psum)),
     Mistake("old optimizer state", "The optimizer state returned is the one that came in: return the new state "
             "that optimizer.update gives, or the next step starts from the old one.", _step_as(new_state=False)),
+    Mistake("averaged after the optimizer", "Each device ran the optimizer on its own gradient, and the results "
+            "were averaged afterwards: that equals the update of the averaged gradient only for an optimizer linear "
+            "in the gradient (SGD, momentum), not with clipping or Adam. Average the gradients first.",
+            _step_as(reduce=None, after=True)),
 ]
 
 

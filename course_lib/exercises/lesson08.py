@@ -181,8 +181,9 @@ def solution_global_batch(local_rows, mesh):
     return jax.make_array_from_process_local_data(split, local_rows, global_shape)
 
 
-def _names(fn) -> set:
-    """jax's own functions that ``fn`` calls by an imported global name rather than as jax.<name>."""
+def _names(fn) -> dict:
+    """{name: jax's name} for jax's own functions that ``fn`` calls by a global name bound before the call (an
+    import, or ``f = jax.f``) rather than as jax.<name>."""
     code = getattr(fn, "__code__", None)
     if code is None:
         return set()
@@ -197,8 +198,8 @@ def _names(fn) -> set:
         c = todo.pop()
         todo += [k for k in c.co_consts if hasattr(k, "co_code")]
         found |= {i.argval for i in dis.get_instructions(c) if i.opname in ("LOAD_GLOBAL", "LOAD_DEREF")}
-    return {name for name in found & {"make_array_from_process_local_data", "process_count"}
-            if getattr(names.get(name), "__module__", "").startswith("jax")}
+    return {name: api for name in found for api in ("make_array_from_process_local_data", "process_count")
+            if names.get(name) is getattr(jax, api)}
 
 
 class _Recorder:
@@ -316,9 +317,10 @@ MISTAKES_08_3 = [
 def check_global_batch(global_batch):
     by_name = _names(global_batch)
     if by_name:
-        raise Mismatch(f"global_batch uses {' and '.join(sorted(by_name))} by a name imported from jax. The checker "
-                       "simulates a 2-process job by replacing them in the jax module, where it cannot reach a name "
-                       "imported before: write them as jax.<name>, as the exercise's text says.")
+        used = " and ".join(a + (f" (as {k})" if k != a else "") for k, a in sorted(by_name.items()))
+        raise Mismatch(f"global_batch uses {used} by a name imported or saved from jax before the call. The checker "
+                       "simulates a 2-process job by replacing them in the jax module, where it cannot reach such a "
+                       "name: write them as jax.<name>, as the exercise's text says.")
     cases = []         # rows of rank 2 and 3: an answer that writes in the rows' rank shows
     for n, tail in ((len(jax.devices()), (3,)), (4, (2, 3)), (2, (5,))):
         full = np.arange(2 * n * int(np.prod(tail)), dtype=np.float32).reshape((2 * n, *tail))

@@ -24,6 +24,14 @@ def _run(fn, case, name):
                            "compute in float32 or float64 (or plain Python floats), then compare again.")
     return got
 
+
+def _rounded(fn):
+    """Three mistakes: the right result of ``fn``, each number rounded to 0, 1 or 2 decimals."""
+    return [Mistake(f"rounded to {p}", f"That is the right result rounded to {p} decimal place{'s' * (p != 1)}: "
+                    "return it unrounded (round only what you print).",
+                    lambda *a, p=p: tuple(np.round(fn(*a), p).tolist()) if isinstance(fn(*a), tuple) else round(
+                        fn(*a), p)) for p in (0, 1, 2)]
+
 # ----------------------------------------------------------------------------------------------
 # 09.1 Predict the time per step from the steps per dispatch
 
@@ -51,6 +59,7 @@ MISTAKES_09_1 = [
             "so each step carries 1/k of it.", lambda d, s, k: d / max(k - 1, 1) + s),
     Mistake("k ignored", "k has no effect. The fixed cost is paid once per dispatch, and one dispatch now runs "
             "k steps.", lambda d, s, k: d + s),
+    *_rounded(solution_ms_per_step),
 ]
 
 
@@ -106,6 +115,7 @@ MISTAKES_09_2 = [
            "fit uses every point, so the noise of each one weighs less.",
            lambda ks, ms: (lambda a: (a, ms[-1] - a / ks[-1]))((ms[0] - ms[-1]) / (1 / ks[0] - 1 / ks[-1])))]
       for swapped in ("", ", swapped")],
+    *_rounded(solution_fit_dispatch_and_step),
 ]
 
 

@@ -254,6 +254,8 @@ _SCATTER_HINTS = {
                          "told): here each device owns a block of columns, and the number of rows does not divide by "
                          "the device count.",
     "scatter dimension": "psum_scatter's scatter_dimension names the axis the slices are cut along.",
+    "from=varying, to='varying'": "JAX refuses a pcast to 'varying' of a value that already varies over the axis: "
+                                  "grads is this device's own gradient, already varying, so it needs no pcast.",
     "dynamic_slice": "A slice whose start depends on axis_index is traced, and Python slicing needs fixed bounds: "
                      "section 2 cuts the block with jax.lax.dynamic_slice_in_dim(..., axis=1)."}
 
@@ -462,8 +464,9 @@ def check_choose_k(choose_k):
         if case is None or "got NoneType" not in str(e):
             raise
         k, per = solution_choose_k(*case.args[:5]), case.args[2]["x"].shape[0] // case.args[3]
-        raise Mismatch(f"{e} None says no K fits, but K = {k} (a divisor of the {per} examples per device) fits "
-                       f"this budget: did your search try every divisor from 1 to {per}, {per} included?") from None
+        raise Mismatch(f"{str(e).replace('got NoneType', 'got None')} None says no K fits, but K = {k} (a divisor "
+                       f"of the {per} examples per device) fits this budget: did your search try every divisor from 1 "
+                       f"to {per}, {per} included?") from None
     return ("the smallest K whose compiled step, arguments + outputs - aliased + temporaries, fits: read from the "
             "program, not guessed, since the peak need not fall steadily with K.")
 

@@ -301,6 +301,11 @@ MISTAKES_11_3 = [
     Mistake("start to next start", "You measured each step from its start to the next step's start, and the "
             "last step has no next one: each marker carries its own duration.",
             lambda t: _step_of_longest(t, np.diff([m.start_us for m in t.markers]))),
+    Mistake("gap before", "That is the step that starts after the longest gap between two steps' starts: the gap "
+            "before a step holds the step before it. Each marker carries its own duration.",
+            lambda t: t.markers[int(np.argmax(np.diff([m.start_us for m in t.markers]))) + 1].step),
+    Mistake("duration", "That is the longest step's duration in µs (its dur_us), not its number: return the "
+            "step number its marker carries.", lambda t: max(m.dur_us for m in t.markers)),
 ]
 
 
@@ -393,7 +398,8 @@ _ORBAX_LAYOUT = {
     "subdirectory not found": "A CheckpointManager that saved one unnamed item keeps it in a sub-directory of the "
                               "step, named 'default'; open the directory with a CheckpointManager, as it was saved, "
                               "and it finds the item itself.",
-    "Composite": "The checker saved one unnamed item (StandardSave alone, no Composite): restore it the same way.",
+    "Composite": "Orbax says this for a step the directory does not hold (it holds steps {steps}), and for a "
+                 "restore that does not match the save (one unnamed item, StandardSave alone, no Composite).",
     "not found in mesh": "The mesh you were given names its axis differently from the one you wrote: take the "
                          "axis names from like= and the mesh, not from the lesson.",
 }
@@ -473,7 +479,8 @@ def _resharded_runner(seen):
         with _orbax_reads(reads) as watching, _watch(checkpoint, "restore", through_course_lib), \
                 _watch(checkpoint.Checkpoints, "restore", through_course_lib):
             try:
-                got = call(fn, directory, like, mesh, name="restore_resharded", hints=_ORBAX_LAYOUT)
+                got = call(fn, directory, like, mesh, name="restore_resharded", hints={
+                    **_ORBAX_LAYOUT, "Composite": _ORBAX_LAYOUT["Composite"].format(steps=sorted(saved))})
             except Mismatch:
                 if not through_course_lib:
                     raise

@@ -517,6 +517,13 @@ MISTAKES_12_3 = [
     Mistake("inner biases not re-gathered", "All-gathers: a bias inside the tanh is gathered again too: the "
             "recomputation needs it to rebuild what the tanh's gradient reads.",
             _counts(lambda n, k, i, o, r: n * ((2 * k + i + o) if r else (k + i + o)))),
+    Mistake("always re-gathered", "All-gathers: every array gathered twice per layer, with or without "
+            "jax.checkpoint. Without it the backward pass uses the gathered weights the forward saved; with it, it "
+            "gathers again only what the recomputation reads (not the biases at the end of the layer).",
+            _counts(lambda n, k, i, o, r: 2 * n * (k + i + o))),
+    Mistake("gradients all-reduced", "Reduce-scatters and all-reduces: each sharded array's gradient is "
+            "reduce-scattered to its slices (each device keeps only its slice's gradient), not all-reduced.",
+            _counts(scatters=lambda *c: 0, reduces=lambda n, k, i, o, r: n * (k + i + o) + 1)),
     Mistake("outer biases not scattered", _SCATTERS, _counts(scatters=lambda n, k, i, o, r: n * (k + i))),
     Mistake("a scatter per gather", _SCATTERS,
             _counts(scatters=lambda n, k, i, o, r: solution_predict(n, k, i, o, r)["all-gather"])),

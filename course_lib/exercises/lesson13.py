@@ -63,10 +63,10 @@ def _state(per_param, layers_over=lambda n, fsdp: n if fsdp else 1, rest_over=la
 
 _RIGHT = _state(12)
 MISTAKES_13_1 = [
-    Mistake("parameters only", "That is the parameters alone. Adam's state is an argument of the step too, for "
-            "every parameter.", _state(4)),
-    Mistake("one moment", "That counts the parameters and one of Adam's moments; Adam keeps two per parameter.",
-            _state(8)),
+    Mistake("parameters only", "That is 4 bytes (one float32) per parameter. Adam's state is an argument of the "
+            "step too: three float32 per parameter (the parameter, mu and nu).", _state(4)),
+    Mistake("two of three", "That is 8 bytes (two float32) per parameter; the step keeps three per parameter: the "
+            "parameter and Adam's two moments, mu and nu.", _state(8)),
     Mistake("gradients counted", "That counts the gradients too. The gradients are computed inside the step and "
             "freed there: they are temporaries, not arguments, so a chip does not hold them between steps.",
             _state(16)),

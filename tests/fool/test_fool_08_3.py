@@ -19,6 +19,9 @@ def _make(spec=P("data"), shape=None):
     return global_batch
 
 
+_MK_EARLY = jax.make_array_from_process_local_data
+
+
 def _imported_name(local_rows, mesh):
     shape = (local_rows.shape[0] * jax.process_count(),) + local_rows.shape[1:]
     return make_array_from_process_local_data(NamedSharding(mesh, P("data")), local_rows, shape)
@@ -34,7 +37,9 @@ WRONG = {
     "device_put, no make_array": (lambda r, m: jax.device_put(r, NamedSharding(m, P("data"))),
                                   ["without calling"]),
     "replicated": (_make(spec=P()), ["expected axis 0 split over the mesh axis 'data'"]),
-    "an imported name": (_imported_name, ["by a name imported from jax"]),
+    "an imported name": (_imported_name, ["by a name imported or saved from jax"]),
+    "a name saved early": (lambda r, m: _MK_EARLY(NamedSharding(m, P("data")), r, (r.shape[0] * 2, *r.shape[1:])),
+                           ["local_data (as _MK_EARLY) by a name"]),
     "rows times the local devices": (_make(shape=lambda r: r.shape[0] * jax.local_device_count()),
                                      ["the number of processes, then every other axis"]),
     "two processes hard-coded": (_make(shape=lambda r: r.shape[0] * 2), ["not be a fixed number"]),

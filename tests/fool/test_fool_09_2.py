@@ -59,7 +59,7 @@ from course_lib.exercises.lesson09 import solution_fit_dispatch_and_step as _fit
 FRESH = [
     ("the intercept only", lambda ks, ms: float(_np.polyfit(1 / _np.asarray(ks, float), ms, 1)[1]),
      "expected a tuple of 2"),
-    ("rounded to 1 decimal", lambda ks, ms: tuple(round(v, 1) for v in _fit(ks, ms)), "1.2x too small"),
+    ("rounded to 1 decimal", lambda ks, ms: tuple(round(v, 1) for v in _fit(ks, ms)), "rounded to 1 decimal place"),
     ("np.polyfit's array", lambda ks, ms: _np.polyfit(1 / _np.asarray(ks, float), ms, 1), None),
 ]
 

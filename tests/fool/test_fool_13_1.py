@@ -28,7 +28,7 @@ def per_chip(bytes_per_param, split_rest=False, split_layers=True):
 
 WRONG = {
     "parameters only": (per_chip(4), "Adam's state is an argument"),
-    "one moment": (per_chip(8), "two per parameter"),
+    "one moment": (per_chip(8), "three per parameter"),
     "gradients counted (16 bytes)": (per_chip(16), "temporaries, not arguments"),
     "bfloat16 state": (per_chip(6), "float32"),
     "everything divided by the chips": (lambda c, n, f: 12 * sum(counts(c)) / n, "divides the whole state"),
