@@ -315,8 +315,9 @@ MISTAKES_04_3 = [
             "(section 2).", lambda x, a: jnp.roll(x, 1)),
     Mistake("ring not closed", "Device 0 received nothing (zeros), so no pair sends to it: the ring is not "
             "closed, and the last device's value went nowhere.", lambda x, a: jax.lax.ppermute(x, a, _ring(a)[:-1])),
-    *[Mistake(f"moved {k}", f"Device i holds device (i - {k}) % n's x: the values moved {k} devices to the right, "
-              "not 1.", lambda x, a, k=k: jax.lax.ppermute(x, a, _ring(a, k))) for k in range(2, 7)],
+    *[Mistake(f"moved {k}", f"Device i holds the x of device i - {k}, counting round the ring: the values moved "
+              f"{k} devices to the right, not 1.", lambda x, a, k=k: jax.lax.ppermute(x, a, _ring(a, k)))
+      for k in range(2, 7)],
 ]
 
 
