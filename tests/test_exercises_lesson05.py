@@ -28,25 +28,7 @@ def test_05_1_dp_step():
 
     drift = check("05.1", no_pmean)
     assert "got the copies of the parameters differ from device to device" in drift.message
-    assert "jax.lax.pmean" not in drift.message, "the fix is left to hint()"
-
-    def with_psum(loss_fn, optimizer, params, opt_state, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-        return *update(optimizer, jax.lax.psum(grads, "devices"), opt_state, params), jax.lax.pmean(loss, "devices")
-
-    assert "the update is 8 times too large" in check("05.1", with_psum).message
-
-    def old_tree_map(loss_fn, optimizer, params, opt_state, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-        return *update(optimizer, jax.tree_map(lambda g: g, grads), opt_state, params), loss
-
-    assert "jax.tree_map was removed from JAX: use jax.tree.map" in check("05.1", old_tree_map).message
-
-    def local_loss(loss_fn, optimizer, params, opt_state, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-        return *update(optimizer, jax.lax.pmean(grads, "devices"), opt_state, params), loss
-
-    assert "Each device returned the loss of its own shard" in check("05.1", local_loss).message
+    assert "jax.lax.pmean" not in drift.message, "the fix is left to hint()"   # psum, tree_map, ...: fool tests
 
 
 def test_05_1_averaging_the_parameters_after_the_update_is_rejected_with_the_reason():
@@ -58,16 +40,6 @@ def test_05_1_averaging_the_parameters_after_the_update_is_rejected_with_the_rea
     fb = check("05.1", params_averaged)
     assert not fb and "with Adam" in fb.message and "the average was taken AFTER the optimizer" in fb.message
     assert "not linear in the gradient" in fb.message, "says why SGD could not tell"
-
-    def everything_averaged(loss_fn, optimizer, params, opt_state, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-        new_params, opt_state = update(optimizer, grads, opt_state, params)
-        return (jax.lax.pmean(new_params, "devices"), jax.lax.pmean(opt_state, "devices"),
-                jax.lax.pmean(loss, "devices"))
-
-    fb = check("05.1", everything_averaged)      # no declared mistake: what differs, measured
-    assert not fb and "on 8 devices with Adam: new_params['w']: expected [" in fb.message
-    assert "1 of 3 values differ; the largest difference is" in fb.message   # the values, and how far apart
 
 
 def test_05_1_psum_with_adam_is_caught_from_the_gradients_not_the_update():
@@ -232,31 +204,6 @@ def test_05_1_parameters_in_another_dtype_are_named(dtype):
 
     fb = check("05.1", cast)
     assert not fb and f"dtype {jnp.dtype(dtype).name} where float32 was expected" in fb.message
-
-
-def test_05_1_returning_the_old_optimizer_state_is_caught_with_adam():
-    def stale(loss_fn, optimizer, params, opt_state, batch):
-        new_params, _, loss = solution_dp_step(loss_fn, optimizer, params, opt_state, batch)
-        return new_params, opt_state, loss
-
-    fb = check("05.1", stale)
-    assert not fb and "with Adam" in fb.message and "the one dp_step was given, unchanged" in fb.message
-
-
-def test_05_1_a_loss_not_averaged_or_summed_is_named():
-    def own_loss(loss_fn, optimizer, params, opt_state, batch):
-        new_params, new_state, _ = solution_dp_step(loss_fn, optimizer, params, opt_state, batch)
-        return new_params, new_state, loss_fn(params, batch)
-
-    fb = check("05.1", own_loss)
-    assert not fb and "Each device returned the loss of its own shard" in fb.message
-
-    def summed_loss(loss_fn, optimizer, params, opt_state, batch):
-        new_params, new_state, loss = solution_dp_step(loss_fn, optimizer, params, opt_state, batch)
-        return new_params, new_state, jax.lax.psum(loss_fn(params, batch), "devices")
-
-    fb = check("05.1", summed_loss)
-    assert not fb and "8 times the loss of the global batch" in fb.message
 
 
 def _max_divergence_in(dtype, as_float):

@@ -96,6 +96,8 @@ MISTAKES_00_2 = [
             "id attribute.", lambda a: sorted(a.devices(), key=lambda d: d.id)),
     Mistake("every device", "Those are the ids of every device JAX has, not of the devices holding this array.",
             lambda a: [d.id for d in jax.devices()]),
+    Mistake("counted from 1", "Each id is one too large: device ids count from 0, as the list jax.devices() "
+            "does.", lambda a: [i + 1 for i in solution_device_ids(a)]),
 ]
 
 

@@ -124,8 +124,12 @@ def check_norms_on_devices(norms_on_devices):
     devices = jax.devices()
     cases = [Case((jnp.asarray(_data((n, d), seed=n + d)),), f"norms_on_devices(x {(n, d)})", n=n)
              for n, d in [(len(devices), 3), (4, 6), (2, 5)]]
+    rows = ("pmap was given a count of devices other than x's rows: it cuts axis 0 into one block per device, and "
+            "here each device takes one row. Give pmap exactly x.shape[0] devices (a slice of jax.devices() "
+            "can come up short), or none: it then takes the first ones.")
     results = diagnose(norms_on_devices, cases, solution=solution_norms_on_devices, mistakes=MISTAKES_01_3,
-                       rtol=1e-4, name="norms_on_devices")
+                       rtol=1e-4, run=lambda fn, case: call(fn, *case.args, name="norms_on_devices", summaries={
+                           "is partitioned": rows, "squeeze out": rows}))
     for case, got in zip(cases, results):
         expect_pmapped(norms_on_devices, got, case.args, devices[:case.n], what=case.label, name="norms_on_devices",
                        how=f"so that each of the {case.n} rows is computed on its own device")

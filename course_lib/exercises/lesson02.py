@@ -71,6 +71,9 @@ MISTAKES_02_2 = [
             lambda xs: jax.pmap(jnp.sum)(xs)),
     Mistake("square root", "That is the square root of each block's sum of squares (its norm): the exercise asks "
             "for the sum of squares itself.", lambda xs: jax.pmap(lambda b: jnp.sqrt(jnp.sum(b ** 2)))(xs)),
+    Mistake("total everywhere", "Every device holds the total over ALL the blocks (a psum of the block sums): each "
+            "device's own block's sum was asked, no collective.",
+            lambda xs: jax.pmap(lambda b: jax.lax.psum(jnp.sum(b ** 2), "i"), axis_name="i")(xs)),
 ]
 
 

@@ -113,6 +113,8 @@ MISTAKES_03_2 = [
             "product taken the other way round).", lambda p, xs: jnp.swapaxes(solution_predict(p, xs), 1, 2)),
     Mistake("no bias", "That is xs @ w: the bias b is missing.",
             lambda p, xs: solution_predict({"w": p["w"], "b": jnp.zeros_like(p["b"])}, xs)),
+    Mistake("bias subtracted", "That is xs @ w - b: the bias was subtracted, not added.",
+            lambda p, xs: solution_predict({"w": p["w"], "b": -p["b"]}, xs)),
 ]
 
 

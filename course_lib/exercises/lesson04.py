@@ -186,6 +186,8 @@ MISTAKES_04_1 = [
     Mistake("ring not closed", "Device i ends with the sum of devices 0 to i only: the ring is not closed. No pair "
             "sends from the last device back to device 0, so nothing travels past the end of the line.",
             lambda x, a: _hops(x, a, jax.lax.axis_size(a) - 1, _ring(a)[:-1])),
+    Mistake("one hop short", "Each device ends with the sum less one device's value, the one n - 1 hops away: the "
+            "values travelled n - 2 hops, one too few.", lambda x, a: _hops(x, a, jax.lax.axis_size(a) - 2, _ring(a))),
     Mistake("passes the running total", "The values are far too large: at each hop a device passed on its running "
             "total, not the value in transit, so each value arrived again and again.", _snowball),
     Mistake("adds what it sent", "Each device ends with n = {n} times its own value: at each hop it added what it "
@@ -313,6 +315,9 @@ MISTAKES_04_3 = [
             "(section 2).", lambda x, a: jnp.roll(x, 1)),
     Mistake("ring not closed", "Device 0 received nothing (zeros), so no pair sends to it: the ring is not "
             "closed, and the last device's value went nowhere.", lambda x, a: jax.lax.ppermute(x, a, _ring(a)[:-1])),
+    *[Mistake(f"moved {k}", f"Device i holds the x of device i - {k}, counting round the ring: the values moved "
+              f"{k} devices to the right, not 1.", lambda x, a, k=k: jax.lax.ppermute(x, a, _ring(a, k)))
+      for k in range(2, 7)],
 ]
 
 
@@ -458,8 +463,8 @@ def check_ring_allreduce_chunked(ring_allreduce):
         hops, sent = _ppermute_bytes(ring_allreduce, xs)
         v, optimal = xs[0].nbytes, 2 * (n - 1) * xs[0].nbytes // n
         if sent > optimal:
-            whole = " That is (N - 1) x V: the ring of 04.1, passing all of x at every hop." if sent == (n - 1) * v \
-                else ""
+            whole = " That is (N - 1) x V: all of x sent at every hop, where a piece of x is enough." \
+                if sent == (n - 1) * v else ""
             raise Mismatch(f"right values, but on {n} devices each device sends {sent} bytes in {hops} ppermutes "
                            f"for a {v}-byte x; the bandwidth-optimal ring sends 2 (N - 1) / N x V = {optimal} bytes "
                            f"in {2 * (n - 1)} hops of one piece (V / N = {v // n} bytes) each.{whole}")

@@ -74,9 +74,9 @@ def _stepped(fn, case):
     if not isinstance(out, (tuple, list)) or len(out) != 3:
         raise Mismatch(f"dp_step should return a triple (new_params, new_opt_state, loss), as single_step does; got "
                        f"{describe_tree(out)}.")
-    new_params, new_state, loss = out
+    new_params, new_state, loss = out       # any order compares (a swapped triple is a mistake below)
     return (_agree(new_params, "the parameters"), _agree(new_state, "the optimizer state"),
-            _first_copy(new_params), _first_copy(new_state), np.asarray(loss))
+            _first_copy(new_params), _first_copy(new_state), jax.tree.map(np.asarray, loss))
 
 
 def _step_with(grads_of=lambda g: jax.lax.pmean(g, AXIS), loss_of=lambda v: jax.lax.pmean(v, AXIS),
@@ -115,6 +115,15 @@ MISTAKES_05_1 = [
             "loss needs the same average over the devices as the gradients.", _step_with(loss_of=lambda v: v)),
     Mistake("summed loss", "The loss returned is {n} times the loss of the global batch: the {n} per-device "
             "losses were added, not averaged.", _step_with(loss_of=lambda v: jax.lax.psum(v, AXIS))),
+    Mistake("params and state averaged", "The parameters and the optimizer state are averages of per-device "
+            "results, each made by the optimizer from that device's own gradients: the average was taken AFTER the "
+            "optimizer, not of the gradients it takes. With Adam or RMSprop, whose update is not linear in the "
+            "gradient, that is another update.", lambda *args: jax.lax.pmean(
+                _step_with(grads_of=lambda g: g)(*args)[:2], AXIS) + _step_with(grads_of=lambda g: g)(*args)[2:]),
+    *[Mistake(f"order {order}", f"The triple is in the order ({', '.join(order)}): dp_step returns (new_params, "
+              "new_opt_state, loss), as single_step does.", lambda *args, order=order: tuple(
+                  dict(zip(("new_params", "new_opt_state", "loss"), solution_dp_step(*args)))[k] for k in order))
+      for order in [("new_params", "loss", "new_opt_state"), ("loss", "new_params", "new_opt_state")]],
     Mistake("stale state", "The optimizer state returned is the one dp_step was given, unchanged: the optimizer "
             "advances its state at every update (Adam its step count and running averages), so the next step "
             "would use a stale one.", _step_with(keep_state=True)),
@@ -353,6 +362,10 @@ MISTAKES_05_3 = [
     Mistake("0 / 0", "With no real rows the count is 0, and 0 / 0 is NaN: it must stay finite (0.0), or the NaN "
             "spreads to every device through the gradient average.",
             lambda p, y, m: jnp.sum(_squared(p, y, m)) / jnp.sum(m)),
+    Mistake("mask inverted", "That is the mean over the PADDING rows: the mask was inverted (True marks the real "
+            "rows, the ones to keep).", lambda p, y, m: solution_masked_mse(p, y, ~m)),
+    Mistake("root", "That is the square root of the mean squared error (an RMSE): the exercise asks for the mean of "
+            "the squares itself.", lambda p, y, m: jnp.sqrt(solution_masked_mse(p, y, m))),
 ]
 
 

@@ -27,6 +27,7 @@ WRONG = [
     ("copied to the host", lambda x: np.asarray(jax.pmap(norm)(x)), "should be a jax.Array"),
     ("half precision", lambda x: jax.pmap(norm)(x.astype(jnp.float16)), "dtype float16"),
     ("mapped over the columns", lambda x: jax.pmap(norm, in_axes=1)(x), "one value per column"),
+    ("one device short", lambda x: jax.pmap(norm, devices=jax.devices()[1:len(x) + 1])(x), "count of devices other"),
 ]
 RIGHT = [
     ("pmap of jnp.linalg.norm", lambda x: jax.pmap(jnp.linalg.norm)(x)),

@@ -18,7 +18,7 @@ WRONG = [
     (lambda x, a: jax.lax.ppermute(x, a, perm(a, lambda i, n: ((i + 1) % n, i))), ["rotates left"]),
     (lambda x, a: jax.lax.ppermute(x, a, [(i, i + 1) for i in range(jax.lax.axis_size(a) - 1)]),
      ["Device 0 received nothing", "the ring is not closed"]),
-    (lambda x, a: jax.lax.ppermute(x, a, perm(a, lambda i, n: (i, (i + 2) % n))), ["rotated by 1 along the first axis"]),
+    (lambda x, a: jax.lax.ppermute(x, a, perm(a, lambda i, n: (i, (i + 2) % n))), ["moved 2 devices to the right"]),
     (lambda x, a: jax.lax.ppermute(x, a, [(i, (i + 1) % 8) for i in range(8)]), ["written for a fixed device count"]),
     (lambda x, a: jax.lax.ppermute(x, a, perm(a, lambda i, n: (i, 0))), ["must be unique"]),
     (lambda x, a: jax.lax.ppermute(x.astype(jnp.float32), a, perm(a, lambda i, n: (i, (i + 1) % n))),
