@@ -98,10 +98,10 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
     if run is None:
         run = lambda fn, case: call(fn, *case.args, name=name, **case.kwargs)  # noqa: E731
     opts = dict(rtol=rtol, atol=atol, dtype=dtype, strict=strict_containers, names=names)
-    rows, results, right_on, failed = [], [], [], []
+    rows, results, right_on, failed, keys = [], [], [], [], {}
     for case in cases:
         saved = dict(_last_call)
-        expected = _known(run, solution, case)
+        expected = _known(run, solution, case, keys)
         _last_call.clear()
         _last_call.update(saved)
         try:
@@ -126,7 +126,7 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
         text = str(error).rstrip()
         raise type(error)(f"{case.label}: {text}{'' if text.endswith(('.', '?', '!')) else '.'}{where}") from None
     _, expected, got, diff = next(r for r in rows if r[0] is case)
-    named = _confirmed(mistakes, rows, run, opts)       # on the cases that ran: their numbers confirm it or not
+    named = _confirmed(mistakes, rows, run, opts, keys)       # on the cases that ran: their numbers confirm it or not
     raised = [f" {c.label[:1].upper()}{c.label[1:]}, it raised: {str(e).rstrip()}" for c, e in failed if e is not None]
     where = "".join(raised[:1]) or where
     shown = f"expected {_show(expected)}, got {_show(got)}"
@@ -186,7 +186,7 @@ def _where(cases, right_on, failed) -> str:
     return text
 
 
-def _confirmed(mistakes, rows, run, opts) -> list[Mistake]:
+def _confirmed(mistakes, rows, run, opts, keys) -> list[Mistake]:
     """The mistakes whose results equal the answer's on every case and differ from the right one somewhere."""
     saved = dict(_last_call)
     named = []
@@ -194,7 +194,7 @@ def _confirmed(mistakes, rows, run, opts) -> list[Mistake]:
         differs = False
         for case, expected, got, _ in rows:
             try:
-                result = _known(run, m.fn, case)
+                result = _known(run, m.fn, case, keys)
             except Exception:  # a mistake that cannot run on this case is not this answer
                 break
             if difference(got, result, n=case.n, **opts) is not None:
@@ -211,17 +211,18 @@ def _confirmed(mistakes, rows, run, opts) -> list[Mistake]:
 _KNOWN: dict = {}
 
 
-def _known(run, fn, case):
+def _known(run, fn, case, keys: dict):
     """``run(fn, case)`` for the course's own functions (a solution, a declared mistake), run once per process: a
     learner checks the same exercise again and again. The answer always runs; so does anything whose inputs cannot
-    be read as values (a path on disk, a learner's function, an unknown object)."""
-    try:
-        key = _value_key((fn, run, case.label, case.n, case.args, case.kwargs, jax.config.jax_enable_x64,
-                          str(jax.sharding.get_abstract_mesh())))
-    except Exception:  # no readable form (a PRNG key array, say)
-        key = None
+    be read as values (a path on disk, a learner's function, an unknown object). ``keys`` keeps each case's part of
+    the key (the runner, the inputs, x64 and the mesh in context), read once per ``diagnose``."""
+    if id(case) not in keys:
+        keys[id(case)] = _key_or_none((run, case.label, case.n, case.args, case.kwargs, jax.config.jax_enable_x64,
+                                       str(jax.sharding.get_abstract_mesh())))
+    key = keys[id(case)] and _key_or_none(fn)
     if key is None:
         return run(fn, case)
+    key = (key, keys[id(case)])
     if key not in _KNOWN:
         if len(_KNOWN) > 1000:
             _KNOWN.clear()
@@ -233,6 +234,13 @@ def _known(run, fn, case):
     if error is not None:
         raise error.with_traceback(None)
     return result
+
+
+def _key_or_none(x):
+    try:
+        return _value_key(x)
+    except Exception:  # no readable form (a PRNG key array, say)
+        return None
 
 
 def _value_key(x, depth: int = 0):
