@@ -29,7 +29,8 @@ def test_the_command_reports_every_variant_the_overhead_and_the_same_final_loss(
     report = json.loads(out.read_text())
     assert set(report) == {"machine", "settings", "default_variant", "workloads", "fusion_gain", "overhead",
                            "without_allreduce", "allreduce", "goals"}
-    assert printed.startswith(bench.table(report)) and printed.rstrip().endswith(f"written: {out}")
+    text = bench.table(report)
+    assert printed.startswith(text) and printed.rstrip().endswith(f"written: {out}")
     assert report["machine"]["device_count"] == 8 and report["machine"]["simulated"]
     assert report["machine"]["jax"] and report["machine"]["device_kind"] == "cpu"
     assert report["settings"]["scan_steps"] == 10, "the default path: fit's steps_per_call"
@@ -67,7 +68,6 @@ def test_the_command_reports_every_variant_the_overhead_and_the_same_final_loss(
     # no overhead goal at these batches; the regression goal is there
     assert set(report["goals"]) == {"regression_naive_vs_default"}
     assert all(isinstance(g["met"], bool) for g in report["goals"].values())
-    text = bench.table(report)
     assert "8 simulated CPU devices" in text and "x single_scan" in text and "<- default" in text
     assert "one dispatch per step, x single_jit:" in text and "10 steps fused per dispatch, x single_scan:" in text
     assert "<- reference" in text and "fusion's gain" in text and "data-parallel overhead" in text
