@@ -118,8 +118,8 @@ MISTAKES_05_1 = [
     Mistake("params and state averaged", "The parameters and the optimizer state are averages of per-device "
             "results, each made by the optimizer from that device's own gradients: the average was taken AFTER the "
             "optimizer, not of the gradients it takes. With Adam or RMSprop, whose update is not linear in the "
-            "gradient, that is another update.", lambda *args: jax.lax.pmean(
-                _step_with(grads_of=lambda g: g)(*args)[:2], AXIS) + _step_with(grads_of=lambda g: g)(*args)[2:]),
+            "gradient, that is another update.", lambda *args: (lambda out: jax.lax.pmean(out[:2], AXIS) + out[2:])(
+                _step_with(grads_of=lambda g: g)(*args))),
     *[Mistake(f"order {order}", f"The triple is in the order ({', '.join(order)}): dp_step returns (new_params, "
               "new_opt_state, loss), as single_step does.", lambda *args, order=order: tuple(
                   dict(zip(("new_params", "new_opt_state", "loss"), solution_dp_step(*args)))[k] for k in order))

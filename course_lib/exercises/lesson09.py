@@ -27,10 +27,13 @@ def _run(fn, case, name):
 
 def _rounded(fn):
     """Three mistakes: the right result of ``fn``, each number rounded to 0, 1 or 2 decimals."""
+    def rounded(p):
+        def mistake(*a):
+            r = fn(*a)
+            return tuple(np.round(r, p).tolist()) if isinstance(r, tuple) else round(r, p)
+        return mistake
     return [Mistake(f"rounded to {p}", f"That is the right result rounded to {p} decimal place{'s' * (p != 1)}: "
-                    "return it unrounded (round only what you print).",
-                    lambda *a, p=p: tuple(np.round(fn(*a), p).tolist()) if isinstance(fn(*a), tuple) else round(
-                        fn(*a), p)) for p in (0, 1, 2)]
+                    "return it unrounded (round only what you print).", rounded(p)) for p in (0, 1, 2)]
 
 # ----------------------------------------------------------------------------------------------
 # 09.1 Predict the time per step from the steps per dispatch
