@@ -2,6 +2,7 @@
 psum_scatter, choosing K from the compiled step's peak, the FSDP step of a model split leaf by leaf, and predicting
 how often each stage's collectives run in an accumulated step before the compiled program shows them."""
 
+import functools
 import re
 
 import jax
@@ -11,7 +12,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from . import Case, Mismatch, Mistake, call, describe_tree, diagnose, exercise, is_placeholder, returned_none
-from .lesson12 import _read_counts
+from .lesson12 import _or_none, _read_counts
 
 AXIS = "data"
 
@@ -220,12 +221,7 @@ def _zero2_runner(shapes):
     def run(fn, case):
         whole, grads, lr, mesh = case.args
         f = _zero2_program(fn, mesh, lr)
-        try:
-            jax.eval_shape(f, whole, grads)   # a None from inside the program is reported here, as call() does
-        except Mismatch:
-            raise
-        except Exception:  # noqa: BLE001: reported with the inputs by call() below
-            pass
+        _or_none(lambda: jax.eval_shape(f, whole, grads))   # a None from inside the program is reported here
         try:
             out = call(f, whole, grads, name="zero2_sgd", hints=_SCATTER_HINTS)
         except Mismatch as e:               # name what one device's function received, not the global arrays
@@ -340,40 +336,35 @@ def _k3_model(d_in, hidden, d_out, seed):
     return params, loss_fn
 
 
-_K3_CASES: dict = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _k3_case(stage, n, per_device, d_in, hidden, d_out, optimizer_name):
     """One case of 10.3, built once per process: (make_step, state, batch, {K: memory parts})."""
-    key = (stage, n, per_device, d_in, hidden, d_out, optimizer_name)
-    if key not in _K3_CASES:
-        from .. import sharded_state
-        optimizer = {"adam": optax.adam(1e-3), "sgd+momentum": optax.sgd(0.1, momentum=0.9)}[optimizer_name]
-        params, loss_fn = _k3_model(d_in, hidden, d_out, seed=n)
-        mesh = sharded_state.data_mesh(jax.devices()[:n])
-        state = sharded_state.init_state(params, optimizer, mesh, stage=stage)
-        rows = n * per_device
-        batch = {"x": np.zeros((rows, d_in), np.float32), "y": np.zeros(rows, np.int32)}
-        steps, calls = {}, []
+    from .. import sharded_state
+    optimizer = {"adam": optax.adam(1e-3), "sgd+momentum": optax.sgd(0.1, momentum=0.9)}[optimizer_name]
+    params, loss_fn = _k3_model(d_in, hidden, d_out, seed=n)
+    mesh = sharded_state.data_mesh(jax.devices()[:n])
+    state = sharded_state.init_state(params, optimizer, mesh, stage=stage)
+    rows = n * per_device
+    batch = {"x": np.zeros((rows, d_in), np.float32), "y": np.zeros(rows, np.int32)}
+    steps, calls = {}, []
 
-        def make_step(k):
-            calls.append(k)
-            if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-                raise ValueError(f"make_step: k must be a whole number of micro-batches >= 1, got {k!r}.")
-            if int(k) not in steps:
-                steps[int(k)] = sharded_state.make_train_step(loss_fn, optimizer, stage=stage, accumulate=int(k))
-            return steps[int(k)]
+    def make_step(k):
+        calls.append(k)
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"make_step: k must be a whole number of micro-batches >= 1, got {k!r}.")
+        if int(k) not in steps:
+            steps[int(k)] = sharded_state.make_train_step(loss_fn, optimizer, stage=stage, accumulate=int(k))
+        return steps[int(k)]
 
-        parts = {}
-        for k in range(1, per_device + 1):
-            if per_device % k == 0:
-                m = make_step(k).compile(state, batch).memory_analysis()
-                p = {"arguments": int(m.argument_size_in_bytes), "outputs": int(m.output_size_in_bytes),
-                     "aliased": int(m.alias_size_in_bytes), "temporaries": int(m.temp_size_in_bytes),
-                     "xla_peak": int(getattr(m, "peak_memory_in_bytes", -1))}
-                parts[k] = {**p, "peak": p["arguments"] + p["outputs"] - p["aliased"] + p["temporaries"]}
-        _K3_CASES[key] = (make_step, state, batch, parts, calls)
-    return _K3_CASES[key]
+    parts = {}
+    for k in range(1, per_device + 1):
+        if per_device % k == 0:
+            m = make_step(k).compile(state, batch).memory_analysis()
+            p = {"arguments": int(m.argument_size_in_bytes), "outputs": int(m.output_size_in_bytes),
+                 "aliased": int(m.alias_size_in_bytes), "temporaries": int(m.temp_size_in_bytes),
+                 "xla_peak": int(getattr(m, "peak_memory_in_bytes", -1))}
+            parts[k] = {**p, "peak": p["arguments"] + p["outputs"] - p["aliased"] + p["temporaries"]}
+    return make_step, state, batch, parts, calls
 
 
 def _search(measure=lambda p: p["peak"], order=lambda ks: ks, fits=lambda need, budget: need <= budget,
@@ -556,12 +547,7 @@ def _fsdp_runner(answer, seen):
         f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(split, opt_specs, P(AXIS)),
                                   out_specs=(split, opt_specs, P()), check_vma=True))
         args = (put(params, split), put(opt_state, opt_specs), put(data[0], P(AXIS)))
-        try:
-            rows = {k: s.shape[0] for k, s in jax.eval_shape(f, *args)[0].items()}
-        except Mismatch:
-            raise
-        except Exception:
-            rows = {}                                   # reported with the inputs by call() below
+        rows = _or_none(lambda: {k: s.shape[0] for k, s in jax.eval_shape(f, *args)[0].items()}) or {}
         for k, v in params.items():
             if rows.get(k) == n * v.shape[0]:
                 raise Mismatch(f"each device returned {k} with {v.shape[0]} rows; FSDP keeps only this device's "
@@ -668,31 +654,30 @@ def solution_predict_collectives(stage, k):
             "zero2": {"reduce-scatter": k, "all-gather": 1}}[stage]
 
 
-_COMPILED_COUNTS: dict = {}
 _K5 = (3, 5)
 
 
+@functools.lru_cache(maxsize=None)
 def _compiled_counts():
     """``{(stage, k): ({op: runs per step}, [Collective])}`` for sharded_state's accumulated steps of a small MLP,
     read from the compiled programs: a collective inside the loop runs k times."""
-    if not _COMPILED_COUNTS:
-        from .. import sharded_state
-        params, loss_fn = _k3_model(10, 24, 3, seed=5)
-        n = len(jax.devices())
-        optimizer = optax.adam(1e-3)
-        for k in _K5:
-            batch = {"x": np.zeros((k * 2 * n, 10), np.float32), "y": np.zeros(k * 2 * n, np.int32)}
-            for stage in ("replicated", "zero1", "zero2"):     # FSDP's depends on XLA hoisting a gather
-                if k == _K5[1] and stage in ("replicated", "zero1"):
-                    continue                     # their counts do not depend on k: one k reads them
-                state = sharded_state.init_state(params, optimizer, stage=stage)
-                step = sharded_state.make_train_step(loss_fn, optimizer, stage=stage, accumulate=k)
-                found = [c for c in sharded_state.collectives(step.compile(state, batch).as_text()) if c.shape]
-                counts = {}
-                for c in found:
-                    counts[c.op] = counts.get(c.op, 0) + (k if c.in_loop else 1)
-                _COMPILED_COUNTS[stage, k] = (counts, found)
-    return _COMPILED_COUNTS
+    from .. import sharded_state
+    params, loss_fn = _k3_model(10, 24, 3, seed=5)
+    n = len(jax.devices())
+    optimizer = optax.adam(1e-3)
+    compiled = {}
+    for k in _K5:
+        batch = {"x": np.zeros((k * 2 * n, 10), np.float32), "y": np.zeros(k * 2 * n, np.int32)}
+        # FSDP left out (its counts depend on XLA hoisting a gather); replicated's and zero1's do not depend on k
+        for stage in ("replicated", "zero1", "zero2") if k == _K5[0] else ("zero2",):
+            state = sharded_state.init_state(params, optimizer, stage=stage)
+            step = sharded_state.make_train_step(loss_fn, optimizer, stage=stage, accumulate=k)
+            found = [c for c in sharded_state.collectives(step.compile(state, batch).as_text()) if c.shape]
+            counts = {}
+            for c in found:
+                counts[c.op] = counts.get(c.op, 0) + (k if c.in_loop else 1)
+            compiled[stage, k] = (counts, found)
+    return compiled
 
 
 def _table_5(**changes):

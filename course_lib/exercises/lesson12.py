@@ -198,12 +198,10 @@ MISTAKES_12_1 = [
         lambda m, a: _first(lambda m: m.size)(m, a) if _first(lambda m: m.size)(m, a) is not None else _first(
             lambda m: m.shape["fsdp"])(m, a), lambda m, a, i: ("data", "fsdp") if a.shape[i] % m.size == 0
         else "fsdp")),
-    Mistake("always axis 0", "Every array is split along its first axis, whatever its length. Choose, per array, "
-            "an axis the mesh's 'fsdp' size divides (read the size from the mesh you are given).",
-            _specs_as(lambda m, a: 0 if a.ndim else None)),
-    Mistake("always the last axis", "Every array is split along its last axis, whatever its length. Choose, per "
-            "array, an axis the mesh's 'fsdp' size divides (read the size from the mesh you are given).",
-            _specs_as(lambda m, a: a.ndim - 1 if a.ndim else None)),
+    *[Mistake(name, f"Every array is split along its {which} axis, whatever its length. Choose, per array, an "
+              "axis the mesh's 'fsdp' size divides (read the size from the mesh you are given).",
+              _specs_as(lambda m, a, last=last: (a.ndim - 1 if last else 0) if a.ndim else None))
+      for name, which, last in (("always axis 0", "first", False), ("always the last axis", "last", True))],
     Mistake("nothing split", "Every array stays whole on every device: that is data parallelism's memory. FSDP "
             "splits every array it can.", _specs_as(lambda m, a: None)),
 ]
@@ -345,12 +343,7 @@ def _gather_runner(seen):
     """(loss, gradients) of the checker's FSDP step with ``fn`` as its gather; its compiled text kept in seen."""
     def run(fn, case):
         f, args = _fsdp_grads(fn, _mesh(case.n)), _fsdp_inputs(_mesh(case.n), 200 + case.n)
-        try:
-            seen[case.label] = f.lower(*args).compile().as_text()
-        except Mismatch:                              # what the gather returned, measured while tracing
-            raise
-        except Exception:
-            seen[case.label] = None                   # reported with the inputs by call() below
+        seen[case.label] = _or_none(lambda: f.lower(*args).compile().as_text())
         loss, grads = call(f, *args, name="the checker's FSDP step with your gather_layer", hints={
             "unbound axis name": f"The mesh axis is named {AXIS!r}: use that name in the collective.",
             "cannot reshape": f"Your gather assumes a number of devices; this run has {case.n}. Inside "
@@ -473,6 +466,17 @@ def _read_counts(got) -> dict:
                            "; expected a whole number of runs per step (an int; 3.0 is accepted too).")
         counts[name] += _whole(count)
     return counts
+
+
+def _or_none(thunk):
+    """``thunk()``; None where it raises other than a ``Mismatch`` (what the learner's code returned, measured while
+    tracing), since ``call()`` then reports that error with the inputs."""
+    try:
+        return thunk()
+    except Mismatch:
+        raise
+    except Exception:  # noqa: BLE001: the learner's error, reported by call()
+        return None
 
 
 def _whole(value):
