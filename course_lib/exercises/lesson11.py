@@ -294,10 +294,10 @@ MISTAKES_11_3 = [
     # (device 1's longest dispatch is the longest summed over the devices, by the cases' construction)
     Mistake("device 0's longest dispatch", _FROM_DEVICES, lambda t: _step_of_longest(t, _dispatch_durations(t, 0))),
     Mistake("devices' summed dispatches", _FROM_DEVICES, lambda t: _step_of_longest(t, _dispatch_durations(t))),
-    *[Mistake(f"one {word}", f"That is the number of the step {word} the stalled one, on every case: the marker "
-              f"of the longest step carries its own number (no {by:+d}).",
-              lambda t, by=by: solution_stalled_step(t) + by)
-      for word, by in (("after", 1), ("before", -1))],
+    Mistake("one after", "That is the number of the step after the stalled one, on every case: the marker of the "
+            "longest step carries its own number (no +1).", lambda t: solution_stalled_step(t) + 1),
+    Mistake("one before", "That is the number of the step before the stalled one, on every case: the marker of the "
+            "longest step carries its own number (no -1).", lambda t: solution_stalled_step(t) - 1),
     Mistake("start to next start", "You measured each step from its start to the next step's start, and the "
             "last step has no next one: each marker carries its own duration.",
             lambda t: _step_of_longest(t, np.diff([m.start_us for m in t.markers]))),
