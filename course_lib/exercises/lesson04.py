@@ -89,18 +89,14 @@ def _ring(a, shift=1):
     return [(i, (i + shift) % n) for i in range(n)]
 
 
-def _ppermute_bytes(fn, xs) -> tuple[int, int]:
-    """(ppermutes run, bytes one device sends in them) by ``fn``'s program under pmap over ``xs``.
+def _count_ppermutes(jaxpr) -> tuple[int, int]:
+    """(ppermutes run, bytes one device sends in them) by a program, such as ``_jaxpr(fn, xs)``.
 
     A ppermute inside a ``lax.scan`` or ``lax.fori_loop`` (a scan when its bounds are Python ints) runs once per
     iteration, so it counts that many times; in a ``lax.cond`` the costlier branch counts. A ppermute inside a
     ``lax.while_loop`` (a fori_loop with traced bounds) runs a number of times the program does not say: that
     raises ``Mismatch``, since the traffic cannot be counted.
     """
-    return _count_ppermutes(_jaxpr(fn, xs))
-
-
-def _count_ppermutes(jaxpr) -> tuple[int, int]:
     hops = sent = 0
     for e in jaxpr.eqns:
         name = e.primitive.name
@@ -127,6 +123,13 @@ def _jaxpr(fn, xs):
     """``fn``'s program under pmap over ``xs`` (n, ...); one that cannot be traced raises ``Mismatch``."""
     mapped = jax.pmap(lambda x: fn(x, AXIS), axis_name=AXIS, devices=jax.devices()[:xs.shape[0]])
     return jaxpr_of(mapped, jnp.asarray(xs))
+
+
+def _traffic(fn, xs) -> tuple[int, int, int, int, int]:
+    """(n, ppermutes run, bytes one device sends, V = one x's bytes, the optimal ring's 2 (n - 1) / n x V) of
+    ``fn`` under pmap over ``xs`` (n, ...)."""
+    n, v = xs.shape[0], xs[0].nbytes
+    return (n, *_count_ppermutes(_jaxpr(fn, xs)), v, 2 * (n - 1) * v // n)
 
 
 def _program(fn, xs, readable=False) -> set:
@@ -226,14 +229,10 @@ def check_ring_allreduce(ring_allreduce):
     _no_collectives(program)
     if "ppermute" not in program:
         raise Mismatch("right values, but the program has no ppermute: build it from jax.lax.ppermute (and +).")
-    xs = np.ones((len(jax.devices()), 4), np.float32)     # report the traffic for every device, 16-byte x
-    n = xs.shape[0]
-    try:
-        hops, sent = _ppermute_bytes(ring_allreduce, xs)
+    try:                                                  # report the traffic for every device, 16-byte x
+        n, hops, sent, v, optimal = _traffic(ring_allreduce, np.ones((len(jax.devices()), 4), np.float32))
     except Mismatch as e:
         return f"every device holds the total: an all-reduce. Its traffic is not reported: {e}"
-    v = xs[0].nbytes
-    optimal = 2 * (n - 1) * v // n
     how = "(N - 1) x V" if sent == (n - 1) * v else f"{sent / v:g} x V"
     return (f"every device holds the total: an all-reduce. On {n} devices your ring ran {hops} ppermutes and each "
             f"device sent {sent} bytes for a {v}-byte x: {how}. Section 4's ring sends 2 (N - 1) / N x V = "
@@ -331,7 +330,7 @@ def check_rotate_right(rotate_right):
     cases = _cases([(2,), (2, 3)], seed=3, other_dtype=np.float16)
     diagnose(rotate_right, cases, solution=solution_rotate_right, mistakes=MISTAKES_04_3,
              run=_runner("rotate_right"))
-    hops, _ = _ppermute_bytes(rotate_right, cases[-1].args[0])
+    hops, _ = _count_ppermutes(_jaxpr(rotate_right, cases[-1].args[0]))
     if not hops:
         raise Mismatch("right values, but the program has no ppermute: the values did not travel between devices "
                        "as the exercise asks.")
@@ -458,10 +457,9 @@ def check_ring_allreduce_chunked(ring_allreduce):
     diagnose(ring_allreduce, cases, solution=solution_ring_allreduce_chunked, mistakes=MISTAKES_04_5,
              run=_runner("ring_allreduce_chunked"), rtol=1e-5, atol=1e-5)
     for case in cases:
-        xs, n = case.args[0], case.n
+        xs = case.args[0]
         _no_collectives(_program(ring_allreduce, xs), ("psum", "reduce_scatter", "all_gather", "all_to_all"))
-        hops, sent = _ppermute_bytes(ring_allreduce, xs)
-        v, optimal = xs[0].nbytes, 2 * (n - 1) * xs[0].nbytes // n
+        n, hops, sent, v, optimal = _traffic(ring_allreduce, xs)
         if sent > optimal:
             whole = " That is (N - 1) x V: all of x sent at every hop, where a piece of x is enough." \
                 if sent == (n - 1) * v else ""
