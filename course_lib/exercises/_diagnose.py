@@ -17,7 +17,7 @@ answer's results (for mechanism checks that follow). Otherwise it raises ``Misma
 
 Right answers in other forms pass: NumPy and JAX scalars, 0-d arrays and Python numbers are one number; an
 array of shape ``(k, ...)`` stands for a tuple of ``k`` equal-shaped items; tuples and lists are alike (unless
-``strict_containers``); dict keys in any order.
+``same(..., strict=True)``); dict keys in any order.
 """
 
 from __future__ import annotations
@@ -74,13 +74,11 @@ class Case:
     args: tuple
     label: str
     n: int | None = None
-    kwargs: dict = dataclasses.field(default_factory=dict)
 
 
 def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Sequence[Mistake] = (),
              run: Callable | None = None, name: str | None = None, rtol: float = 1e-5, atol: float = 1e-6,
-             dtype: bool = True, strict_containers: bool = False, names: str | Sequence[str] = "output",
-             reveal: bool = True) -> list:
+             names: str | Sequence[str] = "output", reveal: bool = True) -> list:
     """Run ``answer`` and ``solution`` on every case; return the answer's results, or raise ``Mismatch``.
 
     Args:
@@ -88,7 +86,6 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
         It runs the answer, the solution and every mistake alike. An answer that raises gives the runner's
         ``Mismatch``, with the cases it got right added.
       rtol, atol: the tolerance (loosened for float16/bfloat16 expected values).
-      dtype: whether an array's dtype must be the expected one (0-d values are compared by value only).
       names: how feedback names a part of the result: ``"output"`` gives ``output [0][1]``; a sequence names the
         items of a returned tuple, ``("params", "state")`` gives ``params['w']``.
       reveal: False for a prediction, whose right answer the learner is to read from the compiled program: the
@@ -96,8 +93,8 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
     """
     name = name or getattr(answer, "__name__", "your function")
     if run is None:
-        run = lambda fn, case: call(fn, *case.args, name=name, **case.kwargs)  # noqa: E731
-    opts = dict(rtol=rtol, atol=atol, dtype=dtype, strict=strict_containers, names=names)
+        run = lambda fn, case: call(fn, *case.args, name=name)  # noqa: E731
+    opts = dict(rtol=rtol, atol=atol, dtype=True, strict=False, names=names)
     rows, results, right_on, failed, keys = [], [], [], [], {}
     for case in cases:
         saved = dict(_last_call)
@@ -217,7 +214,7 @@ def _known(run, fn, case, keys: dict):
     be read as values (a path on disk, a learner's function, an unknown object). ``keys`` keeps each case's part of
     the key (the runner, the inputs, x64 and the mesh in context), read once per ``diagnose``."""
     if id(case) not in keys:
-        keys[id(case)] = _key_or_none((run, case.label, case.n, case.args, case.kwargs, jax.config.jax_enable_x64,
+        keys[id(case)] = _key_or_none((run, case.label, case.n, case.args, jax.config.jax_enable_x64,
                                        str(jax.sharding.get_abstract_mesh())))
     key = keys[id(case)] and _key_or_none(fn)
     if key is None:
