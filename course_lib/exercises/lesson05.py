@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import data, sharding
 from . import Case, Mismatch, Mistake, Said, call, describe_tree, diagnose, exercise, same, watch
@@ -168,14 +169,6 @@ def solution_max_divergence(replicated):
     return worst
 
 
-def _stack_on_devices(copies, devs):
-    """Copy i on device i, as one (n, ...) array: replicas that may differ."""
-    mesh_sharding = jax.sharding.NamedSharding(sharding.device_mesh(devs), jax.sharding.PartitionSpec("devices"))
-    return jax.make_array_from_single_device_arrays(
-        (len(devs),) + np.shape(copies[0]), mesh_sharding,
-        [jax.device_put(jnp.asarray(c)[None], d) for c, d in zip(copies, devs)])
-
-
 def _drift_cases():
     """Replicated trees whose copies drift apart by amounts that differ per device AND per element.
 
@@ -322,7 +315,8 @@ def check_max_divergence(max_divergence):
 
     cases = [Case((sharding.replicate({"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.float32(1.0)}),),
                   "for identical copies")]
-    cases += [Case(({k: _stack_on_devices(list(v), devs[:n]) for k, v in copies.items()},),
+    # copy i on device i, as one (n, ...) array: replicas that may differ
+    cases += [Case((jax.device_put(copies, NamedSharding(sharding.device_mesh(devs[:n]), P("devices"))),),
                    f"{what}, copies that differ per device and per element", n=n)
               for n, what, copies in _drift_cases()]
     diagnose(max_divergence, cases, solution=solution_max_divergence, mistakes=MISTAKES_05_2,
