@@ -233,41 +233,37 @@ def _known(run, fn, case, keys: dict):
     return result
 
 
-def _key_or_none(x):
-    try:
-        return _value_key(x)
-    except Exception:  # no readable form (a PRNG key array, say)
-        return None
-
-
-def _value_key(x, depth: int = 0):
+def _key_or_none(x, depth: int = 0):
     """A hashable stand-in for what ``x`` is, or None: values by value, functions by their code and the values
-    they captured."""
-    if depth > 30:
+    they captured; None for anything with no readable form (a PRNG key array, say)."""
+    try:
+        if depth > 30:
+            return None
+        if x is None or isinstance(x, (bool, int, float, complex, np.generic, type)):
+            return (type(x).__name__, x)
+        if isinstance(x, str):
+            return None if len(x) > 1 and os.path.exists(x) else x
+        if isinstance(x, (np.ndarray, jax.Array)):
+            sharding = repr(x.sharding) if isinstance(x, jax.Array) else ""
+            a = np.asarray(x)
+            return ("array", a.dtype.str, a.shape, a.tobytes(), sharding)
+        if isinstance(x, (tuple, list)):
+            keys = tuple(_key_or_none(v, depth + 1) for v in x)
+            return None if None in keys else (type(x).__name__, keys)
+        if isinstance(x, dict):
+            items = tuple((repr(k), _key_or_none(v, depth + 1)) for k, v in x.items())
+            return None if any(v is None for _, v in items) else ("dict", tuple(sorted(items, key=str)))
+        if isinstance(x, jax.sharding.Mesh):
+            return ("mesh", repr(x))
+        if isinstance(x, types.FunctionType):
+            if not x.__module__.startswith(("course_lib", "optax", "jax")):
+                return None                             # a learner's function: its globals may change
+            cells = [c.cell_contents for c in x.__closure__ or ()]
+            key = _key_or_none((x.__module__, x.__defaults__, x.__kwdefaults__, cells), depth + 1)
+            return key and (x.__code__, key)
         return None
-    if x is None or isinstance(x, (bool, int, float, complex, np.generic, type)):
-        return (type(x).__name__, x)
-    if isinstance(x, str):
-        return None if len(x) > 1 and os.path.exists(x) else x
-    if isinstance(x, (np.ndarray, jax.Array)):
-        sharding = repr(x.sharding) if isinstance(x, jax.Array) else ""
-        a = np.asarray(x)
-        return ("array", a.dtype.str, a.shape, a.tobytes(), sharding)
-    if isinstance(x, (tuple, list)):
-        keys = tuple(_value_key(v, depth + 1) for v in x)
-        return None if None in keys else (type(x).__name__, keys)
-    if isinstance(x, dict):
-        items = tuple((repr(k), _value_key(v, depth + 1)) for k, v in x.items())
-        return None if any(v is None for _, v in items) else ("dict", tuple(sorted(items, key=str)))
-    if isinstance(x, jax.sharding.Mesh):
-        return ("mesh", repr(x))
-    if isinstance(x, types.FunctionType):
-        if not x.__module__.startswith(("course_lib", "optax", "jax")):
-            return None                             # a learner's function: its globals may change
-        cells = [c.cell_contents for c in x.__closure__ or ()]
-        key = _value_key((x.__module__, x.__defaults__, x.__kwdefaults__, cells), depth + 1)
-        return key and (x.__code__, key)
-    return None
+    except Exception:
+        return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -391,15 +387,13 @@ def _leaf_difference(g, e, n, rtol, atol, dtype) -> str | None:
     # A 0-d value: only a loss of precision counts (a Python float expected: anything below float32)
     want = np.dtype(e.dtype) if hasattr(e, "dtype") else np.dtype(np.float32)
     lower = gv.ndim == 0 and floats and gv.dtype.itemsize < want.itemsize
+    close = np.allclose(gv.astype(np.float64), ev.astype(np.float64), rtol=rt, atol=at, equal_nan=True)
     if dtype and hasattr(g, "dtype") and ((gv.ndim and hasattr(e, "dtype") and np.dtype(g.dtype) != want) or lower):
-        close = np.allclose(gv.astype(np.float64), ev.astype(np.float64), rtol=rt, atol=at, equal_nan=True)
         return (f"dtype {np.dtype(g.dtype).name} where {want.name} was expected"
                 + ("" if close else f"; and {relation(gv, ev, n=n, rtol=rt, atol=at)}"))
     if gv.dtype == bool and ev.dtype != bool:           # True where 103 was expected is a type, not a factor
         return f"expected {_describe_leaf(e)}, got {describe_tree(g)}: a bool (True/False), not a number"
-    if np.allclose(gv.astype(np.float64), ev.astype(np.float64), rtol=rt, atol=at, equal_nan=True):
-        return None
-    return relation(gv, ev, n=n, rtol=rt, atol=at)
+    return None if close else relation(gv, ev, n=n, rtol=rt, atol=at)
 
 
 def _describe_leaf(e) -> str:

@@ -40,8 +40,7 @@ def _runner(name, pair=False):
         return (out[0], out[1]) if pair and getattr(out, "shape", ())[:1] == (2,) else out
 
     def run(fn, case):
-        xs = case.args[0]
-        n = xs.shape[0]
+        (xs,), n = case.args, case.n
         mapped = jax.pmap(lambda x: per_device(x, fn), axis_name=AXIS, devices=jax.devices()[:n])
         try:
             return call(mapped, jnp.asarray(xs), name=f"pmap({name})", hints=_ERRORS)
@@ -72,9 +71,8 @@ def _cases(shapes, seed=0, other_dtype=None, spread=0.0):
     for each shape; then, with ``other_dtype``, one more case on 4 devices in that dtype. ``spread`` shifts
     device j's values by ``spread * j`` (shards with different means)."""
     rng = np.random.default_rng(seed)
-    n_all = len(jax.devices())
     out = []
-    for n in sorted({n_all, 4, 2}, reverse=True):
+    for n in sorted({len(jax.devices()), 4, 2}, reverse=True):
         for shape in shapes:
             xs = (rng.normal(size=(n,) + shape) * 3 + spread * np.arange(n).reshape((n,) + (1,) * len(shape)))
             out.append(Case((xs.astype(np.float32),), f"on {n} devices, per-device shape {shape}", n=n))
@@ -417,24 +415,21 @@ def solution_ring_allreduce_chunked(x, axis_name):
     return total.reshape(x.shape)
 
 
+def _summed_pieces(x, a):
+    """x cut into n pieces, each summed over the devices (what a psum of the pieces gives): (n, V / n)."""
+    return jax.lax.psum(x.reshape(jax.lax.axis_size(a), -1), a)
+
+
 def _reduce_scatter_only(x, a):  # the finished piece in its place, the all-gather phase missing
-    n, me = jax.lax.axis_size(a), jax.lax.axis_index(a)
-    total = jax.lax.psum(x.reshape(n, -1), a)
-    mine = (me + 1) % n
+    total, mine = _summed_pieces(x, a), (jax.lax.axis_index(a) + 1) % jax.lax.axis_size(a)
     return jnp.zeros_like(total).at[mine].set(total[mine]).reshape(x.shape)
-
-
-def _pieces_shifted(k):
-    def shifted(x, a):
-        total = jax.lax.psum(x.reshape(jax.lax.axis_size(a), -1), a)
-        return jnp.roll(total, k, axis=0).reshape(x.shape)
-    return shifted
 
 
 MISTAKES_04_5 = [
     *[Mistake(f"pieces {k:+d} row", "Every device holds all the summed pieces, but each one is stored one "
               "piece-row off from its place: the bookkeeping of which piece is in transit at each hop is off by one.",
-              _pieces_shifted(k)) for k in (1, -1)],
+              lambda x, a, k=k: jnp.roll(_summed_pieces(x, a), k, axis=0).reshape(x.shape))
+      for k in (1, -1)],
     Mistake("no all-gather phase", "Each device holds one fully summed piece and zeros elsewhere: the "
             "reduce-scatter is done, but the finished pieces were never passed round (the all-gather phase).",
             _reduce_scatter_only),

@@ -387,8 +387,8 @@ def check_masked_mse(masked_mse):
         cases.append(Case((pred, y, jnp.asarray(mask_np)), label))
     cases.append(Case((jnp.ones(4), jnp.zeros(4), jnp.zeros(4, bool)), "masked_mse with no real rows at all (a "
                       "device that got only padding)"))
-    diagnose(masked_mse, cases[:-1], solution=solution_masked_mse, mistakes=MISTAKES_05_3, rtol=1e-5, atol=1e-6,
-             name="masked_mse")
+    engine = dict(solution=solution_masked_mse, mistakes=MISTAKES_05_3, rtol=1e-5, atol=1e-6, name="masked_mse")
+    diagnose(masked_mse, cases[:-1], **engine)
     # A loss runs inside jax.grad and a compiled step: its values are tracers there, not numbers.
     traced = "A loss runs inside jax.grad and a compiled (pmap/jit) step, where its inputs are tracers: "
     python_value = traced + ("float(), int(), bool() or a Python if on a value need a concrete number, and a traced "
@@ -402,8 +402,7 @@ def check_masked_mse(masked_mse):
                 "__array__() was called on traced array": traced + (
                     "np.float32(), np.asarray() or float() on a value need a concrete number, and a traced value "
                     "has none: keep the result a jax.numpy value.")})
-    diagnose(masked_mse, cases, solution=solution_masked_mse, mistakes=MISTAKES_05_3, rtol=1e-5, atol=1e-6,
-             name="masked_mse")
+    diagnose(masked_mse, cases, **engine)
     grad = np.asarray(jax.grad(masked_mse)(jnp.ones(4), jnp.zeros(4), jnp.zeros(4, bool)))
     if not np.all(np.isfinite(grad)):
         raise Mismatch(f"with no real rows masked_mse returns 0.0, but its gradient there is {grad}: the "
