@@ -234,8 +234,8 @@ def _known(run, fn, case, keys: dict):
 
 
 def _key_or_none(x, depth: int = 0):
-    """A hashable stand-in for what ``x`` is, or None: values by value, functions by their code and the values
-    they captured; None for anything with no readable form (a PRNG key array, say)."""
+    """A hashable stand-in for what ``x`` is, or None: values by value, functions by their code and the
+    values they captured; None for anything with no readable form (a PRNG key array, say)."""
     try:
         if depth > 30:
             return None
@@ -414,10 +414,9 @@ def _shape_relation(g: np.ndarray, e: np.ndarray, n: int | None) -> str:
     if g.ndim == e.ndim:
         for axis, (a, b) in enumerate(zip(g.shape, e.shape)):
             if a != b and a and b:
-                ratio = a / b
-                size = _factor(ratio if ratio >= 1 else 1 / ratio, n)
-                return text + f": axis {axis} is {_x(ratio if ratio >= 1 else 1 / ratio)} too " \
-                              f"{'long' if ratio > 1 else 'short'}{size}"
+                k = a / b if a > b else 1 / (a / b)
+                way = "long" if a > b else "short"
+                return text + f": axis {axis} is {_x(k)} too {way}{_factor(k, n)}"
     if g.ndim == e.ndim + 1 and g.shape[1:] == e.shape:
         return text + f": an extra leading axis of {g.shape[0]}" + _factor(g.shape[0], n)
     if e.ndim == g.ndim + 1 and e.shape[1:] == g.shape:

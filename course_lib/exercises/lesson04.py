@@ -124,21 +124,16 @@ def _jaxpr(fn, xs):
 
 
 def _traffic(fn, xs) -> tuple[int, int, int, int, int]:
-    """(n, ppermutes run, bytes one device sends, V = one x's bytes, the optimal ring's 2 (n - 1) / n x V) of
-    ``fn`` under pmap over ``xs`` (n, ...)."""
+    """(n, ppermutes run, bytes one device sends, V = one x's bytes, the optimal ring's
+    2 (n - 1) / n x V) of ``fn`` under pmap over ``xs`` (n, ...)."""
     n, v = xs.shape[0], xs[0].nbytes
     return (n, *_count_ppermutes(_jaxpr(fn, xs)), v, 2 * (n - 1) * v // n)
 
 
-def _program(fn, xs, readable=False) -> set:
-    """The primitives of ``fn``'s program under pmap over ``xs``. One that cannot be traced raises ``Mismatch``,
-    or with ``readable`` gives None: running it then gives the clearer feedback."""
-    try:
-        return {e.primitive.name for e in _eqns(_jaxpr(fn, xs))}
-    except Mismatch:
-        if readable:
-            return None
-        raise
+def _program(fn, xs) -> set:
+    """The primitives of ``fn``'s program under pmap over ``xs``; one that cannot be traced raises
+    ``Mismatch``."""
+    return {e.primitive.name for e in _eqns(_jaxpr(fn, xs))}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -213,7 +208,10 @@ def _no_collectives(program, banned=_COLLECTIVES) -> None:
                  "Python for loop can repeat the hop."])
 def check_ring_allreduce(ring_allreduce):
     cases = _cases([(), (3,), (2, 2)], seed=1, other_dtype=np.int32)
-    program = _program(ring_allreduce, cases[1].args[0], readable=True)
+    try:
+        program = _program(ring_allreduce, cases[1].args[0])
+    except Mismatch:                                    # running it then gives the clearer feedback
+        program = None
     _no_collectives(program)                                            # the mechanism, read first
     ring = program is None or "ppermute" in program     # every mistake named here is one of a ring
     try:
@@ -227,8 +225,9 @@ def check_ring_allreduce(ring_allreduce):
     _no_collectives(program)
     if "ppermute" not in program:
         raise Mismatch("right values, but the program has no ppermute: build it from jax.lax.ppermute (and +).")
-    try:                                                  # report the traffic for every device, 16-byte x
-        n, hops, sent, v, optimal = _traffic(ring_allreduce, np.ones((len(jax.devices()), 4), np.float32))
+    xs = np.ones((len(jax.devices()), 4), np.float32)     # report the traffic for every device, 16-byte x
+    try:
+        n, hops, sent, v, optimal = _traffic(ring_allreduce, xs)
     except Mismatch as e:
         return f"every device holds the total: an all-reduce. Its traffic is not reported: {e}"
     how = "(N - 1) x V" if sent == (n - 1) * v else f"{sent / v:g} x V"
@@ -416,7 +415,7 @@ def solution_ring_allreduce_chunked(x, axis_name):
 
 
 def _summed_pieces(x, a):
-    """x cut into n pieces, each summed over the devices (what a psum of the pieces gives): (n, V / n)."""
+    """``x`` cut into n pieces, each summed over the devices: (n, V / n)."""
     return jax.lax.psum(x.reshape(jax.lax.axis_size(a), -1), a)
 
 
