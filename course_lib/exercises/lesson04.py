@@ -1,10 +1,9 @@
 """Lesson 04 exercises: collectives built from ppermute, global statistics, a ring rotation.
 
 Each exercise asks for a function ``f(x, axis_name)`` that runs *inside* ``jax.pmap`` on one
-device's value ``x``. The checkers run it on several device counts and shapes and compare
-every device's result with the NumPy references of ``course_lib.collectives``; they read the
-program (``jax.make_jaxpr``) to see which collectives it uses and how many bytes its
-``ppermute`` calls send.
+device's value ``x``. The checkers run it on several device counts, shapes and dtypes and
+compare every device's result with the reference solution's; they read the program
+(``jax.make_jaxpr``) to see which collectives it uses and how many bytes its ppermutes send.
 """
 
 import re
