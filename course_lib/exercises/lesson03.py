@@ -221,10 +221,8 @@ def solution_smap_predict(x, w, mesh):
 def _shard_maps_run(fn, *args):
     """``[(axis names of the mesh, [(operand shape, spec), ...])]`` of every ``shard_map`` that ran while
     ``fn(*args)`` ran (``smap`` is one; so is ``pmap``), or ``None`` if JAX cannot tell. ``make_jaxpr`` cannot
-    read an answer that enters ``jax.set_mesh`` itself, so this watches the calls instead. A closed-over array is
-    no operand: only what was passed to the mapped function shows. A jit cache can hide a ``shard_map``: if none
-    is seen, JAX's caches are cleared and ``fn`` runs once more.
-    """
+    read an answer that enters ``jax.set_mesh`` itself, so this watches the calls instead (``watch``, with
+    ``again``). A closed-over array is no operand: only what was passed to the mapped function shows."""
     try:
         from jax._src import shard_map as _sm
         prim = _sm.shard_map_p
