@@ -538,10 +538,9 @@ def watch(fn, args, patches, *, again=None) -> bool:
 def vmap_calls(fn, *args) -> int | None:
     """How many times calling ``fn(*args)`` ran a ``vmap``ped function (``None`` if it raised, or JAX cannot tell).
 
-    ``vmap`` leaves no trace in a jaxpr, so this counts the batching traces JAX starts while ``fn`` runs,
-    however and whenever the ``vmap``ped function was built. Use inputs of a shape the learner is unlikely
-    to have used; if none is seen, JAX's caches are cleared and ``fn`` runs once more, so that a jit cache
-    cannot hide a ``vmap``.
+    ``vmap`` leaves no trace in a jaxpr, so this counts the batching traces JAX starts while ``fn`` runs (with
+    ``watch``, which runs it again if none is seen), however and whenever the ``vmap``ped function was built.
+    Use inputs of a shape the learner is unlikely to have used.
     """
     try:
         from jax._src.interpreters import batching

@@ -17,7 +17,7 @@ answer's results (for mechanism checks that follow). Otherwise it raises ``Misma
 
 Right answers in other forms pass: NumPy and JAX scalars, 0-d arrays and Python numbers are one number; an
 array of shape ``(k, ...)`` stands for a tuple of ``k`` equal-shaped items; tuples and lists are alike (unless
-``strict_containers``); dict keys in any order.
+``same(..., strict=True)``); dict keys in any order.
 """
 
 from __future__ import annotations
@@ -74,13 +74,11 @@ class Case:
     args: tuple
     label: str
     n: int | None = None
-    kwargs: dict = dataclasses.field(default_factory=dict)
 
 
 def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Sequence[Mistake] = (),
              run: Callable | None = None, name: str | None = None, rtol: float = 1e-5, atol: float = 1e-6,
-             dtype: bool = True, strict_containers: bool = False, names: str | Sequence[str] = "output",
-             reveal: bool = True) -> list:
+             names: str | Sequence[str] = "output", reveal: bool = True) -> list:
     """Run ``answer`` and ``solution`` on every case; return the answer's results, or raise ``Mismatch``.
 
     Args:
@@ -88,7 +86,6 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
         It runs the answer, the solution and every mistake alike. An answer that raises gives the runner's
         ``Mismatch``, with the cases it got right added.
       rtol, atol: the tolerance (loosened for float16/bfloat16 expected values).
-      dtype: whether an array's dtype must be the expected one (0-d values are compared by value only).
       names: how feedback names a part of the result: ``"output"`` gives ``output [0][1]``; a sequence names the
         items of a returned tuple, ``("params", "state")`` gives ``params['w']``.
       reveal: False for a prediction, whose right answer the learner is to read from the compiled program: the
@@ -96,8 +93,8 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
     """
     name = name or getattr(answer, "__name__", "your function")
     if run is None:
-        run = lambda fn, case: call(fn, *case.args, name=name, **case.kwargs)  # noqa: E731
-    opts = dict(rtol=rtol, atol=atol, dtype=dtype, strict=strict_containers, names=names)
+        run = lambda fn, case: call(fn, *case.args, name=name)  # noqa: E731
+    opts = dict(rtol=rtol, atol=atol, dtype=True, strict=False, names=names)
     rows, results, right_on, failed, keys = [], [], [], [], {}
     for case in cases:
         saved = dict(_last_call)
@@ -217,7 +214,7 @@ def _known(run, fn, case, keys: dict):
     be read as values (a path on disk, a learner's function, an unknown object). ``keys`` keeps each case's part of
     the key (the runner, the inputs, x64 and the mesh in context), read once per ``diagnose``."""
     if id(case) not in keys:
-        keys[id(case)] = _key_or_none((run, case.label, case.n, case.args, case.kwargs, jax.config.jax_enable_x64,
+        keys[id(case)] = _key_or_none((run, case.label, case.n, case.args, jax.config.jax_enable_x64,
                                        str(jax.sharding.get_abstract_mesh())))
     key = keys[id(case)] and _key_or_none(fn)
     if key is None:
@@ -236,41 +233,37 @@ def _known(run, fn, case, keys: dict):
     return result
 
 
-def _key_or_none(x):
+def _key_or_none(x, depth: int = 0):
+    """A hashable stand-in for what ``x`` is, or None: values by value, functions by their code and the
+    values they captured; None for anything with no readable form (a PRNG key array, say)."""
     try:
-        return _value_key(x)
-    except Exception:  # no readable form (a PRNG key array, say)
+        if depth > 30:
+            return None
+        if x is None or isinstance(x, (bool, int, float, complex, np.generic, type)):
+            return (type(x).__name__, x)
+        if isinstance(x, str):
+            return None if len(x) > 1 and os.path.exists(x) else x
+        if isinstance(x, (np.ndarray, jax.Array)):
+            sharding = repr(x.sharding) if isinstance(x, jax.Array) else ""
+            a = np.asarray(x)
+            return ("array", a.dtype.str, a.shape, a.tobytes(), sharding)
+        if isinstance(x, (tuple, list)):
+            keys = tuple(_key_or_none(v, depth + 1) for v in x)
+            return None if None in keys else (type(x).__name__, keys)
+        if isinstance(x, dict):
+            items = tuple((repr(k), _key_or_none(v, depth + 1)) for k, v in x.items())
+            return None if any(v is None for _, v in items) else ("dict", tuple(sorted(items, key=str)))
+        if isinstance(x, jax.sharding.Mesh):
+            return ("mesh", repr(x))
+        if isinstance(x, types.FunctionType):
+            if not x.__module__.startswith(("course_lib", "optax", "jax")):
+                return None                             # a learner's function: its globals may change
+            cells = [c.cell_contents for c in x.__closure__ or ()]
+            key = _key_or_none((x.__module__, x.__defaults__, x.__kwdefaults__, cells), depth + 1)
+            return key and (x.__code__, key)
         return None
-
-
-def _value_key(x, depth: int = 0):
-    """A hashable stand-in for what ``x`` is, or None: values by value, functions by their code and the values
-    they captured."""
-    if depth > 30:
+    except Exception:
         return None
-    if x is None or isinstance(x, (bool, int, float, complex, np.generic, type)):
-        return (type(x).__name__, x)
-    if isinstance(x, str):
-        return None if len(x) > 1 and os.path.exists(x) else x
-    if isinstance(x, (np.ndarray, jax.Array)):
-        sharding = repr(x.sharding) if isinstance(x, jax.Array) else ""
-        a = np.asarray(x)
-        return ("array", a.dtype.str, a.shape, a.tobytes(), sharding)
-    if isinstance(x, (tuple, list)):
-        keys = tuple(_value_key(v, depth + 1) for v in x)
-        return None if None in keys else (type(x).__name__, keys)
-    if isinstance(x, dict):
-        items = tuple((repr(k), _value_key(v, depth + 1)) for k, v in x.items())
-        return None if any(v is None for _, v in items) else ("dict", tuple(sorted(items, key=str)))
-    if isinstance(x, jax.sharding.Mesh):
-        return ("mesh", repr(x))
-    if isinstance(x, types.FunctionType):
-        if not x.__module__.startswith(("course_lib", "optax", "jax")):
-            return None                             # a learner's function: its globals may change
-        cells = [c.cell_contents for c in x.__closure__ or ()]
-        key = _value_key((x.__module__, x.__defaults__, x.__kwdefaults__, cells), depth + 1)
-        return key and (x.__code__, key)
-    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -394,15 +387,13 @@ def _leaf_difference(g, e, n, rtol, atol, dtype) -> str | None:
     # A 0-d value: only a loss of precision counts (a Python float expected: anything below float32)
     want = np.dtype(e.dtype) if hasattr(e, "dtype") else np.dtype(np.float32)
     lower = gv.ndim == 0 and floats and gv.dtype.itemsize < want.itemsize
+    close = np.allclose(gv.astype(np.float64), ev.astype(np.float64), rtol=rt, atol=at, equal_nan=True)
     if dtype and hasattr(g, "dtype") and ((gv.ndim and hasattr(e, "dtype") and np.dtype(g.dtype) != want) or lower):
-        close = np.allclose(gv.astype(np.float64), ev.astype(np.float64), rtol=rt, atol=at, equal_nan=True)
         return (f"dtype {np.dtype(g.dtype).name} where {want.name} was expected"
                 + ("" if close else f"; and {relation(gv, ev, n=n, rtol=rt, atol=at)}"))
     if gv.dtype == bool and ev.dtype != bool:           # True where 103 was expected is a type, not a factor
         return f"expected {_describe_leaf(e)}, got {describe_tree(g)}: a bool (True/False), not a number"
-    if np.allclose(gv.astype(np.float64), ev.astype(np.float64), rtol=rt, atol=at, equal_nan=True):
-        return None
-    return relation(gv, ev, n=n, rtol=rt, atol=at)
+    return None if close else relation(gv, ev, n=n, rtol=rt, atol=at)
 
 
 def _describe_leaf(e) -> str:
@@ -423,10 +414,9 @@ def _shape_relation(g: np.ndarray, e: np.ndarray, n: int | None) -> str:
     if g.ndim == e.ndim:
         for axis, (a, b) in enumerate(zip(g.shape, e.shape)):
             if a != b and a and b:
-                ratio = a / b
-                size = _factor(ratio if ratio >= 1 else 1 / ratio, n)
-                return text + f": axis {axis} is {_x(ratio if ratio >= 1 else 1 / ratio)} too " \
-                              f"{'long' if ratio > 1 else 'short'}{size}"
+                k = a / b if a > b else 1 / (a / b)
+                way = "long" if a > b else "short"
+                return text + f": axis {axis} is {_x(k)} too {way}{_factor(k, n)}"
     if g.ndim == e.ndim + 1 and g.shape[1:] == e.shape:
         return text + f": an extra leading axis of {g.shape[0]}" + _factor(g.shape[0], n)
     if e.ndim == g.ndim + 1 and e.shape[1:] == g.shape:

@@ -21,16 +21,16 @@ def solution_on_device_3(x):
     return jax.device_put(x, jax.devices()[3])
 
 
-def _values_and_place(fn, case):
+def _values_and_place(fn, case, name="on_device_3"):
     """What a placing answer gives: its values, and where they live."""
-    got = call(fn, *[np.array(a) if isinstance(a, np.ndarray) else a for a in case.args], name=case.kwargs["name"],
+    got = call(fn, *[np.array(a) if isinstance(a, np.ndarray) else a for a in case.args], name=name,
                hints={"Received invalid value": "jax.device_put wants a Device object as its target (an entry of "
                                                 "jax.devices()), not the device's number or name.",
                       "has no attribute 'id'": "For an array on several devices a.device is its sharding, not a "
                                                "Device; a.devices() is the set of devices for any array.",
                       "single device": "a.device works only for an array on one device; a.devices() works for "
                                        "any array."})
-    return (got, placement(got)) if case.kwargs["name"] == "on_device_3" else got
+    return (got, placement(got)) if name == "on_device_3" else got
 
 
 MISTAKES_00_1 = [
@@ -50,8 +50,7 @@ MISTAKES_00_1 = [
 def check_on_device_3(on_device_3):
     last = jax.devices()[-1]
     cases = [Case((x,), f"on_device_3(x {np.shape(x)} {np.dtype(x.dtype).name} "
-                        f"{'on the host' if isinstance(x, np.ndarray) else placement(x)})",
-                  kwargs={"name": "on_device_3"})
+                        f"{'on the host' if isinstance(x, np.ndarray) else placement(x)})")
              for x in [_data((4,), seed=0), jnp.asarray(_data((2, 3), seed=1)),
                        jax.device_put(_data((5,), seed=2), last), np.arange(6, dtype=np.int32).reshape(3, 2)]]
     diagnose(on_device_3, cases, solution=solution_on_device_3, mistakes=MISTAKES_00_1, run=_values_and_place,
@@ -70,7 +69,7 @@ def solution_device_ids(a):
 def _ids_and_set(fn, case):
     (a,) = case.args
     before = set(a.devices())
-    got = _values_and_place(fn, case)
+    got = _values_and_place(fn, case, "device_ids")
     if set(a.devices()) != before:   # JAX caches that set: an answer that pops from it changes it
         a.devices().update(before)  # put back what was taken, for the rest of the session
         raise Mismatch("device_ids changed the set that a.devices() returns (a set's pop or remove takes the "
@@ -119,6 +118,6 @@ def check_device_ids(device_ids):
               (f"a pmap result on {len(devs)} devices", jax.pmap(lambda v: v * 2)(jnp.arange(float(len(devs))))),
               ("an array replicated on devices 0 and 1", on([0, 1])),
               ("an array on devices 5, 2, 7 and 1", on([5, 2, 7, 1], P("d")))]
-    cases = [Case((a,), f"device_ids({label})", kwargs={"name": "device_ids"}) for label, a in arrays]
+    cases = [Case((a,), f"device_ids({label})") for label, a in arrays]
     diagnose(device_ids, cases, solution=solution_device_ids, mistakes=MISTAKES_00_2, run=_ids_and_set)
     return "a.devices() says where an array lives, one device or many."

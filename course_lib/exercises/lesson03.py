@@ -39,14 +39,10 @@ def _unmapped(maps) -> int:
     return max((sum(len(tuple(s)) == 0 for s in m.params["in_specs"]) for m in maps), default=0)
 
 
-def _blocks(x, s):
-    return jax.pmap(lambda b, f: b * f, in_axes=(0, None), devices=jax.devices()[:2])(
-        x.reshape(2, x.shape[0] // 2, *x.shape[1:]), s)
-
-
 MISTAKES_03_1 = [
     Mistake("blocks not put back", "That is the per-device blocks as pmap stacks them, shape (2, B // 2, ...): x "
-            "had shape (B, ...).", _blocks),
+            "had shape (B, ...).",
+            lambda x, s: solution_scale_on_two(x, s).reshape(2, -1, *x.shape[1:])),
     Mistake("rows interleaved", "The rows are out of order: rows 0, 2, 4, ... first, then 1, 3, ...: the rows were "
             "interleaved over the two devices (every second row to a device, a swap of axes as in exercise 02.1) "
             "and never put back in order.",
@@ -225,10 +221,8 @@ def solution_smap_predict(x, w, mesh):
 def _shard_maps_run(fn, *args):
     """``[(axis names of the mesh, [(operand shape, spec), ...])]`` of every ``shard_map`` that ran while
     ``fn(*args)`` ran (``smap`` is one; so is ``pmap``), or ``None`` if JAX cannot tell. ``make_jaxpr`` cannot
-    read an answer that enters ``jax.set_mesh`` itself, so this watches the calls instead. A closed-over array is
-    no operand: only what was passed to the mapped function shows. A jit cache can hide a ``shard_map``: if none
-    is seen, JAX's caches are cleared and ``fn`` runs once more.
-    """
+    read an answer that enters ``jax.set_mesh`` itself, so this watches the calls instead (``watch``, with
+    ``again``). A closed-over array is no operand: only what was passed to the mapped function shows."""
     try:
         from jax._src import shard_map as _sm
         prim = _sm.shard_map_p

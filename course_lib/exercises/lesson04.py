@@ -1,10 +1,9 @@
 """Lesson 04 exercises: collectives built from ppermute, global statistics, a ring rotation.
 
 Each exercise asks for a function ``f(x, axis_name)`` that runs *inside* ``jax.pmap`` on one
-device's value ``x``. The checkers run it on several device counts and shapes and compare
-every device's result with the NumPy references of ``course_lib.collectives``; they read the
-program (``jax.make_jaxpr``) to see which collectives it uses and how many bytes its
-``ppermute`` calls send.
+device's value ``x``. The checkers run it on several device counts, shapes and dtypes and
+compare every device's result with the reference solution's; they read the program
+(``jax.make_jaxpr``) to see which collectives it uses and how many bytes its ppermutes send.
 """
 
 import re
@@ -40,8 +39,7 @@ def _runner(name, pair=False):
         return (out[0], out[1]) if pair and getattr(out, "shape", ())[:1] == (2,) else out
 
     def run(fn, case):
-        xs = case.args[0]
-        n = xs.shape[0]
+        (xs,), n = case.args, case.n
         mapped = jax.pmap(lambda x: per_device(x, fn), axis_name=AXIS, devices=jax.devices()[:n])
         try:
             return call(mapped, jnp.asarray(xs), name=f"pmap({name})", hints=_ERRORS)
@@ -72,9 +70,8 @@ def _cases(shapes, seed=0, other_dtype=None, spread=0.0):
     for each shape; then, with ``other_dtype``, one more case on 4 devices in that dtype. ``spread`` shifts
     device j's values by ``spread * j`` (shards with different means)."""
     rng = np.random.default_rng(seed)
-    n_all = len(jax.devices())
     out = []
-    for n in sorted({n_all, 4, 2}, reverse=True):
+    for n in sorted({len(jax.devices()), 4, 2}, reverse=True):
         for shape in shapes:
             xs = (rng.normal(size=(n,) + shape) * 3 + spread * np.arange(n).reshape((n,) + (1,) * len(shape)))
             out.append(Case((xs.astype(np.float32),), f"on {n} devices, per-device shape {shape}", n=n))
@@ -89,18 +86,14 @@ def _ring(a, shift=1):
     return [(i, (i + shift) % n) for i in range(n)]
 
 
-def _ppermute_bytes(fn, xs) -> tuple[int, int]:
-    """(ppermutes run, bytes one device sends in them) by ``fn``'s program under pmap over ``xs``.
+def _count_ppermutes(jaxpr) -> tuple[int, int]:
+    """(ppermutes run, bytes one device sends in them) by a program, such as ``_jaxpr(fn, xs)``.
 
     A ppermute inside a ``lax.scan`` or ``lax.fori_loop`` (a scan when its bounds are Python ints) runs once per
     iteration, so it counts that many times; in a ``lax.cond`` the costlier branch counts. A ppermute inside a
     ``lax.while_loop`` (a fori_loop with traced bounds) runs a number of times the program does not say: that
     raises ``Mismatch``, since the traffic cannot be counted.
     """
-    return _count_ppermutes(_jaxpr(fn, xs))
-
-
-def _count_ppermutes(jaxpr) -> tuple[int, int]:
     hops = sent = 0
     for e in jaxpr.eqns:
         name = e.primitive.name
@@ -129,15 +122,17 @@ def _jaxpr(fn, xs):
     return jaxpr_of(mapped, jnp.asarray(xs))
 
 
-def _program(fn, xs, readable=False) -> set:
-    """The primitives of ``fn``'s program under pmap over ``xs``. One that cannot be traced raises ``Mismatch``,
-    or with ``readable`` gives None: running it then gives the clearer feedback."""
-    try:
-        return {e.primitive.name for e in _eqns(_jaxpr(fn, xs))}
-    except Mismatch:
-        if readable:
-            return None
-        raise
+def _traffic(fn, xs) -> tuple[int, int, int, int, int]:
+    """(n, ppermutes run, bytes one device sends, V = one x's bytes, the optimal ring's
+    2 (n - 1) / n x V) of ``fn`` under pmap over ``xs`` (n, ...)."""
+    n, v = xs.shape[0], xs[0].nbytes
+    return (n, *_count_ppermutes(_jaxpr(fn, xs)), v, 2 * (n - 1) * v // n)
+
+
+def _program(fn, xs) -> set:
+    """The primitives of ``fn``'s program under pmap over ``xs``; one that cannot be traced raises
+    ``Mismatch``."""
+    return {e.primitive.name for e in _eqns(_jaxpr(fn, xs))}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -212,7 +207,10 @@ def _no_collectives(program, banned=_COLLECTIVES) -> None:
                  "Python for loop can repeat the hop."])
 def check_ring_allreduce(ring_allreduce):
     cases = _cases([(), (3,), (2, 2)], seed=1, other_dtype=np.int32)
-    program = _program(ring_allreduce, cases[1].args[0], readable=True)
+    try:
+        program = _program(ring_allreduce, cases[1].args[0])
+    except Mismatch:                                    # running it then gives the clearer feedback
+        program = None
     _no_collectives(program)                                            # the mechanism, read first
     ring = program is None or "ppermute" in program     # every mistake named here is one of a ring
     try:
@@ -227,13 +225,10 @@ def check_ring_allreduce(ring_allreduce):
     if "ppermute" not in program:
         raise Mismatch("right values, but the program has no ppermute: build it from jax.lax.ppermute (and +).")
     xs = np.ones((len(jax.devices()), 4), np.float32)     # report the traffic for every device, 16-byte x
-    n = xs.shape[0]
     try:
-        hops, sent = _ppermute_bytes(ring_allreduce, xs)
+        n, hops, sent, v, optimal = _traffic(ring_allreduce, xs)
     except Mismatch as e:
         return f"every device holds the total: an all-reduce. Its traffic is not reported: {e}"
-    v = xs[0].nbytes
-    optimal = 2 * (n - 1) * v // n
     how = "(N - 1) x V" if sent == (n - 1) * v else f"{sent / v:g} x V"
     return (f"every device holds the total: an all-reduce. On {n} devices your ring ran {hops} ppermutes and each "
             f"device sent {sent} bytes for a {v}-byte x: {how}. Section 4's ring sends 2 (N - 1) / N x V = "
@@ -331,7 +326,7 @@ def check_rotate_right(rotate_right):
     cases = _cases([(2,), (2, 3)], seed=3, other_dtype=np.float16)
     diagnose(rotate_right, cases, solution=solution_rotate_right, mistakes=MISTAKES_04_3,
              run=_runner("rotate_right"))
-    hops, _ = _ppermute_bytes(rotate_right, cases[-1].args[0])
+    hops, _ = _count_ppermutes(_jaxpr(rotate_right, cases[-1].args[0]))
     if not hops:
         raise Mismatch("right values, but the program has no ppermute: the values did not travel between devices "
                        "as the exercise asks.")
@@ -418,24 +413,21 @@ def solution_ring_allreduce_chunked(x, axis_name):
     return total.reshape(x.shape)
 
 
+def _summed_pieces(x, a):
+    """``x`` cut into n pieces, each summed over the devices: (n, V / n)."""
+    return jax.lax.psum(x.reshape(jax.lax.axis_size(a), -1), a)
+
+
 def _reduce_scatter_only(x, a):  # the finished piece in its place, the all-gather phase missing
-    n, me = jax.lax.axis_size(a), jax.lax.axis_index(a)
-    total = jax.lax.psum(x.reshape(n, -1), a)
-    mine = (me + 1) % n
+    total, mine = _summed_pieces(x, a), (jax.lax.axis_index(a) + 1) % jax.lax.axis_size(a)
     return jnp.zeros_like(total).at[mine].set(total[mine]).reshape(x.shape)
-
-
-def _pieces_shifted(k):
-    def shifted(x, a):
-        total = jax.lax.psum(x.reshape(jax.lax.axis_size(a), -1), a)
-        return jnp.roll(total, k, axis=0).reshape(x.shape)
-    return shifted
 
 
 MISTAKES_04_5 = [
     *[Mistake(f"pieces {k:+d} row", "Every device holds all the summed pieces, but each one is stored one "
               "piece-row off from its place: the bookkeeping of which piece is in transit at each hop is off by one.",
-              _pieces_shifted(k)) for k in (1, -1)],
+              lambda x, a, k=k: jnp.roll(_summed_pieces(x, a), k, axis=0).reshape(x.shape))
+      for k in (1, -1)],
     Mistake("no all-gather phase", "Each device holds one fully summed piece and zeros elsewhere: the "
             "reduce-scatter is done, but the finished pieces were never passed round (the all-gather phase).",
             _reduce_scatter_only),
@@ -458,10 +450,9 @@ def check_ring_allreduce_chunked(ring_allreduce):
     diagnose(ring_allreduce, cases, solution=solution_ring_allreduce_chunked, mistakes=MISTAKES_04_5,
              run=_runner("ring_allreduce_chunked"), rtol=1e-5, atol=1e-5)
     for case in cases:
-        xs, n = case.args[0], case.n
+        xs = case.args[0]
         _no_collectives(_program(ring_allreduce, xs), ("psum", "reduce_scatter", "all_gather", "all_to_all"))
-        hops, sent = _ppermute_bytes(ring_allreduce, xs)
-        v, optimal = xs[0].nbytes, 2 * (n - 1) * xs[0].nbytes // n
+        n, hops, sent, v, optimal = _traffic(ring_allreduce, xs)
         if sent > optimal:
             whole = " That is (N - 1) x V: all of x sent at every hop, where a piece of x is enough." \
                 if sent == (n - 1) * v else ""

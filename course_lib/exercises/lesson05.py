@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import data, sharding
 from . import Case, Mismatch, Mistake, Said, call, describe_tree, diagnose, exercise, same, watch
@@ -168,14 +169,6 @@ def solution_max_divergence(replicated):
     return worst
 
 
-def _stack_on_devices(copies, devs):
-    """Copy i on device i, as one (n, ...) array: replicas that may differ."""
-    mesh_sharding = jax.sharding.NamedSharding(sharding.device_mesh(devs), jax.sharding.PartitionSpec("devices"))
-    return jax.make_array_from_single_device_arrays(
-        (len(devs),) + np.shape(copies[0]), mesh_sharding,
-        [jax.device_put(jnp.asarray(c)[None], d) for c, d in zip(copies, devs)])
-
-
 def _drift_cases():
     """Replicated trees whose copies drift apart by amounts that differ per device AND per element.
 
@@ -322,7 +315,8 @@ def check_max_divergence(max_divergence):
 
     cases = [Case((sharding.replicate({"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.float32(1.0)}),),
                   "for identical copies")]
-    cases += [Case(({k: _stack_on_devices(list(v), devs[:n]) for k, v in copies.items()},),
+    # copy i on device i, as one (n, ...) array: replicas that may differ
+    cases += [Case((jax.device_put(copies, NamedSharding(sharding.device_mesh(devs[:n]), P(AXIS))),),
                    f"{what}, copies that differ per device and per element", n=n)
               for n, what, copies in _drift_cases()]
     diagnose(max_divergence, cases, solution=solution_max_divergence, mistakes=MISTAKES_05_2,
@@ -393,8 +387,8 @@ def check_masked_mse(masked_mse):
         cases.append(Case((pred, y, jnp.asarray(mask_np)), label))
     cases.append(Case((jnp.ones(4), jnp.zeros(4), jnp.zeros(4, bool)), "masked_mse with no real rows at all (a "
                       "device that got only padding)"))
-    diagnose(masked_mse, cases[:-1], solution=solution_masked_mse, mistakes=MISTAKES_05_3, rtol=1e-5, atol=1e-6,
-             name="masked_mse")
+    engine = dict(solution=solution_masked_mse, mistakes=MISTAKES_05_3, name="masked_mse")
+    diagnose(masked_mse, cases[:-1], **engine)
     # A loss runs inside jax.grad and a compiled step: its values are tracers there, not numbers.
     traced = "A loss runs inside jax.grad and a compiled (pmap/jit) step, where its inputs are tracers: "
     python_value = traced + ("float(), int(), bool() or a Python if on a value need a concrete number, and a traced "
@@ -408,8 +402,7 @@ def check_masked_mse(masked_mse):
                 "__array__() was called on traced array": traced + (
                     "np.float32(), np.asarray() or float() on a value need a concrete number, and a traced value "
                     "has none: keep the result a jax.numpy value.")})
-    diagnose(masked_mse, cases, solution=solution_masked_mse, mistakes=MISTAKES_05_3, rtol=1e-5, atol=1e-6,
-             name="masked_mse")
+    diagnose(masked_mse, cases, **engine)
     grad = np.asarray(jax.grad(masked_mse)(jnp.ones(4), jnp.zeros(4), jnp.zeros(4, bool)))
     if not np.all(np.isfinite(grad)):
         raise Mismatch(f"with no real rows masked_mse returns 0.0, but its gradient there is {grad}: the "

@@ -93,16 +93,6 @@ def _placed(fn, case):
                       for name, leaf in _leaves(part)],)
 
 
-def _put(params_spec, batch_spec, mesh=None, cast=None):
-    """A placing mistake: these specs, on ``mesh`` (default: the one given), after ``cast`` (of a part)."""
-    def place(params, batch, given):
-        m = mesh or given
-        params, batch = cast(params, batch) if cast else (params, batch)
-        return (jax.device_put(params, NamedSharding(m, params_spec)),
-                jax.device_put(batch, NamedSharding(m, batch_spec)))
-    return place
-
-
 def _to_f32(tree):
     return jax.tree.map(lambda v: np.asarray(v).astype(np.float32), tree)
 
@@ -110,7 +100,8 @@ def _to_f32(tree):
 NO_CAST = " Placing an array should not change its dtype: no cast."
 MISTAKES_06_1 = [
     Mistake("batch replicated", "The batch is replicated: every device holds the whole batch, where each should "
-            "hold only its own rows.", _put(P(), P())),
+            "hold only its own rows.",
+            lambda p, b, m: jax.device_put((p, b), NamedSharding(m, P()))),
     Mistake("stacked copies", "A stacked copy per device is the pmap way (sharding.replicate). On a mesh the "
             "array keeps its own shape; its sharding alone says that every device holds all of it (lesson 06, "
             "section 1).", lambda p, b, m: (sharding.replicate(p, devices=list(m.devices.flat)),
@@ -121,9 +112,9 @@ MISTAKES_06_1 = [
     Mistake("params on one device", "The parameters are on one device; every device of the mesh needs the whole "
             "array.", lambda p, b, m: (jax.device_put(p, m.devices.flat[0]), solution_place(p, b, m)[1])),
     Mistake("batch cast", "The batch came back as float32." + NO_CAST,
-            _put(P(), P(AXIS), cast=lambda p, b: (p, _to_f32(b)))),
+            lambda p, b, m: solution_place(p, _to_f32(b), m)),
     Mistake("params cast", "The parameters came back as float32." + NO_CAST,
-            _put(P(), P(AXIS), cast=lambda p, b: (_to_f32(p), b))),
+            lambda p, b, m: solution_place(_to_f32(p), b, m)),
 ]
 
 
