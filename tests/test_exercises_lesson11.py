@@ -147,7 +147,13 @@ def test_11_4_skipping_the_target_is_caught():
     def then_move(d, like, mesh):                 # restore where it was saved, then move
         state = _restore(d, None)
         return jax.tree.map(lambda x, v: jax.device_put(v, NamedSharding(mesh, x.sharding.spec)), like, state)
-    assert "read the arrays onto the sharding stored in the checkpoint" in wrong("11.4", then_move)
+    assert "onto the sharding stored in the checkpoint, split as P('data',) over devices [0," in wrong("11.4", then_move)
+
+    def whole_then_split(d, like, mesh):          # read whole onto every device of the new mesh, then split
+        state = _restore(d, _on(mesh, like, P()))
+        return jax.tree.map(lambda x, v: jax.device_put(v, NamedSharding(mesh, x.sharding.spec)), like, state)
+    assert "of shape (16,) whole on devices [4, 5, 6, 7] (you return it split as P('data',)" in wrong(
+        "11.4", whole_then_split)
 
     def via_host(d, like, mesh):                  # read as NumPy on the host, then place
         state = _restore(d, jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), like))
@@ -210,13 +216,13 @@ def test_11_3_numbers_in_other_forms_pass_and_sorting_in_place_is_named():
 def test_11_4_one_rule_for_every_leaf_fails():
     every_leaf_split = lambda d, like, mesh: _restore(d, jax.tree.map(lambda x: jax.ShapeDtypeStruct(
         x.shape, x.dtype, sharding=NamedSharding(mesh, P("data") if x.ndim else P())), like))
-    assert "expected split as P() over devices [4, 5, 6, 7], got split as P('data',)" in wrong("11.4", every_leaf_split)
+    assert "expected whole on devices [4, 5, 6, 7], got split as P('data',)" in wrong("11.4", every_leaf_split)
 
     def notebook_rule(d, like, mesh):          # lesson 11's fsdp_shardings: split where the first axis divides
         size = mesh.shape["data"]
         return _restore(d, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(
             mesh, P("data") if x.ndim and x.shape[0] % size == 0 else P())), like))
-    assert "expected split as P() over devices [4, 5, 6, 7], got split as P('data',)" in wrong("11.4", notebook_rule)
+    assert "expected whole on devices [4, 5, 6, 7], got split as P('data',)" in wrong("11.4", notebook_rule)
 
 
 def test_11_4_the_newest_step_not_a_number_read_in_the_text():

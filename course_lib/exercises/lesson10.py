@@ -124,7 +124,15 @@ MISTAKES_10_1 = [
             lambda p, n, s: solution_zero_bytes(p, len(jax.devices()), s)),
     Mistake("zero2 splits params", "zero2 keeps the whole params on every device; only fsdp splits them.",
             _table({**_SPLIT, "zero2": _SPLIT["fsdp"]})),
+    Mistake("bits", "That looks like bits (8 per byte): return bytes.",
+            lambda p, n, s: {k: 8 * v for k, v in solution_zero_bytes(p, n, s).items()}),
 ]
+
+
+def _padded_bytes(p, n, stage):
+    """Section 2's layout: each split part a slice of the flat vector padded to a multiple of n, ceil(p / n)."""
+    padded = solution_zero_bytes(-(-p // n) * n, n, stage)
+    return {k: padded[k] if k in _SPLIT[stage] else v for k, v in solution_zero_bytes(p, n, stage).items()}
 
 
 def _bytes_runner(fn, case):
@@ -144,21 +152,26 @@ def check_zero_bytes(zero_bytes):
     from .lesson11 import _watch
     cases = [Case((p, n, stage), f"zero_bytes({p:_}, {n}, {stage!r})", n=n)
              for p, n in [(1_000_000_000, 8), (19_210, 4), (3_001, 2)] for stage in _SPLIT]
-    library = []
+    library, padded = [], ""
     with _watch(sharded_state, "formula_bytes", library):
         try:
             diagnose(zero_bytes, cases, solution=solution_zero_bytes, mistakes=MISTAKES_10_1, run=_bytes_runner,
                      name="zero_bytes", rtol=1e-9, atol=1e-6)
-        except Mismatch:
-            if not library:
-                raise
+        except Mismatch as exact:
+            try:          # section 2's padded slices are right too, on every case
+                diagnose(zero_bytes, cases, solution=_padded_bytes, run=_bytes_runner, name="zero_bytes",
+                         rtol=1e-9, atol=1e-6)
+                padded = " (Yours counts the padded slices of section 2's flat vector, ceil(N / n) each: right too.)"
+            except Mismatch:
+                if not library:
+                    raise exact from None
     if library:
         raise Mismatch("zero_bytes gives the right numbers by calling sharded_state.formula_bytes, the course's "
                        "own answer to this exercise. Write the count yourself: bytes per parameter of each part, "
                        "divided where the stage shards it.")
     return ("replicated 16 bytes per parameter per device; zero1 cuts Adam's 8, zero2 also the gradient "
             "accumulator's 4, fsdp also the parameters' 4: 16 / n in the end. Going further, \"The four stages, "
-            "side by side\", compares it with the compiled programs.")
+            "side by side\", compares it with the compiled programs." + padded)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -685,29 +698,27 @@ def _table_5(**changes):
     return lambda stage, k: changes[stage](k) if stage in changes else solution_predict_collectives(stage, k)
 
 
-_ONCE = "runs once, after the loop: "
+_KEEPS = ("What does a {} device keep across the micro-batches: a whole gradient accumulator, or only its slice? "
+          "Where, then, must its {} sit: inside the micro-batch loop, or after it?")
 MISTAKES_10_5 = [
-    Mistake("zero2 scatters once", "The reduce-scatter sits inside the micro-batch loop, so it runs once per "
-            "micro-batch, not once per step: ZeRO-2 keeps only its slice of the accumulator.",
+    Mistake("zero2 scatters once", _KEEPS.format("ZeRO-2", "reduce-scatter"),
             _table_5(zero2=lambda k: {"reduce-scatter": 1, "all-gather": 1})),
-    Mistake("zero1 scatters every micro-batch", "The reduce-scatter " + _ONCE + "ZeRO-1 keeps a whole accumulator "
-            "across the micro-batches and sums it once per step.",
+    Mistake("zero1 scatters every micro-batch", _KEEPS.format("ZeRO-1", "reduce-scatter"),
             _table_5(zero1=lambda k: {"reduce-scatter": k, "all-gather": 1})),
-    Mistake("zero2 gathers every micro-batch", "The all-gather " + _ONCE + "it rebuilds the whole parameters from "
-            "the updated slices, and the update happens once per step.",
+    Mistake("zero2 gathers every micro-batch", "The all-gather rebuilds the whole parameters from the updated "
+            "slices: is the update made for each micro-batch, or for the step?",
             _table_5(zero2=lambda k: {"reduce-scatter": k, "all-gather": k})),
-    Mistake("replicated all-reduces every micro-batch", "The all-reduce " + _ONCE + "data parallelism keeps a "
-            "whole accumulator across the micro-batches and sums it once per step.",
+    Mistake("replicated all-reduces every micro-batch", _KEEPS.format("data-parallel", "all-reduce"),
             _table_5(replicated=lambda k: {"all-reduce": k})),
-    Mistake("zero1 all-reduces", "ZeRO-1 runs no all-reduce on parameter-sized buffers: each device needs only its "
-            "slice of the summed gradient, and these counts leave out the loss's scalar all-reduce.",
+    Mistake("zero1 all-reduces", "Does a ZeRO-1 device need the whole summed gradient, or only its slice of it? "
+            "(The counts asked for are of parameter-sized buffers: they leave out the loss's scalar all-reduce.)",
             _table_5(zero1=lambda k: {"all-reduce": 1, "all-gather": 1})),
-    Mistake("the loss's all-reduce counted", "ZeRO-1 and ZeRO-2 have an all-reduce in your prediction: the only one "
-            "in their steps is the loss's, a scalar, not parameter-sized; the counts asked for leave it out.",
+    Mistake("the loss's all-reduce counted", "ZeRO-1 and ZeRO-2 have an all-reduce in your prediction: if it is "
+            "the loss's, a scalar, leave it out: the counts asked for are of parameter-sized buffers.",
             _table_5(zero1=lambda k: {"reduce-scatter": 1, "all-gather": 1, "all-reduce": 1},
                      zero2=lambda k: {"reduce-scatter": k, "all-gather": 1, "all-reduce": 1})),
-    Mistake("zero2 without its gather", "ZeRO-2's all-gather is missing: after each device updates its slice once "
-            "per step, every device needs the whole parameters back for the next step's forward pass.",
+    Mistake("zero2 without its gather", "ZeRO-2's prediction has no all-gather: once each device has updated only "
+            "its slice, how does every device get the whole parameters back for the next forward pass?",
             _table_5(zero2=lambda k: {"reduce-scatter": k})),
 ]
 

@@ -93,8 +93,9 @@ def _onto_runner(seen):
         restores, reads = [], []
         with _watch(checkpoint, "restore", restores), _watch(checkpoint.Checkpoints, "restore", restores), \
                 _orbax_reads(reads) as watching:
-            got = call(fn, directory, like, target, name="restore_onto")
-        seen[case.label] = (restores, reads, watching)
+            got = call(fn, directory, like, target, name="restore_onto", hints={"rank at least 1": (
+                "The exercise asks for every leaf whole on each of the devices given, scalars too: no split.")})
+        seen[case.label] = (restores, reads, watching, got)
         where = lambda a: Said(placement(a) + ("" if not isinstance(a, jax.Array)
                                                or a.sharding.is_fully_replicated else ", split"))
         return got, jax.tree.map(where, got)
@@ -128,15 +129,15 @@ def check_restore_onto(restore_onto):
         diagnose(restore_onto, cases, solution=solution_restore_onto, mistakes=MISTAKES_11_1,
                  run=_onto_runner(seen), name="restore_onto")
     for case in cases:          # the mechanism: read straight onto the devices, not read elsewhere and moved
-        restores, reads, watching = seen[case.label]
-        elsewhere = [r for r in reads if r == "host" or r is None or set(r.device_set) != set(case.args[2])]
-        asked = any(k.get("devices") is not None or k.get("sharding") is not None for k in restores)
-        if watching and elsewhere or restores and not asked:
-            raise Mismatch(f"{case.label}: the values and devices are right, but the restore read the arrays onto "
-                           f"{'the host' if 'host' in elsewhere else 'other devices than the ones you were given'} "
-                           "and they were moved afterwards: a second copy, and on a large model a second trip "
-                           "through memory. Ask the restore itself for the devices you were given: Pass devices= "
-                           "to checkpoint.restore, so that each array is read straight onto them.")
+        restores, reads, watching, got = seen[case.label]
+        where = watching and _read_elsewhere(reads, got)
+        if where or restores and not any(k.get("devices") is not None or k.get("sharding") is not None
+                                         for k in restores):
+            raise Mismatch(f"{case.label}: the values and devices are right, but the restore read "
+                           f"{where or 'the arrays elsewhere'}, and they were moved afterwards: a second copy, and "
+                           "on a large model a second trip through memory. Ask the restore itself for the devices "
+                           "you were given: Pass devices= to checkpoint.restore, so that each array is read "
+                           "straight onto them.")
     return "the saved state came back, its values and dtypes, whole on each of the devices you were given."
 
 
@@ -369,7 +370,7 @@ def solution_restore_resharded(directory, like, mesh):
 
 @contextlib.contextmanager
 def _orbax_reads(reads):
-    """Record, for every array Orbax reads, where it was asked to put it: the ``Sharding`` (a jax.Array) or
+    """Record every array Orbax reads: ``(the sharding asked for, None for the stored one; the array read)``, or
     ``"host"`` (a NumPy array). Nothing is recorded if this Orbax names its handlers otherwise."""
     try:
         from orbax.checkpoint._src.serialization import jax_array_handlers, type_handlers
@@ -379,11 +380,12 @@ def _orbax_reads(reads):
 
     def make(original, kind):
         async def deserialize(self, infos, args=None):
-            for arg in (args or [None] * len(infos)):
+            out = await original(self, infos, args)
+            for arg, array in zip(args or [None] * len(infos), out):
                 restore_type = getattr(arg, "restore_type", None)
                 host = kind == "host" or (restore_type is not None and restore_type is not jax.Array)
-                reads.append("host" if host else getattr(arg, "sharding", None))
-            return await original(self, infos, args)
+                reads.append("host" if host else (getattr(arg, "sharding", None), array))
+            return out
         return deserialize
 
     patched = [(cls, kind) for cls, kind in targets if "deserialize" in cls.__dict__]
@@ -391,6 +393,24 @@ def _orbax_reads(reads):
         for cls, kind in patched:
             stack.enter_context(mock.patch.object(cls, "deserialize", make(cls.__dict__["deserialize"], kind)))
         yield bool(patched)
+
+
+def _read_elsewhere(reads, got, like=None):
+    """None if every array leaf of ``got`` is an array Orbax read onto that leaf's own sharding (same devices, same
+    order, same split); else, in words, where Orbax read the first other one (``like``: the saved shardings)."""
+    read = [r for r in reads if r != "host"]
+    for leaf in [x for x in jax.tree.leaves(got) if isinstance(x, jax.Array)]:
+        same_shape = [r for r in read if r[1].shape == leaf.shape]
+        match = next((r for r in same_shape if r[1].sharding.is_equivalent_to(leaf.sharding, leaf.ndim)), None)
+        if match is None:
+            stored = same_shape and (same_shape[0][0] is None or any(
+                x.shape == leaf.shape and same_shape[0][1].sharding.is_equivalent_to(x.sharding, leaf.ndim)
+                for x in jax.tree.leaves(like)))
+            onto = "on the host (NumPy)" if "host" in reads else "as no array of that shape" if not same_shape else (
+                "onto the sharding stored in the checkpoint, " if stored else "") + _where_split(same_shape[0][1])
+            return f"a leaf of shape {leaf.shape} {onto} (you return it {_where_split(leaf)})"
+        read.remove(match)
+    return None
 
 
 # Orbax errors a learner meets when opening the manager's directory another way, and what they mean.
@@ -488,23 +508,25 @@ def _resharded_runner(seen):
             raise Mismatch("restore_resharded called course_lib's checkpoint.restore; this exercise asks for "
                            "Orbax itself, as you would write it in your own project (course_lib's restore reads "
                            "only checkpoints that course_lib's save wrote).")
-        seen[case.label] = (reads, watching)
+        seen[case.label] = (reads, watching, got)
         step = next((Said(f"the values of step {k}") for k, v in saved.items()
                      if same(got, v, rtol=1e-2, atol=1e-2, dtype=False)), Said("values that no saved step holds"))
         return step, got, jax.tree.map(lambda a: _where_split(a, mesh), got)
     return run
 
 
-def _where_split(a, mesh) -> Said:
+def _where_split(a, mesh=None) -> Said:
     """Where ``a`` lives and how it is split: "split as P('data',) over devices [4, 5, 6, 7]" (mesh order; an axis
-    named as ``mesh``'s axis in the same position is named so: only the placement counts, not the name)."""
+    named as ``mesh``'s axis in the same position is named so: only the placement counts, not the name); a
+    single device: ``placement``."""
     spec = getattr(getattr(a, "sharding", None), "spec", None)
     if spec is None:
         return placement(a)
-    names = dict(zip(a.sharding.mesh.axis_names, mesh.axis_names))
+    names = dict(zip(a.sharding.mesh.axis_names, (mesh or a.sharding.mesh).axis_names))
     spec = jax.sharding.PartitionSpec(*[names.get(x, x) if isinstance(x, str) else x for x in spec][
         :max([i + 1 for i, x in enumerate(spec) if x] or [0])])
-    return Said(f"split as {spec} over devices {[d.id for d in a.sharding.mesh.devices.flat]}")
+    devices = [d.id for d in a.sharding.mesh.devices.flat]
+    return Said(f"split as {spec} over devices {devices}" if spec else f"whole on devices {devices}")
 
 
 @exercise("11.4", "Restore a state saved sharded on 8 devices straight onto a mesh of another size",
@@ -539,19 +561,17 @@ def check_restore_resharded(restore_resharded):
         diagnose(restore_resharded, cases, solution=solution_restore_resharded, mistakes=MISTAKES_11_4,
                  run=_resharded_runner(seen), name="restore_resharded")
     for case in cases:               # the mechanism: each device read its own part, straight onto the new mesh
-        reads, watching = seen[case.label]
-        where = "no array" if not reads else "the host (NumPy)" if "host" in reads else "the sharding stored in " \
-            "the checkpoint (the devices they were saved from)" if any(
-                r is None or set(r.device_set) != set(case.args[2].devices.flat) for r in reads) else None
-        if watching and where == "no array":
+        reads, watching, got = seen[case.label]
+        if watching and not reads:
             raise Mismatch(f"{case.label}: the values and shardings are right, but Orbax read no array in your "
                            "function. Restore from the checkpoint in directory.")
-        if watching and where:
-            raise Mismatch(f"{case.label}: the values and shardings are right, but Orbax read the arrays onto "
-                           f"{where} and you placed them afterwards: on a large model that is the whole state "
-                           "through other memory, and on a machine with fewer devices it fails. Give Orbax a "
-                           "target of jax.ShapeDtypeStructs with shardings on the new mesh, so that each device "
-                           "reads only its own part.")
+        where = watching and _read_elsewhere(reads, got, case.args[1])
+        if where:
+            raise Mismatch(f"{case.label}: the values and shardings are right, but Orbax read {where}, and you "
+                           "placed it afterwards: on a large model that is the whole state through other memory, "
+                           "and on a machine with fewer devices it fails. Give Orbax a target of "
+                           "jax.ShapeDtypeStructs with the shardings you return (the new mesh, each leaf's "
+                           "PartitionSpec), so that each device reads only its own part.")
     return ("each device read its own part of the saved state straight onto the new mesh, with the same "
             "PartitionSpecs, from the newest step (steps past 9, other structures and axis names, onto smaller "
             "and larger meshes).")

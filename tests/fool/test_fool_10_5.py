@@ -18,13 +18,13 @@ WRONG = [
     ("no loop: k ignored", table(zero2=lambda k: {"reduce-scatter": 1, "all-gather": 1}),
      "inside the micro-batch loop"),
     ("zero1 scatters every micro-batch", table(zero1=lambda k: {"reduce-scatter": k, "all-gather": 1}),
-     "runs once, after the loop"),
+     "What does a ZeRO-1 device keep"),
     ("zero2 gathers every micro-batch", table(zero2=lambda k: {"reduce-scatter": k, "all-gather": k}),
-     "runs once, after the loop"),
+     "is the update made for each micro-batch, or for the step?"),
     ("replicated all-reduces every micro-batch", table(replicated=lambda k: {"all-reduce": k}),
-     "runs once, after the loop"),
-    ("zero1 all-reduces", table(zero1=lambda k: {"all-reduce": 1, "all-gather": 1}), "runs no all-reduce"),
-    ("zero2 without its gather", table(zero2=lambda k: {"reduce-scatter": k}), "all-gather is missing"),
+     "Where, then, must its all-reduce sit"),
+    ("zero1 all-reduces", table(zero1=lambda k: {"all-reduce": 1, "all-gather": 1}), "only its slice of it?"),
+    ("zero2 without its gather", table(zero2=lambda k: {"reduce-scatter": k}), "prediction has no all-gather"),
     ("half counts", lambda stage, k: {op: v / 2 for op, v in RIGHT_TABLE[stage](k).items()}, "whole number"),
     ("made-up names", lambda stage, k: {"gather": 1}, "compiled program's names"),
     ("a list", lambda stage, k: list(RIGHT_TABLE[stage](k)), "expected a dict"),
@@ -60,6 +60,8 @@ def test_feedback_never_prints_the_compiled_counts():
             for op, count in right.items():
                 if mine.get(op) != count:
                     assert f"'{op}': {count}" not in message, (name, message)
+        # nor in words: how often the collective that differs runs is for the learner to find
+        assert not any(w in message for w in (" once", "every micro-batch", "per micro-batch")), (name, message)
 
 
 # ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
@@ -69,7 +71,7 @@ from course_lib.exercises.lesson10 import solution_predict_collectives as _pc  #
 
 FRESH = [
     ("zero2 gathers every micro-batch", lambda s, k: {**_pc(s, k), **({"all-gather": k} if s == "zero2" else {})},
-     "The all-gather runs once, after the loop"),
+     "The all-gather rebuilds the whole parameters"),
     ("one scatter too many", lambda s, k: {**_pc(s, k), **({"reduce-scatter": k + 1} if s == "zero2" else {})},
      "too many reduce-scatters"),
     ("float counts", lambda s, k: {o: float(v) for o, v in _pc(s, k).items()}, None),
