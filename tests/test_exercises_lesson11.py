@@ -90,6 +90,11 @@ def test_11_2_shortcuts_percentages_and_unweighted_means_are_named():
     assert not unweighted and "averages the devices' own fractions" in unweighted.message
 
 
+def test_11_1_the_devices_given_in_another_order_are_refused():
+    rotated = wrong("11.1", lambda d, like, devs: checkpoint.restore(d, like, devices=devs[1:] + devs[:1])[0])
+    assert "got on devices [4, 5, 6, 7], in the mesh order [5, 6, 7, 4]" in rotated
+
+
 def test_11_1_names_a_dtype_change():
     message = wrong("11.1", lambda d, like, devs: checkpoint.restore(
         d, jax.tree.map(lambda x: x.astype(jnp.float16) if x.dtype == jnp.float32 else x, like), devices=devs)[0])
@@ -158,7 +163,7 @@ def test_11_4_skipping_the_target_is_caught():
     def via_host(d, like, mesh):                  # read as NumPy on the host, then place
         state = _restore(d, jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), like))
         return jax.tree.map(lambda x, v: jax.device_put(v, NamedSharding(mesh, x.sharding.spec)), like, state)
-    assert "onto the host (NumPy)" in wrong("11.4", via_host)
+    assert "on the host (NumPy)" in wrong("11.4", via_host)
     assert lesson11._orbax_reads                  # the checker put Orbax's handlers back
     from orbax.checkpoint._src.serialization import jax_array_handlers
     assert jax_array_handlers.ArrayHandler.deserialize.__qualname__.startswith("ArrayHandler")

@@ -231,7 +231,7 @@ def _patched(recorder, process=None, processes=1, devices=None):
 def _split(sharding) -> Said:
     spec = getattr(sharding, "spec", None)
     spec = spec if spec is None else P(*tuple(spec)[:max([i + 1 for i, e in enumerate(spec) if e] or [0])])
-    return Said(f"split as {spec} over {len(sharding.device_set)} device(s)" if spec is not None
+    return Said(f"split as {spec} over devices {[d.id for d in sharding.mesh.devices.flat]}" if spec is not None
                 else f"placed as {type(sharding).__name__}")
 
 
@@ -243,7 +243,7 @@ def _batch_runner(fn, case):
     if process is None:
         recorder = _Recorder(jax.make_array_from_process_local_data)
         with _patched(recorder):
-            got = call(fn, full.copy(), mesh, name="global_batch", hints=_batch_hints(full))
+            got = call(fn, full.copy(), mesh, name="global_batch", hints=_batch_hints(full, n))
         if not isinstance(got, jax.Array):
             raise Mismatch(f"global_batch returned {describe_tree(got)}; expected a jax.Array on the mesh's "
                            "devices.")
@@ -269,12 +269,15 @@ def _batch_runner(fn, case):
     return np.asarray(data), Said(f"global_shape {shape}"), _split(sharding), Said("the API called 1 time(s)")
 
 
-def _batch_hints(full):
+def _batch_hints(full, n):
+    """call's hints for one process holding ``full`` on a mesh of ``n`` devices (of all jax.devices())."""
+    devices = {f"Got global_shape=({len(full) * k},": f"That is this process's rows times {k}, the number of "
+               f"{what}: a process feeds all of its devices, so the row count grows with the processes, not the "
+               "devices." for k, what in ((n, "the mesh's devices"), (len(jax.devices()), "devices")) if k > 2}
     return {"does not evenly divide": "Split the batch's rows (axis 0) over 'data', nothing else.",
             "should be None or equal to local_data.shape": f"Here one process holds all {len(full)} rows, shape "
             f"{full.shape}: the global shape must follow from this process's rows and the number of processes, then "
-            "every other axis of the rows, however many there are: it must not be a fixed "
-            "number.",
+            "every other axis of the rows, however many there are: no number written in.", **devices,
             "pytree structure error": "The global shape is a tuple of ints, like an array's .shape.",
             "if a PartitionSpec is passed": "A PartitionSpec alone does not say which mesh it refers to: pair it "
             "with the mesh you were given (lesson 06, section 1)."}

@@ -717,7 +717,7 @@ MISTAKES_10_5 = [
             "the loss's, a scalar, leave it out: the counts asked for are of parameter-sized buffers.",
             _table_5(zero1=lambda k: {"reduce-scatter": 1, "all-gather": 1, "all-reduce": 1},
                      zero2=lambda k: {"reduce-scatter": k, "all-gather": 1, "all-reduce": 1})),
-    Mistake("zero2 without its gather", "ZeRO-2's prediction has no all-gather: once each device has updated only "
+    Mistake("zero2 without its gather", "ZeRO-2's prediction has no all-gather: after each device has updated only "
             "its slice, how does every device get the whole parameters back for the next forward pass?",
             _table_5(zero2=lambda k: {"reduce-scatter": k})),
 ]

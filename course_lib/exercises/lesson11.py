@@ -96,10 +96,19 @@ def _onto_runner(seen):
             got = call(fn, directory, like, target, name="restore_onto", hints={"rank at least 1": (
                 "The exercise asks for every leaf whole on each of the devices given, scalars too: no split.")})
         seen[case.label] = (restores, reads, watching, got)
-        where = lambda a: Said(placement(a) + ("" if not isinstance(a, jax.Array)
-                                               or a.sharding.is_fully_replicated else ", split"))
-        return got, jax.tree.map(where, got)
+        return got, jax.tree.map(_where_whole, got)
     return run
+
+
+def _where_whole(a) -> Said:
+    """``placement``, with ", split" for an array not whole on each device, and the order of a mesh's devices
+    where it is not theirs by number ("on devices [4, 5, 6, 7], in the mesh order [5, 6, 7, 4]")."""
+    if not isinstance(a, jax.Array):
+        return placement(a)
+    mesh = getattr(a.sharding, "mesh", None)
+    order = [d.id for d in mesh.devices.flat] if mesh is not None else []
+    shown = f", in the mesh order {order}" if order != sorted(order) and str(order) not in placement(a) else ""
+    return Said(placement(a) + shown + ("" if a.sharding.is_fully_replicated else ", split"))
 
 
 @exercise("11.1", "Restore a checkpoint saved from 8 devices onto the devices you are given",

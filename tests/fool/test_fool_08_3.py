@@ -42,7 +42,7 @@ WRONG = {
                            ["local_data (as _MK_EARLY) by a name"]),
     "rows times the local devices": (_make(shape=lambda r: r.shape[0] * jax.local_device_count()),
                                      ["the number of processes, then every other axis"]),
-    "two processes hard-coded": (_make(shape=lambda r: r.shape[0] * 2), ["not be a fixed number"]),
+    "two processes hard-coded": (_make(shape=lambda r: r.shape[0] * 2), ["no number written in"]),
     "the shape as a list": (_list_shape, ["a tuple of ints"]),
     "a cast to float16": (lambda r, m: _make()(r.astype(np.float16), m), ["dtype float16 where float32"]),
     "the stacked pmap layout": (lambda r, m: jax.make_array_from_process_local_data(
@@ -88,7 +88,7 @@ def test_rows_of_any_rank():
 
 FRESH = [
     ("rows times jax.device_count()", _make(shape=lambda r: r.shape[0] * jax.device_count()),
-     "the number of processes, then every other axis"),
+     "times 8, the number of devices: a process feeds all of its devices"),
     ("rows times a written-in 2", _make(shape=lambda r: r.shape[0] * 2), "the number of processes, then every other"),
     ("split over the second axis", _make(spec=P(None, "data")), "Split the batch's rows (axis 0)"),
     ("returns None", lambda r, m: None, "returned None: did it forget"),

@@ -63,7 +63,8 @@ def _orbax_then_move(d, like, devs):            # Orbax's own restore, then move
 
 
 WRONG = {
-    "restored onto all devices, then moved": (_restore_on_all_then_move, "read the arrays onto other devices"),
+    "restored onto all devices, then moved": (_restore_on_all_then_move,
+                                              "whole on devices [0, 1, 2, 3, 4, 5, 6, 7] (you return it"),
     "Orbax, then moved": (_orbax_then_move, "moved afterwards"),
     "returns (state, extra)": (_both, "return only the state"),
     "no devices: where like lives": (_where_like_lives, "Pass the devices to the restore"),

@@ -94,7 +94,7 @@ WRONG = {
     "newest step by its name as text": (_newest_by_text, "compared as text"),
     "the oldest step": (_oldest_step, "You restored the oldest step"),
     "restored where saved, then moved": (_then_move, "onto the sharding stored in the checkpoint"),
-    "read on the host, then placed": (_via_host, "onto the host (NumPy)"),
+    "read on the host, then placed": (_via_host, "on the host (NumPy)"),
     "course_lib instead of Orbax": (_course_lib, "called course_lib's checkpoint.restore"),
     "the lesson's rule for every leaf": (_lesson_rule, "Keep each leaf's PartitionSpec"),
     "axis name 'data' written in": (_axis_data, "names its axis differently"),
