@@ -13,6 +13,17 @@ from course_lib.exercises.lesson10 import (HINTS, solution_choose_k, solution_fs
 from hint_rules import assert_hints_are_a_ladder, code_from_solution
 
 
+def test_10_1_section_2s_padded_slices_pass_and_bits_are_named():
+    def padded(n_params, n, stage):             # a device's slice of the flat vector padded to a multiple of n
+        slice_ = -(-n_params // n)
+        split = {"replicated": 0, "zero1": 1, "zero2": 2, "fsdp": 3}[stage]
+        return {k: b * (slice_ if split > i else n_params) for i, (k, b) in enumerate(
+            (("opt_state", 8), ("grads", 4), ("params", 4)))}
+    assert "padded slices of section 2's flat vector" in check("10.1", padded).message
+    bits = check("10.1", lambda p, n, s: {k: 8 * v for k, v in solution_zero_bytes(p, n, s).items()})
+    assert not bits and "looks like bits" in bits.message
+
+
 def test_10_1_zero_bytes():
     assert check("10.1", solution_zero_bytes)
 

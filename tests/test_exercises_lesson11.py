@@ -95,6 +95,12 @@ def test_11_1_the_devices_given_in_another_order_are_refused():
     assert "got on devices [4, 5, 6, 7], in the mesh order [5, 6, 7, 4]" in rotated
 
 
+def test_11_1_a_split_restore_is_told_the_exercise_asks_for_whole_leaves():
+    split = wrong("11.1", lambda d, like, devs: checkpoint.restore(
+        d, like, sharding=NamedSharding(jax.sharding.Mesh(np.array(devs), ("d",)), P("d")))[0])
+    assert "every leaf whole on each of the devices given, scalars too" in split
+
+
 def test_11_1_names_a_dtype_change():
     message = wrong("11.1", lambda d, like, devs: checkpoint.restore(
         d, jax.tree.map(lambda x: x.astype(jnp.float16) if x.dtype == jnp.float32 else x, like), devices=devs)[0])

@@ -529,7 +529,7 @@ def _where_split(a, mesh=None) -> Said:
     named as ``mesh``'s axis in the same position is named so: only the placement counts, not the name); a
     single device: ``placement``."""
     spec = getattr(getattr(a, "sharding", None), "spec", None)
-    if spec is None:
+    if spec is None or len(a.sharding.device_set) == 1:
         return placement(a)
     names = dict(zip(a.sharding.mesh.axis_names, (mesh or a.sharding.mesh).axis_names))
     spec = jax.sharding.PartitionSpec(*[names.get(x, x) if isinstance(x, str) else x for x in spec][
