@@ -501,8 +501,9 @@ def _counts(gathers=None, scatters=None, reduces=None):
     return predict
 
 
-_SCATTERS = ("Reduce-scatters: each sharded array's gradient comes back to its slices once per layer, in the "
-             "backward pass (the transpose of its gather), however often it was gathered.")
+_SCATTERS = ("Reduce-scatters: a sharded array's gradient comes back to its slices in the backward pass (the "
+             "transpose of its gather). How many gradients does one array of a layer have, however often it was "
+             "gathered?")
 _REDUCES = ("All-reduces: the sharded arrays' gradients are reduce-scattered, not all-reduced; what else in the step "
             "is averaged over the devices, and how often?")
 MISTAKES_12_3 = [

@@ -107,6 +107,7 @@ def test_feedback_never_prints_the_compiled_counts(answer):
     assert printed, message
     for counts in printed:                   # every count shown is the learner's own prediction
         assert counts in [answer(*case) for case in _CASES], message
+    assert " once" not in message, message   # nor in words
 
 
 # ---- Fresh answers (issue 44), written as learners would: each wrong one fails with what differs (or its mistake,
