@@ -231,7 +231,9 @@ def _patched(recorder, process=None, processes=1, devices=None):
 def _split(sharding) -> Said:
     spec = getattr(sharding, "spec", None)
     spec = spec if spec is None else P(*tuple(spec)[:max([i + 1 for i, e in enumerate(spec) if e] or [0])])
-    return Said(f"split as {spec} over devices {[d.id for d in sharding.mesh.devices.flat]}" if spec is not None
+    mesh = getattr(sharding, "mesh", None)      # the devices in mesh order: another order is another layout
+    devices = [d.id for d in mesh.devices.flat] if isinstance(mesh, jax.sharding.Mesh) else mesh
+    return Said(f"split as {spec} over devices {devices}" if spec is not None
                 else f"placed as {type(sharding).__name__}")
 
 
