@@ -1,6 +1,7 @@
 """The diagnosis engine: a mistake is named only when every case confirms it; otherwise a measured difference."""
 
 import collections
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -138,6 +139,14 @@ def test_an_array_stands_for_a_pair_and_lists_for_tuples():
     assert same({"b": 2.0, "a": 1.0}, {"a": 1.0, "b": 2.0})
     assert "expected a tuple of 2" in difference(1.0, expected)
     assert "expected a tuple of 2" in difference((1.0, 2.0, 3.0), expected)
+
+
+def test_a_relayed_error_shows_no_memory_address_and_no_partial():
+    def b_w7(x, y):
+        raise ValueError(f"shard_map applied to the function '{functools.partial(b_w7, print)}' was given out_specs")
+    with pytest.raises(Mismatch) as e:
+        ex.call(b_w7, 1.0, 2.0)
+    assert "0x" not in str(e.value) and "applied to the function 'b_w7' was given" in str(e.value)
 
 
 def test_a_string_or_none_is_described_not_raised():
