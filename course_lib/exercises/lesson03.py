@@ -302,10 +302,9 @@ SMAP_ERRORS = {
                  "state a mapped input must arrive; the `block_matmul` cell after it runs smap both ways. Use the "
                  "mesh you were given, not one of your own."])
 def check_smap_predict(smap_predict):
-    devices = jax.devices()
     name = getattr(smap_predict, "__name__", "smap_predict")
     cases = []
-    for n, B, d, k, host in [(len(devices), 16, 3, 2, True), (4, 12, 5, 3, False), (2, 10, 4, 3, True)]:
+    for n, B, d, k, host in [(len(jax.devices()), 16, 3, 2, True), (4, 12, 5, 3, False), (2, 10, 4, 3, True)]:
         x = _data((B, d), seed=B * d)
         cases.append(Case((x if host else jnp.asarray(x), jnp.asarray(_data((d, k), seed=d + k + n)),
                            _mesh(n)),
