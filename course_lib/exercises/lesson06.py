@@ -111,8 +111,10 @@ MISTAKES_06_1 = [
     Mistake("left on the host", "Nothing was placed: the arrays are still on the host.", lambda p, b, m: (p, b)),
     Mistake("swapped", "That is (batch, params): the batch first. Return them in the order (params, batch).",
             lambda p, b, m: solution_place(p, b, m)[::-1]),
-    Mistake("params on one device", "The parameters are on one device; every device of the mesh needs the whole "
-            "array.", lambda p, b, m: (jax.device_put(p), solution_place(p, b, m)[1])),   # the default device
+    *[Mistake(name, "The parameters are on one device; every device of the mesh needs the whole array.",
+              lambda p, b, m, first=first: (jax.device_put(p, m.devices.flat[0] if first else None),
+                                            solution_place(p, b, m)[1]))
+      for name, first in (("params on one device", True), ("params on the default device", False))],
     Mistake("batch cast", "The batch came back as float32." + NO_CAST,
             lambda p, b, m: solution_place(p, _to_f32(b), m)),
     Mistake("params cast", "The parameters came back as float32." + NO_CAST,
