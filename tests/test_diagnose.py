@@ -1,6 +1,7 @@
 """The diagnosis engine: a mistake is named only when every case confirms it; otherwise a measured difference."""
 
 import collections
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -140,9 +141,26 @@ def test_an_array_stands_for_a_pair_and_lists_for_tuples():
     assert "expected a tuple of 2" in difference((1.0, 2.0, 3.0), expected)
 
 
+def test_a_relayed_error_shows_no_memory_address_and_no_partial():
+    def b_w7(x, y):
+        raise ValueError(f"shard_map applied to the function '{functools.partial(b_w7, print)}' was given out_specs")
+    with pytest.raises(Mismatch) as e:
+        ex.call(b_w7, 1.0, 2.0)
+    assert "0x" not in str(e.value) and "applied to the function 'b_w7' was given" in str(e.value)
+
+
 def test_a_string_or_none_is_described_not_raised():
     assert "got str" in difference("2.5", 2.5)
     assert "got NoneType" in difference(None, 2.5)
+    assert difference((1.0, None), (0.6, 0.12)) == "output [1] is None, where one number was expected"
+
+
+def test_a_short_decimal_is_said_before_float16_and_a_factor_of_8_is_not_the_device_count_unless_it_follows_it():
+    assert relation(np.array(0.375), np.array(0.3751)) == ("the expected values rounded to 3 decimals (or to float16 "
+                                                          "precision: both give these numbers)")
+    with pytest.raises(Mismatch) as e:          # 8x on 8, 4 and 2 devices: 8 bits a byte, say, not the count
+        run(lambda x, a: jax.lax.pmean(jnp.mean(x), a) * 8)
+    assert "8x too large." in str(e.value) and "count" not in str(e.value)
 
 
 def test_none_from_a_written_answer_is_started_and_from_a_placeholder_is_not():

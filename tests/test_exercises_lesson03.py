@@ -62,6 +62,11 @@ def test_03_1_scalar_must_be_broadcast_and_survives_wrong_structures():
     assert not fb and "the scalar was mapped too" in fb.message and "the same for both devices" in fb.message
     fb = check("03.1", lambda x, s: (solution_scale_on_two(x, s), s))
     assert not fb and "expected Array float32[4, 3], got tuple(" in fb.message
+    # x read with NumPy: make_jaxpr cannot read the program, so the pmap is watched as it runs
+    assert check("03.1", lambda x, s: on_two(np.asarray(x), s).reshape(x.shape))
+    fb = check("03.1", lambda x, s: jax.pmap(jnp.copy, devices=TWO)(np.asarray(x).reshape(2, -1, x.shape[1]))
+               .reshape(x.shape) * s)
+    assert not fb and "no multiplication runs inside its pmap" in fb.message
 
 
 def test_03_2_parameters_must_be_broadcast_not_stacked():
@@ -172,7 +177,8 @@ def test_03_4_skipping_smap_is_named():
     assert not fb and 'not split over the mesh axis "i"' in fb.message
 
     fb = check("03.4", lambda x, w, mesh: jnp.asarray(x) @ w)
-    assert not fb and "the result lives on device 0; expected on the 8 devices of the mesh given" in fb.message
+    assert not fb and "the result lives on device 0; expected on devices [0, 1, 2, 3, 4, 5, 6, 7], the 8 devices " \
+        "of the mesh given" in fb.message
 
 
 def test_03_4_works_on_8_devices_but_not_on_the_4_given():
@@ -181,6 +187,13 @@ def test_03_4_works_on_8_devices_but_not_on_the_4_given():
             return _smap()(jax.device_put(x, P("i")), w)
     fb = check("03.4", own_mesh)
     assert not fb and "does not follow the device count it is given" in fb.message
+
+    def rotated(x, w, mesh):       # the mesh's devices rotated by one: block k is not on the mesh's k-th device
+        devs = list(mesh.devices.flat)
+        with jax.set_mesh(jax.sharding.Mesh(np.array(devs[1:] + devs[:1]), ("i",))):
+            return _smap()(jax.device_put(x, P("i")), w)
+    fb = check("03.4", rotated)
+    assert not fb and "the result lives on devices [1, 2, 3, 4, 5, 6, 7, 0]; expected on devices [0, 1" in fb.message
 
     built_once = _smap()
 

@@ -286,6 +286,21 @@ def test_04_5_the_missing_all_gather_is_named():
     fb = check("04.5", reduce_scatter_only)
     assert not fb and "the all-gather phase" in fb.message
 
+    def one_hop_short(x, a):       # n - 2 reduce-scatter hops, the gather's indices shifted to match
+        n, me = jax.lax.axis_size(a), jax.lax.axis_index(a)
+        chunks = x.reshape(n, -1)
+        passing = chunks[me]
+        for step in range(1, n - 1):
+            passing = jax.lax.ppermute(passing, a, ring(a)) + chunks[(me - step) % n]
+        out = jnp.zeros_like(chunks).at[(me + 2) % n].set(passing)
+        for step in range(n - 1):
+            passing = jax.lax.ppermute(passing, a, ring(a))
+            out = out.at[(me + 1 - step) % n].set(passing)
+        return out.reshape(x.shape)
+
+    fb = check("04.5", one_hop_short)
+    assert not fb and "the reduce-scatter phase stopped one hop short" in fb.message
+
 
 def test_04_4_int_of_the_axis_index_is_explained():
     fb = check("04.4", lambda x, a: jnp.stack([x] * jax.lax.axis_size(a))[int(jax.lax.axis_index(a))])

@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from course_lib import sharding
@@ -20,7 +21,17 @@ def test_06_1_place():
     assert "still on the host" in on_host.message
     one_device = check("06.1", lambda p, b, m: (jax.device_put(p, jax.devices()[0]),
                                                 jax.device_put(b, NamedSharding(m, P("i")))))
-    assert "got params['b'] whole on 1 device" in one_device.message
+    assert "got params['b'] whole on device 0" in one_device.message
+    assert "every device of the mesh needs the whole array" in one_device.message
+
+
+def test_06_1_the_mesh_given_in_its_order():
+    def rotated(p, b, m):          # the mesh's devices, rotated by one: block k is not on the mesh's k-th device
+        devs = list(m.devices.flat)
+        return solution_place(p, b, jax.sharding.Mesh(np.array(devs[1:] + devs[:1]), ("i",)))
+    fb = check("06.1", rotated)
+    assert not fb and "got batch['x'] in blocks of (4, 3) on devices [1, 2, 3, 4, 5, 6, 7, 0]" in fb.message
+    assert not check("06.1", lambda p, b, m: solution_place(p, b, jax.make_mesh((m.size,), ("i",))))  # its own mesh
 
 
 def test_06_2_out_specs():

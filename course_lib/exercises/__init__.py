@@ -400,8 +400,11 @@ _SOURCE_FILE = re.compile(r"(?:[A-Za-z]:)?[/\\][^\s:'\"]+\.py(?::\d+)?")
 
 def _error_text(error: Exception) -> str:
     """An error's message as feedback quotes it: its first line (with the next, if it ends in a colon), without
-    the location JAX appends ("This error occurs at source: /path/file.py:12") or any other file path."""
-    lines = [ln.strip() for ln in str(error).strip().splitlines()
+    the location JAX appends ("This error occurs at source: /path/file.py:12") or any other file path, and with
+    no memory address: ``<function f.<locals>.g at 0x7f..>`` reads ``g``, a ``functools.partial(g, ...)`` ``g``."""
+    text = re.sub(r"<(?:function|bound method) (?:[\w<>]+\.)*([\w<>]+)[^<>]* at 0x[0-9a-f]+>", r"\1", str(error))
+    text = re.sub(r"<([\w.]+)[^<>]* at 0x[0-9a-f]+>", r"<\1>", re.sub(r"functools\.partial\((\w+)[^']*", r"\1", text))
+    lines = [ln.strip() for ln in text.strip().splitlines()
              if ln.strip() and not ln.strip().startswith("This error occurs at source")]
     text = " ".join(lines[:2]) if len(lines) > 1 and lines[0].endswith(":") else (lines[0] if lines else "")
     text = re.sub(r"\s*To fix this, please call \w+ under `jax\.shard_map`\.?", "", text)  # JAX's advice, not ours

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import types
 from typing import Callable, Sequence
 
@@ -41,10 +42,13 @@ class Said(str):
 
 
 def placement(x) -> Said:
-    """Where ``x`` lives, in words: ``on device 3``, ``on devices [0, 1]``, ``on the host``."""
-    if not isinstance(x, jax.Array):
+    """Where ``x`` lives, in words: ``on device 3``, ``on devices [0, 1]``, ``on the host``. A split array names
+    its devices in block order (the holder of the first block first; the holders of one block by id), so which
+    device holds which block counts. ``x`` may be a ``jax.ShapeDtypeStruct`` with a sharding: where it would live."""
+    if not isinstance(getattr(x, "sharding", None), jax.sharding.Sharding):
         return Said("on the host" if hasattr(x, "shape") else "not an array")
-    ids = sorted(d.id for d in x.devices())
+    blocks = x.sharding.devices_indices_map(tuple(x.shape)).items()
+    ids = [d.id for d, _ in sorted(blocks, key=lambda b: ([s.start or 0 for s in b[1]], b[0].id))]
     return Said(f"on device {ids[0]}" if len(ids) == 1 else f"on devices {ids}")
 
 
@@ -123,12 +127,17 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
         text = str(error).rstrip()
         raise type(error)(f"{case.label}: {text}{'' if text.endswith(('.', '?', '!')) else '.'}{where}") from None
     _, expected, got, diff = next(r for r in rows if r[0] is case)
+    # a factor is the device count's only if it follows n: not if a case with another count shows the same factor
+    size = re.search(r"(?<![\d.])[\d.]+x too \w+", diff or "")
+    n = None if size and any(re.search(rf"(?<![\d.]){re.escape(size[0])}", d) for c, _, _, d in rows
+                             if d is not None and c.n != case.n) else case.n
+    diff = difference(got, expected, n=n, **opts)
     named = _confirmed(mistakes, rows, run, opts, keys)       # on the cases that ran: their numbers confirm it or not
     raised = [f" {c.label[:1].upper()}{c.label[1:]}, it raised: {str(e).rstrip()}" for c, e in failed if e is not None]
     where = "".join(raised[:1]) or where
     shown = f"expected {_show(expected)}, got {_show(got)}"
     if len(shown) > 240 or _show(expected) == _show(got) or _show(expected) == describe_tree(expected):
-        shown = diff = difference(got, expected, n=case.n, values=True, **opts)   # where it differs, and how
+        shown = diff = difference(got, expected, n=n, values=True, **opts)   # where it differs, and how
     if not reveal:
         shown = diff = (f"you predicted {_values(got)}: {_off(got, expected, opts)} (the right values are not shown: "
                         "the compiled program gives them)")
@@ -341,7 +350,10 @@ def difference(got, expected, *, n: int | None = None, rtol: float = 1e-5, atol:
     pairs = _pairs(got, expected, strict)
     if isinstance(pairs, str):
         return pairs
-    for path, g, e in pairs:
+    for path, g, e in sorted(pairs, key=lambda p: p[1] is not None):   # a None output first, by name
+        if g is None and e is not None and path:
+            return f"{_readable(path, names)} is None, where {_describe_leaf(e) if _numbers(e) is not None else
+                                                              describe_tree(e)} was expected"
         text = _leaf_difference(g, e, n, rtol, atol, dtype)
         if text is not None and values and not text.startswith(("expected", "shape", "dtype", "one number")):
             if _show(g) == _show(e):        # the values shown would agree: say where they differ instead
@@ -471,13 +483,14 @@ def relation(g: np.ndarray, e: np.ndarray, *, n: int | None = None, rtol: float 
     if g64.size > 1 and np.allclose(offset, offset.flat[0], atol=max(atol, 1e-6), rtol=0):
         return f"every value off by {float(offset.flat[0]):+.4g}"
     with np.errstate(over="ignore", invalid="ignore"):  # byte counts beyond float16's range are simply not equal
-        for half in ("float16", "bfloat16"):
-            dt = jax.numpy.dtype(half)
-            if e.dtype != dt and np.array_equal(g64, e64.astype(dt).astype(np.float64)):
-                return f"the expected values rounded to {half} precision"
-    for digits in range(0, 4):
-        if np.array_equal(np.round(g64, 6), np.round(np.round(e64, digits), 6)) and not close(g64, e64):
-            return f"the expected values rounded to {digits} decimal{'s' * (digits != 1)}"
+        halves = [h for h in ("float16", "bfloat16") if e.dtype != jax.numpy.dtype(h)
+                  and np.array_equal(g64, e64.astype(jax.numpy.dtype(h)).astype(np.float64))]
+    digits = [d for d in range(0, 4) if np.array_equal(np.round(g64, 6), np.round(np.round(e64, d), 6))]
+    if digits and not close(g64, e64):       # both can give these numbers: a short decimal is said first
+        return (f"the expected values rounded to {digits[0]} decimal{'s' * (digits[0] != 1)}"
+                + (f" (or to {halves[0]} precision: both give these numbers)" if halves else ""))
+    if halves:
+        return f"the expected values rounded to {halves[0]} precision"
     rel = float(np.max(np.abs(g64 - e64)) / max(float(np.max(np.abs(e64))), 1e-30))
     # the answer's own half dtype first; else bfloat16, whose values float16 holds too (not the other way)
     for half, eps in sorted((("bfloat16", 2.0 ** -8), ("float16", 2.0 ** -11)), key=lambda h: h[0] != g.dtype.name):
@@ -524,7 +537,7 @@ def _num(v) -> str:
 
 def _show(x) -> str:
     """A value as feedback shows it: a number, a small array in full, or its description."""
-    if isinstance(x, Said):
+    if isinstance(x, Said) or x is None:
         return str(x)
     if isinstance(x, (tuple, list)) and len(x) <= 4 and all(_leaf(v) for v in x):
         inner = ", ".join(_show(v) for v in x)

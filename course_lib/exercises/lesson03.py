@@ -3,10 +3,12 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from . import (Case, Mismatch, Mistake, _eqns, call, diagnose, exercise, expect_placed_on, expect_pmapped,
                placement, primitives, watch)
 from .lesson00 import _data
+from .lesson06 import _mesh
 
 
 # Fragments of JAX's messages for the typical mistakes, and what they mean.
@@ -39,6 +41,20 @@ def _unmapped(maps) -> int:
     return max((sum(len(tuple(s)) == 0 for s in m.params["in_specs"]) for m in maps), default=0)
 
 
+def _pmaps_run(fn, *args) -> list | None:
+    """The equations of every ``jax.pmap`` that ``fn(*args)`` called, each traced on the inputs it was given (for
+    an answer ``make_jaxpr`` cannot read whole, e.g. one that reads x with NumPy); None if ``fn`` raised."""
+    real, programs = jax.pmap, []
+
+    def spy(f, *a, **k):
+        def run(*xs):
+            programs.append(jax.make_jaxpr(real(f, *a, **k))(*xs).jaxpr)
+            return real(f, *a, **k)(*xs)
+        return run
+
+    return [e for p in programs for e in _eqns(p)] if watch(fn, args, [(jax, "pmap", spy)]) else None
+
+
 MISTAKES_03_1 = [
     Mistake("blocks not put back", "That is the per-device blocks as pmap stacks them, shape (2, B // 2, ...): x "
             "had shape (B, ...).",
@@ -68,7 +84,12 @@ def check_scale_on_two(scale_on_two):
                        run=lambda fn, case: call(fn, *case.args, name="scale_on_two", summaries=summaries, hints=hints))
     x, s = cases[-1].args
     # The program with s as a plain number, as a static argument (static_broadcasted_argnums) or a closure needs it
-    eqns = primitives(lambda x: scale_on_two(x, float(s)), x, name="scale_on_two")
+    try:
+        eqns = primitives(lambda x: scale_on_two(x, float(s)), x, name="scale_on_two")
+    except Mismatch:                # a program make_jaxpr cannot read (np.asarray on x): the pmaps it ran, read
+        eqns = _pmaps_run(scale_on_two, x, float(s))
+        if eqns is None:
+            raise
     program = {e.primitive.name for e in eqns}
     for case, got in zip(cases, results):
         try:
@@ -281,21 +302,21 @@ SMAP_ERRORS = {
                  "state a mapped input must arrive; the `block_matmul` cell after it runs smap both ways. Use the "
                  "mesh you were given, not one of your own."])
 def check_smap_predict(smap_predict):
-    devices = jax.devices()
     name = getattr(smap_predict, "__name__", "smap_predict")
     cases = []
-    for n, B, d, k, host in [(len(devices), 16, 3, 2, True), (4, 12, 5, 3, False), (2, 10, 4, 3, True)]:
+    for n, B, d, k, host in [(len(jax.devices()), 16, 3, 2, True), (4, 12, 5, 3, False), (2, 10, 4, 3, True)]:
         x = _data((B, d), seed=B * d)
         cases.append(Case((x if host else jnp.asarray(x), jnp.asarray(_data((d, k), seed=d + k + n)),
-                           jax.make_mesh((n,), ("i",), devices=devices[:n])),
+                           _mesh(n)),
                           f"{name}(x {(B, d)}, w {(d, k)}, a mesh of {n} devices)", n=n))
     results = diagnose(smap_predict, cases, solution=solution_smap_predict, mistakes=MISTAKES_03_4, rtol=1e-4,
                        atol=1e-5, run=lambda fn, case: call(fn, *case.args, name=name, hints=SMAP_ERRORS))
     for case, got in zip(cases, results):
         x, w, mesh = case.args
-        if not isinstance(got, jax.Array) or set(got.devices()) != set(mesh.devices.flat):
-            raise Mismatch(f"{case.label}: the values are right, but the result lives {placement(got)}; expected on "
-                           f"the {case.n} devices of the mesh given, split over its axis \"i\".")
+        want = placement(jax.ShapeDtypeStruct(x.shape, w.dtype, sharding=NamedSharding(mesh, P("i"))))
+        if placement(got) != want:
+            raise Mismatch(f"{case.label}: the values are right, but the result lives {placement(got)}; expected "
+                           f"{want}, the {case.n} devices of the mesh given in its order, split over its axis \"i\".")
         spec = tuple(getattr(got.sharding, "spec", ()))
         if not spec or spec[0] != "i":
             raise Mismatch(f"{case.label}: the values are right, but axis 0 is not split over the mesh axis \"i\" "

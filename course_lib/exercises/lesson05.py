@@ -1,6 +1,7 @@
 """Lesson 05 exercises: the data-parallel step, measuring drift between replicas, a masked loss."""
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +11,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import data, sharding
 from . import Case, Mismatch, Mistake, Said, call, describe_tree, diagnose, exercise, same, watch
+from .lesson07 import _Spy
 
 AXIS = "devices"
 
@@ -58,15 +60,19 @@ def _stepped(fn, case):
     """One pmapped step of ``fn`` on the case: (do the copies agree, new params, new state (device 0's copies),
     each device's loss). The loss function records the rows it sees: a gathered batch shows."""
     optimizer, params, x, y, rows = case.args
-    devs, seen = jax.devices()[:case.n], []
+    devs, seen, spy = jax.devices()[:case.n], [], _Spy(optimizer)
 
     def loss_fn(p, b):
         seen.append(np.shape(jax.tree.leaves(b)[0])[0] if jax.tree.leaves(b) else 0)
         return regression_loss(p, b)
 
-    step = jax.pmap(functools.partial(fn, loss_fn, optimizer), axis_name=AXIS, devices=devs)
+    step = jax.pmap(functools.partial(fn, loss_fn, spy.transformation()), axis_name=AXIS, devices=devs)
     out = call(step, sharding.replicate(params, devs), sharding.replicate(optimizer.init(params), devs),
                sharding.shard({"x": x, "y": y}, case.n), name="pmap(dp_step)", hints=_STEP_HINTS)
+    if spy.updates == 0:
+        raise Mismatch("dp_step never called the update of the optimizer it was given (its optimizer argument): "
+                       "the step must work for any optax optimizer, so the averaged gradients go to that "
+                       "optimizer's update.")
     if seen and max(seen) > rows:
         raise Mismatch(f"the loss function was called on a batch of {max(seen)} rows; each device's shard has "
                        f"{rows}: every device computed on the gathered global batch, {max(seen) // rows} times the "
@@ -124,7 +130,8 @@ MISTAKES_05_1 = [
     *[Mistake(f"order {order}", f"The triple is in the order ({', '.join(order)}): dp_step returns (new_params, "
               "new_opt_state, loss), as single_step does.", lambda *args, order=order: tuple(
                   dict(zip(("new_params", "new_opt_state", "loss"), solution_dp_step(*args)))[k] for k in order))
-      for order in [("new_params", "loss", "new_opt_state"), ("loss", "new_params", "new_opt_state")]],
+      for order in itertools.permutations(("new_params", "new_opt_state", "loss"))
+      if order != ("new_params", "new_opt_state", "loss")],
     Mistake("stale state", "The optimizer state returned is the one dp_step was given, unchanged: the optimizer "
             "advances its state at every update (Adam its step count and running averages), so the next step "
             "would use a stale one.", _step_with(keep_state=True)),

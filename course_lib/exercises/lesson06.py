@@ -8,13 +8,16 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import sharding
-from . import Case, Mismatch, Mistake, Said, _error_text, call, describe_tree, diagnose, exercise
+from . import Case, Mismatch, Mistake, Said, _error_text, call, describe_tree, diagnose, exercise, placement
 
 AXIS = "i"
 
 
 def _mesh(n):
-    return jax.make_mesh((n,), (AXIS,), axis_types=(jax.sharding.AxisType.Explicit,), devices=jax.devices()[:n])
+    """A mesh of ``n`` devices; with fewer than all, the last ``n`` in reverse order: an answer that builds its own
+    mesh, or puts a block on another device than the mesh's, shows."""
+    devices = jax.devices() if n == len(jax.devices()) else jax.devices()[::-1][:n]
+    return jax.make_mesh((n,), (AXIS,), axis_types=(jax.sharding.AxisType.Explicit,), devices=devices)
 
 
 def _spec(x):
@@ -49,15 +52,14 @@ def _leaves(tree):
 
 
 def _layout(leaf) -> str:
-    """How ``leaf`` is laid out, in words: ``on the host``, ``whole on 4 devices``, ``in blocks of (3, 2) on 4
-    devices``."""
+    """How ``leaf`` is laid out, in words: ``on the host``, ``whole on devices [0, 1]``, ``in blocks of (3, 2) on
+    devices [7, 6, 5, 4]`` (in block order: ``placement``)."""
     if not isinstance(leaf, jax.Array):
         return "on the host"
-    k = len(leaf.devices())
     if leaf.sharding.is_fully_replicated:
-        return f"whole on {k} device{'s' * (k != 1)}"
+        return f"whole {placement(leaf)}"
     blocks = sorted({s.data.shape for s in leaf.addressable_shards})
-    return f"in blocks of {blocks[0] if len(blocks) == 1 else blocks} on {k} devices"
+    return f"in blocks of {blocks[0] if len(blocks) == 1 else blocks} {placement(leaf)}"
 
 
 _PLACE_HINTS = {
@@ -109,8 +111,10 @@ MISTAKES_06_1 = [
     Mistake("left on the host", "Nothing was placed: the arrays are still on the host.", lambda p, b, m: (p, b)),
     Mistake("swapped", "That is (batch, params): the batch first. Return them in the order (params, batch).",
             lambda p, b, m: solution_place(p, b, m)[::-1]),
-    Mistake("params on one device", "The parameters are on one device; every device of the mesh needs the whole "
-            "array.", lambda p, b, m: (jax.device_put(p, m.devices.flat[0]), solution_place(p, b, m)[1])),
+    *[Mistake(name, "The parameters are on one device; every device of the mesh needs the whole array.",
+              lambda p, b, m, first=first: (jax.device_put(p, m.devices.flat[0] if first else None),
+                                            solution_place(p, b, m)[1]))
+      for name, first in (("params on one device", True), ("params on the default device", False))],
     Mistake("batch cast", "The batch came back as float32." + NO_CAST,
             lambda p, b, m: solution_place(p, _to_f32(b), m)),
     Mistake("params cast", "The parameters came back as float32." + NO_CAST,

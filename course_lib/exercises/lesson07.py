@@ -11,7 +11,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ..hlo import compiled_collectives
-from . import Case, Mismatch, Mistake, call, describe_tree, diagnose, exercise, primitives, same
+from . import Case, Mismatch, Mistake, call, describe_tree, diagnose, exercise, placement, primitives, same
 from .lesson06 import AXIS, _mesh, _spec
 
 
@@ -242,12 +242,14 @@ def check_ported(ported):
     for case, (h, total) in zip(cases, results):
         x, w, mesh = case.args
         (n, b), d, what = (mesh.size, x.shape[0] // mesh.size), x.shape[1], case.label
-        if not isinstance(h, jax.Array) or _spec(h) is None or tuple(_spec(h))[:1] != (AXIS,):
-            raise Mismatch(f"{what}: tanh(x @ w) has sharding {_spec(h)}; expected the rows split over 'i', as "
-                           "the input was.")
-        if isinstance(total, jax.Array) and len(total.devices()) != n:
-            raise Mismatch(f"{what}: the column sums live on {len(total.devices())} device(s); as the pmap "
-                           f"version's out_axes=None output, they should be on all {n}, the same everywhere.")
+        want = placement(jax.ShapeDtypeStruct(x.shape[:1] + w.shape[1:], x.dtype, sharding=x.sharding))
+        if tuple(_spec(h) or ())[:1] != (AXIS,) or placement(h) != want:
+            raise Mismatch(f"{what}: tanh(x @ w) has sharding {_spec(h)}, {placement(h)} (in block order); expected "
+                           f"the rows split over 'i', {want}, as x was: block k on the mesh's k-th device.")
+        if isinstance(total, jax.Array) and set(total.devices()) != set(mesh.devices.flat):
+            raise Mismatch(f"{what}: the column sums live {placement(total)}; as the pmap version's "
+                           f"out_axes=None output, they should be on all {n} devices of the mesh, the same "
+                           "everywhere.")
         maps = _shard_maps(lambda a, c: ported(a, c, mesh), x, w, name="ported", mesh=mesh)
         if not maps:
             raise Mismatch(f"{what} has the right values but does not use jax.shard_map.")
@@ -426,10 +428,11 @@ def _steps_runner(make, case):
                                "them, so the devices hold two copies of the state while it runs. Tell jax.jit "
                                "which arguments it may reuse (lesson 07, section 2, donation).")
             for leaf in jax.tree.leaves(got[:2]):
-                if isinstance(leaf, jax.Array) and (len(leaf.devices()) != n or not leaf.sharding.is_fully_replicated):
-                    raise Mismatch(f"the state after step {i + 1} {where} has sharding {_spec(leaf)} on "
-                                   f"{len(leaf.devices())} device(s): it should be replicated on all {n} devices "
-                                   "of the mesh, as it came in, ready for the next step.")
+                if isinstance(leaf, jax.Array) and (set(leaf.devices()) != set(mesh.devices.flat)
+                                                    or not leaf.sharding.is_fully_replicated):
+                    raise Mismatch(f"the state after step {i + 1} {where} has sharding {_spec(leaf)} "
+                                   f"{placement(leaf)}: it should be replicated on all {n} devices of the mesh, "
+                                   "as it came in, ready for the next step.")
             if i == 0:                   # the first update leads: with SGD a factor of the gradient shows in it
                 same_tree = jax.tree.structure(got[0]) == jax.tree.structure(params0)
                 out.append(jax.tree.map(lambda a, b: np.asarray(a) - b, got[0], params0) if same_tree else got[0])

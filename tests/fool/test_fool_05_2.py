@@ -33,7 +33,7 @@ WRONG = [
     (lambda tree: max(float(jnp.max(jnp.abs(leaf - leaf[0]))) for leaf in jax.tree.leaves(tree)),
      ["The value is right, but it was computed from the global view"]),
     (over_leaves(lambda c: np.max(np.abs(c.astype(np.float16) - c[0].astype(np.float16)))),
-     ["rounded to float16 precision"]),
+     ["or to float16 precision"]),
     (lambda tree: max(float(np.max(np.abs(np.asarray(v) - np.asarray(v)[0]))) for v in jax.tree.leaves(tree)),
      ["the value is right, but it read a whole leaf", "on the host"]),                  # a host gather
     (lambda tree: max(float(np.max(np.abs(c - c[0]))) for c in jax.tree.leaves(jax.device_get(tree))),

@@ -3,8 +3,9 @@ feedback naming their mistake; right answers written differently pass."""
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from course_lib.exercises import check
 
@@ -77,6 +78,16 @@ def test_hard_coded_eight_device_mesh_fails_on_four():
     eight = jax.make_mesh((len(jax.devices()),), ("i",))
     fb = check("07.1", _port(mesh=eight))
     assert not fb and "on 4 devices" in fb.message, fb.message
+
+
+def test_the_mesh_given_in_its_order():
+    def rotated(x, w, m):          # the mesh's devices rotated by one: every block moves to another device
+        devs = list(m.devices.flat)
+        r = jax.sharding.Mesh(np.array(devs[1:] + devs[:1]), ("i",))
+        return _port(mesh=r)(jax.device_put(x, NamedSharding(r, P("i"))), jax.device_put(w, NamedSharding(r, P())), r)
+    fb = check("07.1", rotated)
+    assert not fb and "on devices [1, 2, 3, 4, 5, 6, 7, 0] (in block order); expected the rows split over 'i', on " \
+        "devices [0, 1" in fb.message
 
 
 def _psum_rows_then_sum(x, w, m):
