@@ -249,14 +249,6 @@ def _zero2_runner(shapes):
     return run
 
 
-def _count_fix(e: Mismatch):
-    """Re-raise ``e``, naming the fix when the engine found a device count written in."""
-    if "does not follow the device count" in str(e):
-        raise Mismatch(f"{e} Inside shard_map, jax.lax.axis_size({AXIS!r}) gives the device count of the mesh the "
-                       "step runs on.") from None
-    raise e
-
-
 _SCATTER_HINTS = {
     **_VMA_HINTS,
     "must be divisible": "A tiled psum_scatter splits its operand along scatter_dimension (the first axis unless "
@@ -291,7 +283,7 @@ def check_zero2_sgd(zero2_sgd):
             c.args[0].shape[0], c.args[0].shape[1] // c.n)]
         if blocks and _ONE_BLOCK not in str(e):
             raise Mismatch(f"{e} {_ONE_BLOCK}") from None
-        _count_fix(e)
+        raise
     for case in cases:
         whole, grads, lr, mesh = case.args
         (rows, c), cols = whole.shape, whole.shape[1] // mesh.size
@@ -639,7 +631,7 @@ def check_fsdp_step(make_fsdp_step):
             raise Mismatch(f"{e} Your code computes in {' and '.join(sorted(low))}: with 8 bits of mantissa "
                            "(bfloat16) or 11 (float16) the result is no longer float32's. Keep this exercise in "
                            "float32.") from None
-        _count_fix(e)
+        raise
     for case in cases:
         f, args, n_params = seen[case.label]
         every = _big_collectives(f.lower(*args).compile().as_text(), 1)
