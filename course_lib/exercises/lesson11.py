@@ -74,7 +74,7 @@ MISTAKES_11_1 = [
             "array where like='s array is. Pass the devices to the restore.",
             lambda d, like, devs: checkpoint.restore(d, like)[0]),
     Mistake("the first devices", "Those are the first {n} device(s), not the ones you were given (the checker "
-            "gives you the last ones): use the devices argument itself.",
+            "gives you others): use the devices argument itself.",
             lambda d, like, devs: checkpoint.restore(d, like, devices=jax.devices()[:len(devs)])[0]),
     Mistake("where it was saved", "Those are the devices it was saved from: with no placement asked for, the "
             "restore puts each array back where it was saved.", lambda d, like, devs: _orbax_restore(d)["state"]),
@@ -124,6 +124,8 @@ def check_restore_onto(restore_onto):
                "b": jnp.asarray(rng.standard_normal(5), jnp.bfloat16)},
               (jnp.asarray(rng.integers(0, 9, 6), jnp.int32), jnp.float32(-2.5))], [9, 10],
              [min(2, len(devs))])]
+    # neither the first nor the last devices, nor in id order: an answer must read the devices it is given
+    mixed = list(dict.fromkeys(devs[i % len(devs)] for i in (5, 2, 6, 1, 3, 4, 0, 7)))
     seen, cases = {}, []
     with tempfile.TemporaryDirectory() as tmp:
         for run, (saved, steps, counts) in enumerate(runs):
@@ -132,9 +134,9 @@ def check_restore_onto(restore_onto):
                 values = saved if step == steps[-1] else jax.tree.map(lambda a: (a * 0 + 7).astype(a.dtype), saved)
                 checkpoint.save(directory, step, jax.device_put(values, checkpoint.replicated_on(
                     devs[:len(devs) // 2 or 1] if run else devs)), {"position": step})
-            cases += [Case((directory, jax.tree.map(jnp.zeros_like, saved), devs[len(devs) - count:]),
+            cases += [Case((directory, jax.tree.map(jnp.zeros_like, saved), mixed[:count]),
                            f"restore_onto(directory of steps {steps}, like, devices={count} device(s))", n=count)
-                      for count in counts]      # the last devices, so "the first n" or "all" is caught
+                      for count in counts]
         diagnose(restore_onto, cases, solution=solution_restore_onto, mistakes=MISTAKES_11_1,
                  run=_onto_runner(seen), name="restore_onto")
     for case in cases:          # the mechanism: read straight onto the devices, not read elsewhere and moved
