@@ -147,7 +147,7 @@ def test_11_4_wrong_answers_are_named():
     assert "Keep each leaf's PartitionSpec" in wrong("11.4", lambda d, like, mesh: _restore(d, _on(mesh, like, P())))
     first = lambda d, like, mesh: _restore(d, _on(jax.make_mesh(mesh.devices.shape, ("data",),
                                                                 devices=jax.devices()[:mesh.size]), like))
-    assert "expected split as P('data',) over devices [4, 5, 6, 7]" in wrong("11.4", first)   # fine on 8, wrong on 4
+    assert "expected split as P('data',) over devices [5, 2, 6, 1]" in wrong("11.4", first)   # fine on 8, wrong on 4
     assert "bfloat16" in wrong("11.4", lambda d, like, mesh: _restore(d, _on(mesh, like, dtype=jnp.bfloat16)))
     assert "got tuple" in wrong("11.4", lambda d, like, mesh: (_restore(d, _on(mesh, like)), 7))
     fresh = lambda d, like, mesh: {k: jax.device_put(jnp.zeros(x.shape, x.dtype), NamedSharding(mesh, x.sharding.spec))
@@ -165,7 +165,7 @@ def test_11_4_skipping_the_target_is_caught():
     def whole_then_split(d, like, mesh):          # read whole onto every device of the new mesh, then split
         state = _restore(d, _on(mesh, like, P()))
         return jax.tree.map(lambda x, v: jax.device_put(v, NamedSharding(mesh, x.sharding.spec)), like, state)
-    assert "of shape (16,) whole on devices [4, 5, 6, 7] (you return it split as P('data',)" in wrong(
+    assert "of shape (16,) whole on devices [5, 2, 6, 1] (you return it split as P('data',)" in wrong(
         "11.4", whole_then_split)
 
     def via_host(d, like, mesh):                  # read as NumPy on the host, then place
@@ -229,13 +229,13 @@ def test_11_3_numbers_in_other_forms_pass_and_sorting_in_place_is_named():
 def test_11_4_one_rule_for_every_leaf_fails():
     every_leaf_split = lambda d, like, mesh: _restore(d, jax.tree.map(lambda x: jax.ShapeDtypeStruct(
         x.shape, x.dtype, sharding=NamedSharding(mesh, P("data") if x.ndim else P())), like))
-    assert "expected whole on devices [4, 5, 6, 7], got split as P('data',)" in wrong("11.4", every_leaf_split)
+    assert "expected whole on devices [5, 2, 6, 1], got split as P('data',)" in wrong("11.4", every_leaf_split)
 
     def notebook_rule(d, like, mesh):          # lesson 11's fsdp_shardings: split where the first axis divides
         size = mesh.shape["data"]
         return _restore(d, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(
             mesh, P("data") if x.ndim and x.shape[0] % size == 0 else P())), like))
-    assert "expected whole on devices [4, 5, 6, 7], got split as P('data',)" in wrong("11.4", notebook_rule)
+    assert "expected whole on devices [5, 2, 6, 1], got split as P('data',)" in wrong("11.4", notebook_rule)
 
 
 def test_11_4_the_newest_step_not_a_number_read_in_the_text():
@@ -267,7 +267,7 @@ def test_11_4_course_lib_other_layouts_and_device_order_are_named():
 
     reversed_mesh = lambda d, like, mesh: _restore(d, _on(jax.make_mesh(
         (mesh.size,), mesh.axis_names, devices=list(mesh.devices.flat)[::-1]), like))
-    assert "over devices [4, 5, 6, 7], got split as P('data',) over devices [7, 6, 5, 4]" in wrong(
+    assert "over devices [5, 2, 6, 1], got split as P('data',) over devices [1, 6, 2, 5]" in wrong(
         "11.4", reversed_mesh)
 
     def mutates(d, like, mesh):

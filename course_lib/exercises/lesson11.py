@@ -549,6 +549,7 @@ def check_restore_resharded(restore_resharded):
     devs = jax.devices()
     n = len(devs)
     smaller = [c for c in (4, 2) if c < n] or [n]
+    mixed = list(dict.fromkeys(devs[i % n] for i in (5, 2, 6, 1, 3, 4, 0, 7)))  # neither the first nor the last
     # (case, devices it is saved from, the steps saved in order (the newest last, as Orbax requires), mesh sizes)
     plans = [(_case_a, devs, [7], [smaller[0]]),
              (_case_a, devs, [7, 8, 10, 11], smaller[1:] or smaller),  # text: "8" > "11"; 7 the oldest; 10 next
@@ -566,9 +567,9 @@ def check_restore_resharded(restore_resharded):
                     manager.save(step, args=ocp.args.StandardSave(placed))
                     manager.wait_until_finished()
             like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), placed)
-            cases += [Case((directory, like, jax.make_mesh((count,), (axis,), devices=devs[n - count:]), saved),
+            cases += [Case((directory, like, jax.make_mesh((count,), (axis,), devices=mixed[:count]), saved),
                            f"restore_resharded(directory of steps {steps}, like, mesh of {count} devices '{axis}')",
-                           n=count) for count in sizes]       # the last devices: "the first n" shows
+                           n=count) for count in sizes]
         diagnose(restore_resharded, cases, solution=solution_restore_resharded, mistakes=MISTAKES_11_4,
                  run=_resharded_runner(seen), name="restore_resharded")
     for case in cases:               # the mechanism: each device read its own part, straight onto the new mesh

@@ -88,7 +88,7 @@ def _arrays_only(d, like, mesh):               # drops the scalar leaves
 WRONG = {
     "no target": (_no_target, "devices it was saved from"),
     "every leaf whole": (_all_whole, "Keep each leaf's PartitionSpec"),
-    "the first devices": (_first_devices, "over devices [4, 5, 6, 7], got split as"),
+    "the first devices": (_first_devices, "over devices [5, 2, 6, 1], got split as"),
     "bfloat16 target": (_bfloat16, "bfloat16"),
     "step 7 written in": (_step_seven, "expected the values of step 11, got the values of step 7"),
     "newest step by its name as text": (_newest_by_text, "compared as text"),
