@@ -106,7 +106,7 @@ def test_08_3_skipping_the_mechanism_or_the_layout():
     fb = check("08.3", _local_data(global_shape="stacked", reshape=True))
     assert not fb and "stacked (n, B // n, ...) layout is pmap's" in fb.message
     fb = check("08.3", _local_data(spec=(), global_shape="local"))
-    assert not fb and "over devices [0, 1, 2, 3, 4, 5, 6, 7], got split as P()" in fb.message
+    assert not fb and "over devices [5, 2, 6, 1, 3, 4, 0, 7], got split as P()" in fb.message
 
 
 def test_08_3_another_order_of_the_mesh_devices_is_refused():
@@ -114,7 +114,17 @@ def test_08_3_another_order_of_the_mesh_devices_is_refused():
         devs = list(mesh.devices.flat)
         return solution_global_batch(rows, jax.sharding.Mesh(np.array(devs[1:] + devs[:1]), mesh.axis_names))
     fb = check("08.3", rotated)
-    assert not fb and "over devices [0, 1, 2, 3, 4, 5, 6, 7], got split as P('data',) over devices [1, 2," in fb.message
+    assert not fb and "over devices [5, 2, 6, 1, 3, 4, 0, 7], got split as P('data',) over devices [2, 6," in fb.message
+
+
+def test_08_3_a_mesh_of_its_own_is_refused_and_told_to_use_the_given_one():
+    def own(size):
+        return lambda rows, mesh: jax.make_array_from_process_local_data(NamedSharding(jax.make_mesh(
+            (size(mesh),), ("data",)), P("data")), rows, (rows.shape[0] * jax.process_count(), *rows.shape[1:]))
+    fb = check("08.3", own(lambda mesh: mesh.size))        # the first devices, as many as the mesh's
+    assert not fb and "[5, 2, 6, 1, 3, 4, 0, 7], got split as P('data',) over devices [0, 1, 2, 3, 4," in fb.message
+    fb = check("08.3", own(lambda mesh: jax.device_count()))
+    assert not fb and "not the mesh you were given: use that one" in fb.message and "nothing else" not in fb.message
 
 
 def test_08_3_fixed_numbers_dtype_and_in_place():

@@ -228,6 +228,13 @@ def _patched(recorder, process=None, processes=1, devices=None):
     return mock.patch.multiple(jax, make_array_from_process_local_data=recorder, **job)
 
 
+def mixed_devices(n=None) -> list:
+    """``n`` of ``jax.devices()`` (all by default), neither the first nor the last ones nor in id order
+    ([5, 2, 6, 1] of 8): an answer that ignores the devices or the mesh it is given cannot match them."""
+    devices = jax.devices()
+    return list(dict.fromkeys(devices[i % len(devices)] for i in (5, 2, 6, 1, 3, 4, 0, 7)))[:n]
+
+
 def _split(sharding) -> Said:
     spec = getattr(sharding, "spec", None)
     spec = spec if spec is None else P(*tuple(spec)[:max([i + 1 for i, e in enumerate(spec) if e] or [0])])
@@ -241,11 +248,19 @@ def _batch_runner(fn, case):
     """One process (the real API): (the array, its split, how often the API was called). As process p of a
     simulated 2-process job: (the rows it passed, the global shape it asked for, the split, the calls)."""
     n, full, process = case.args
-    mesh = jax.make_mesh((n,), (DATA,), axis_types=(jax.sharding.AxisType.Explicit,), devices=jax.devices()[:n])
+    mesh = jax.make_mesh((n,), (DATA,), axis_types=(jax.sharding.AxisType.Explicit,), devices=mixed_devices(n))
     if process is None:
         recorder = _Recorder(jax.make_array_from_process_local_data)
-        with _patched(recorder):
-            got = call(fn, full.copy(), mesh, name="global_batch", hints=_batch_hints(full, n))
+        try:
+            with _patched(recorder):
+                got = call(fn, full.copy(), mesh, name="global_batch", hints=_batch_hints(full, n))
+        except Mismatch as e:       # a mesh of its own: its split is not the given mesh's
+            own = [getattr(c[0], "mesh", mesh) for c in recorder.calls if getattr(c[0], "mesh", mesh) != mesh]
+            if own:
+                raise Mismatch(str(e).replace(f" {_ROWS_SPLIT}", "") + " The sharding asked for names a mesh "
+                               f"of its own ({own[0].size} device(s)), not the mesh you were given: use that "
+                               "one.") from None
+            raise
         if not isinstance(got, jax.Array):
             raise Mismatch(f"global_batch returned {describe_tree(got)}; expected a jax.Array on the mesh's "
                            "devices.")
@@ -262,7 +277,7 @@ def _batch_runner(fn, case):
         return jax.ShapeDtypeStruct(shape, np.asarray(local_data).dtype)
 
     recorder = _Recorder(jax.make_array_from_process_local_data, simulate)
-    with _patched(recorder, process=process, processes=2, devices=jax.devices()[:n]):
+    with _patched(recorder, process=process, processes=2, devices=sorted(mesh.devices.flat, key=lambda d: d.id)):
         call(fn, local.copy(), mesh, name="global_batch")
     if len(recorder.calls) != 1:
         return Said(f"the API called {len(recorder.calls)} time(s)")
@@ -271,12 +286,15 @@ def _batch_runner(fn, case):
     return np.asarray(data), Said(f"global_shape {shape}"), _split(sharding), Said("the API called 1 time(s)")
 
 
+_ROWS_SPLIT = "Split the batch's rows (axis 0) over 'data', nothing else."
+
+
 def _batch_hints(full, n):
     """call's hints for one process holding ``full`` on a mesh of ``n`` devices (of all jax.devices())."""
     devices = {f"Got global_shape=({len(full) * k},": f"That is this process's rows times {k}, the number of "
                f"{what}: a process feeds all of its devices, so the row count grows with the processes, not the "
                "devices." for k, what in ((n, "the mesh's devices"), (len(jax.devices()), "devices")) if k > 2}
-    return {"does not evenly divide": "Split the batch's rows (axis 0) over 'data', nothing else.",
+    return {"does not evenly divide": _ROWS_SPLIT,
             "should be None or equal to local_data.shape": f"Here one process holds all {len(full)} rows, shape "
             f"{full.shape}: the global shape must follow from this process's rows and the number of processes, then "
             "every other axis of the rows, however many there are: no number written in.", **devices,

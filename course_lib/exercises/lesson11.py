@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import checkpoint, profile
 from . import Case, Mismatch, Mistake, Said, call, diagnose, exercise, placement, same
+from .lesson08 import mixed_devices
 
 # Graded hints, weakest first (the exercise framework shows them one at a time).
 HINTS = {
@@ -124,8 +125,7 @@ def check_restore_onto(restore_onto):
                "b": jnp.asarray(rng.standard_normal(5), jnp.bfloat16)},
               (jnp.asarray(rng.integers(0, 9, 6), jnp.int32), jnp.float32(-2.5))], [9, 10],
              [min(2, len(devs))])]
-    # neither the first nor the last devices, nor in id order: an answer must read the devices it is given
-    mixed = list(dict.fromkeys(devs[i % len(devs)] for i in (5, 2, 6, 1, 3, 4, 0, 7)))
+    mixed = mixed_devices()         # an answer must read the devices it is given
     seen, cases = {}, []
     with tempfile.TemporaryDirectory() as tmp:
         for run, (saved, steps, counts) in enumerate(runs):
@@ -549,7 +549,7 @@ def check_restore_resharded(restore_resharded):
     devs = jax.devices()
     n = len(devs)
     smaller = [c for c in (4, 2) if c < n] or [n]
-    mixed = list(dict.fromkeys(devs[i % n] for i in (5, 2, 6, 1, 3, 4, 0, 7)))  # neither the first nor the last
+    mixed = mixed_devices()
     # (case, devices it is saved from, the steps saved in order (the newest last, as Orbax requires), mesh sizes)
     plans = [(_case_a, devs, [7], [smaller[0]]),
              (_case_a, devs, [7, 8, 10, 11], smaller[1:] or smaller),  # text: "8" > "11"; 7 the oldest; 10 next
