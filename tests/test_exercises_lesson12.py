@@ -148,6 +148,23 @@ def test_12_3_reference_passes_and_matches_the_hlo():
                                                                       "all-reduce": 1}
 
 
+def test_12_3_feedback_asks_rather_than_states_which_arrays_are_gathered_again():
+    for mistake in L.MISTAKES_12_3:
+        assert not re.search(r"(not )?(gathered|gathers) again|not all-reduced|gathered twice", mistake.feedback), \
+            mistake.feedback
+    assert "transpose in the backward pass" not in exercises()["12.3"].hints[-1]
+
+
+def test_12_3_a_left_out_kind_or_a_negative_count_is_named():
+    def predict(*case):
+        return {k: v for k, v in L.solution_predict(*case).items() if k != "reduce-scatter"}
+    feedback = check("12.3", predict)
+    assert not feedback and "leaves out 'reduce-scatter'" in feedback.message and "you predicted" not in \
+        feedback.message, feedback.message
+    feedback = check("12.3", lambda *case: {**L.solution_predict(*case), "all-reduce": -1})
+    assert not feedback and "0 or more" in feedback.message, feedback.message
+
+
 def test_12_3_placeholder_is_not_started():
     def predict(n_layers, matrices, inner_biases, outer_biases, remat):
         ...                                    # the notebook's stub: nothing written yet

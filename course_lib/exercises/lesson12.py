@@ -43,8 +43,9 @@ HINTS = {
              "array of one layer (a bias inside and a bias at the end of the layer); and section 4's jax.checkpoint "
              "bullet.",
              "The mechanism: without jax.checkpoint, the backward pass reads what the forward pass saved; with it, "
-             "the backward runs the layer's forward again, but only the operations that its gradients need. Each "
-             "all-gather has a transpose in the backward pass, and the loss is averaged over the devices."],
+             "the backward runs the layer's forward again, but only the operations that its gradients need. A "
+             "gather's transpose, its gradient, is a reduce-scatter: which gathers does the step differentiate, and "
+             "which does the backward pass only run? The loss is averaged over the devices."],
 }
 
 
@@ -449,22 +450,27 @@ _SPELLINGS = {"psum": "all-reduce", "pmean": "all-reduce", "all_reduce": "all-re
               "all_gather": "all-gather", "allgather": "all-gather"}
 
 
-def _read_counts(got) -> dict:
-    """A predicted ``{collective: runs per step}`` as ``{op: int}`` for every op of ``_OPS`` (0 where not named), in
-    the compiled program's names (JAX's accepted: psum is an all-reduce). 10.5 and 12.3 read predictions so."""
+def _read_counts(got, every=False) -> dict:
+    """A predicted ``{collective: runs per step}`` as ``{op: int}`` for every op of ``_OPS`` (0 where not named; with
+    ``every``, each must be named), in the compiled program's names (JAX's accepted: psum is an all-reduce). 10.5 and
+    12.3 read predictions so."""
     if not isinstance(got, dict):
         raise Mismatch(f"the prediction is {describe_tree(got)}; expected a dict from a collective's name to how "
                        'many times one step runs it, e.g. {"all-gather": 1}.')
-    counts = dict.fromkeys(_OPS, 0)
+    counts, named = dict.fromkeys(_OPS, 0), set()
     for op, count in got.items():
         name = _SPELLINGS.get(op.strip().lower().replace(" ", ""), op.strip().lower()) if isinstance(op, str) else op
         if name not in _OPS:
             raise Mismatch(f"the prediction names {op!r}; use the compiled program's names: "
                            f"{', '.join(map(repr, _OPS))} (psum is an all-reduce, psum_scatter a reduce-scatter).")
-        if _whole(count) is None:
+        if _whole(count) is None or _whole(count) < 0:
             raise Mismatch(f"the prediction's [{op!r}] is {describe(count) if hasattr(count, 'shape') else repr(count)}"
-                           "; expected a whole number of runs per step (an int; 3.0 is accepted too).")
+                           "; expected a whole number of runs per step (an int, 0 or more; 3.0 is accepted too).")
         counts[name] += _whole(count)
+        named.add(name)
+    if every and named != set(_OPS):
+        raise Mismatch(f"the prediction leaves out {', '.join(repr(op) for op in _OPS if op not in named)}: give a "
+                       f"count for each of {', '.join(map(repr, _OPS))} (0 where you predict none).")
     return counts
 
 
@@ -501,33 +507,30 @@ def _counts(gathers=None, scatters=None, reduces=None):
     return predict
 
 
-_SCATTERS = ("Reduce-scatters: a sharded array's gradient comes back to its slices in the backward pass (the "
-             "transpose of its gather). How many gradients does one array of a layer have, however often it was "
-             "gathered?")
-_REDUCES = ("All-reduces: the sharded arrays' gradients are reduce-scattered, not all-reduced; what else in the step "
-            "is averaged over the devices, and how often?")
+_SCATTERS = ("Reduce-scatters: in what form does a sharded array's gradient come back to each device, and how "
+             "many gradients does one array of a layer get in a step?")
+_REDUCES = "All-reduces: which values in the step are averaged over the devices, whole on each, and how often?"
+_AGAIN = ("All-gathers, with jax.checkpoint: the backward pass runs the layer's forward again, but only the "
+          "operations whose results the gradients need. Which arrays do those operations read? Section 4's cell "
+          "counts the gathers of each array of one layer.")
 MISTAKES_12_3 = [
     Mistake("one layer", "Those are one layer's collectives: the step runs the scan's body n_layers times in the "
             "forward pass and again in the backward, each time with its own collectives. Count per step, over all "
             "the layers.", lambda n, k, i, o, r: solution_predict(1, k, i, o, r)),
-    Mistake("no re-gather", "All-gathers: only the forward pass's. jax.checkpoint does not keep what the forward "
-            "computed inside the layer, the gathered weights included. What must the backward pass do before it "
-            "can use a layer's weights?", _counts(lambda n, k, i, o, r: n * (k + i + o))),
-    Mistake("re-gather without remat", "All-gathers: a step with no jax.checkpoint has the backward pass use what "
-            "the forward pass saved, the gathered weights included: nothing is gathered again.",
+    Mistake("no re-gather", "All-gathers, with jax.checkpoint: it does not keep what the forward computed inside "
+            "the layer, the gathered weights included. What must the backward pass do before it can use a layer's "
+            "weights?", _counts(lambda n, k, i, o, r: n * (k + i + o))),
+    Mistake("re-gather without remat", "All-gathers, without jax.checkpoint: what does the backward pass read "
+            "there, what the forward pass saved or weights gathered anew?",
             _counts(lambda n, k, i, o, r: n * (2 * (k + i) + o))),
-    Mistake("outer biases re-gathered", "All-gathers: the biases at the end of the layer are not gathered again: "
-            "nothing the backward pass recomputes reads their values, so the recomputation skips their gathers.",
-            _counts(lambda n, k, i, o, r: n * (2 if r else 1) * (k + i + o))),
-    Mistake("inner biases not re-gathered", "All-gathers: a bias inside the tanh is gathered again too: the "
-            "recomputation needs it to rebuild what the tanh's gradient reads.",
+    Mistake("outer biases re-gathered", _AGAIN, _counts(lambda n, k, i, o, r: n * (2 if r else 1) * (k + i + o))),
+    Mistake("inner biases not re-gathered", _AGAIN,
             _counts(lambda n, k, i, o, r: n * ((2 * k + i + o) if r else (k + i + o)))),
-    Mistake("always re-gathered", "All-gathers: every array gathered twice per layer, with or without "
-            "jax.checkpoint. Without it the backward pass uses the gathered weights the forward saved; with it, it "
-            "gathers again only what the recomputation reads (not the biases at the end of the layer).",
+    Mistake("always re-gathered", "All-gathers: your counts are the same with and without jax.checkpoint. What "
+            "does the backward pass read in each: what the forward pass saved, or what it computes again?",
             _counts(lambda n, k, i, o, r: 2 * n * (k + i + o))),
-    Mistake("gradients all-reduced", "Reduce-scatters and all-reduces: each sharded array's gradient is "
-            "reduce-scattered to its slices (each device keeps only its slice's gradient), not all-reduced.",
+    Mistake("gradients all-reduced", "Reduce-scatters and all-reduces: each device keeps only its slice of a "
+            "sharded array. Does its gradient come back whole on every device, or only as that slice?",
             _counts(scatters=lambda *c: 0, reduces=lambda n, k, i, o, r: n * (k + i + o) + 1)),
     Mistake("outer biases not scattered", _SCATTERS, _counts(scatters=lambda n, k, i, o, r: n * (k + i))),
     Mistake("a scatter per gather", _SCATTERS,
@@ -544,7 +547,7 @@ MISTAKES_12_3 = [
 def check_predict(predict):
     label = "predict(n_layers={}, matrices={}, inner_biases={}, outer_biases={}, remat={})"
     diagnose(predict, [Case(c, label.format(*c)) for c in _CASES], mistakes=MISTAKES_12_3, reveal=False,
-             run=lambda fn, case: _read_counts(call(fn, *case.args, name="predict")),
+             run=lambda fn, case: _read_counts(call(fn, *case.args, name="predict"), every=True),
              solution=lambda *c: {kind: measured_collectives(*c).get(kind, 0) for kind in _OPS}, name="predict")
     return ("right in every case: the forward gathers every array of every layer; with jax.checkpoint the backward "
             "gathers again what the recomputation reads; each sharded array's gradient is reduce-scattered once per "

@@ -21,19 +21,19 @@ def _answer(gathers, scatters=lambda n, k, i, o: n * (k + i + o), reduces=lambda
 
 WRONG = [
     (_answer(lambda n, k, i, o, r: n * (k + i + o)), "What must the backward pass do"),
-    (_answer(lambda n, k, i, o, r: n * 2 * (k + i + o) if r else n * (k + i + o)), "at the end of the layer"),
-    (_answer(lambda n, k, i, o, r: n * (2 * k + i + o) if r else n * (k + i + o)), "inside the tanh"),
-    (_answer(lambda n, k, i, o, r: n * (2 * (k + i) + o)), "no jax.checkpoint"),
+    (_answer(lambda n, k, i, o, r: n * 2 * (k + i + o) if r else n * (k + i + o)), "Which arrays do those"),
+    (_answer(lambda n, k, i, o, r: n * (2 * k + i + o) if r else n * (k + i + o)), "Which arrays do those"),
+    (_answer(lambda n, k, i, o, r: n * (2 * (k + i) + o)), "without jax.checkpoint"),
     (_answer(lambda n, k, i, o, r: (2 * (k + i) + o) if r else (k + i + o),
              scatters=lambda n, k, i, o: k + i + o), "one layer's collectives"),
     (_answer(lambda n, k, i, o, r: n * (2 * (k + i) + o) if r else n * (k + i + o),
              scatters=lambda n, k, i, o: n * (k + i)), "Reduce-scatters"),
     (_answer(lambda n, k, i, o, r: n * (2 * (k + i) + o) if r else n * (k + i + o),
-             scatters=lambda n, k, i, o: n * (2 * (k + i) + o)), "however often it was gathered"),
+             scatters=lambda n, k, i, o: n * (2 * (k + i) + o)), "how many gradients"),
     (_answer(lambda n, k, i, o, r: n * (2 * (k + i) + o) if r else n * (k + i + o), reduces=lambda n: n),
      "All-reduces"),
     (_answer(lambda n, k, i, o, r: n * (2 * (k + i) + o) if r else n * (k + i + o), reduces=lambda n: 0),
-     "what else in the step"),
+     "which values in the step are averaged"),
     (lambda n, k, i, o, r: (n, k, 1), "expected a dict"),
     (lambda n, k, i, o, r: {"all-gather": 2.5, "reduce-scatter": 1, "all-reduce": 1}, "whole number"),
 ]
@@ -117,7 +117,7 @@ import jax.numpy as _jnp  # noqa: E402
 from course_lib.exercises.lesson12 import solution_predict as _sp  # noqa: E402
 
 FRESH = [
-    ("remat ignored", lambda n, k, i, o, r: _sp(n, k, i, o, True), "nothing is gathered again"),
+    ("remat ignored", lambda n, k, i, o, r: _sp(n, k, i, o, True), "what does the backward pass read there"),
     ("an all-reduce per layer, plus one", lambda *a: {**_sp(*a), "all-reduce": a[0] + 1}, "too many all-reduces"),
     ("two reduce-scatters per array", lambda *a: {**_sp(*a), "reduce-scatter": 2 * _sp(*a)["reduce-scatter"]},
      "too many reduce-scatters"),
