@@ -84,6 +84,8 @@ def test_10_5_predict_passes_and_counts_runs_per_step():
     assert check("10.5", solution_predict_collectives)
     feedback = check("10.5", lambda stage, k: solution_predict_collectives(stage, 1))
     assert not feedback and "inside the micro-batch loop" in feedback.message
+    feedback = check("10.5", lambda stage, k: {**solution_predict_collectives(stage, k), "reduce-scatter": -1})
+    assert not feedback and "0 or more" in feedback.message, feedback.message
 
 
 def test_hints_cover_every_exercise_with_a_ladder_of_three():
