@@ -405,6 +405,9 @@ MISTAKES_10_3 = [
             "through the model: take the smallest K that fits.", _search(order=lambda ks: ks[::-1])),
     Mistake("powers of two", "Your answer tried only powers of two; other divisors of the batch fit too. Try every "
             "divisor.", _search(candidates=lambda ks: [k for k in ks if not k & (k - 1)])),
+    Mistake("the count itself left out", "Your search leaves out K equal to the examples per device (range's end "
+            "is excluded): try every divisor from 1 to that count, included.",
+            _search(candidates=lambda ks: ks[:-1])),
     Mistake("peak assumed to fall", "Your search assumes the peak falls steadily as K grows: it walks down from "
             "the largest K and stops at the first that does not fit. The compiled peak need not fall steadily: "
             "try every K that divides the batch.", _search(order=lambda ks: ks[::-1], stop_at_misfit=True)),
@@ -461,8 +464,7 @@ def check_choose_k(choose_k):
             raise
         k, per = solution_choose_k(*case.args[:5]), case.args[2]["x"].shape[0] // case.args[3]
         raise Mismatch(f"{str(e).replace('got NoneType', 'got None')} None says no K fits, but K = {k} (a divisor "
-                       f"of the {per} examples per device) fits this budget: did your search try every divisor from 1 "
-                       f"to {per}, {per} included?") from None
+                       f"of the {per} examples per device) fits this budget.") from None
     return ("the smallest K whose compiled step, arguments + outputs - aliased + temporaries, fits: read from the "
             "program, not guessed, since the peak need not fall steadily with K.")
 
