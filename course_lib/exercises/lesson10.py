@@ -13,6 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from . import Case, Mismatch, Mistake, call, describe_tree, diagnose, exercise, is_placeholder, returned_none
 from .lesson12 import _or_none, _read_counts
+from .lesson08 import mixed_devices
 
 AXIS = "data"
 
@@ -267,7 +268,7 @@ def check_zero2_sgd(zero2_sgd):
     rng = np.random.default_rng(10)
     cases = []
     for n, rows, cols, lr in [(len(jax.devices()), 3, 2, 0.1), (4, 5, 3, 0.5), (2, 7, 5, 0.25)]:
-        mesh = Mesh(np.array(jax.devices()[:n]), (AXIS,))
+        mesh = Mesh(np.array(mixed_devices(n)), (AXIS,))
         params = rng.normal(size=(rows, n * cols)).astype(np.float32)
         local = rng.normal(size=(n, rows, n * cols)).astype(np.float32)    # device i's own gradient: local[i]
         grads = jax.device_put(local.reshape(n * rows, n * cols), NamedSharding(mesh, P(AXIS)))
@@ -534,7 +535,7 @@ def _fsdp_runner(answer, seen):
         if not callable(step):
             raise Mismatch(f"make_fsdp_step(loss_fn, optimizer) returned {describe_tree(step)}; expected the step "
                            "function, step(my_params, opt_state, batch), that runs on each device.")
-        mesh = Mesh(np.array(jax.devices()[:n]), (AXIS,))
+        mesh = Mesh(np.array(mixed_devices(n)), (AXIS,))
         split = jax.tree.map(lambda _: P(AXIS), params)
         opt_state = optimizer.init(jax.tree.map(jnp.asarray, params))
         opt_specs = jax.tree.map(lambda a: P(AXIS) if np.ndim(a) else P(), opt_state)
