@@ -177,7 +177,8 @@ def _values(x) -> str:
 
 
 def _where(cases, right_on, failed) -> str:
-    """Where the answer is right and where it fails; and when that splits by device count, the count."""
+    """Where the answer is right and where it fails; and when that splits by device count, the count (not a cause:
+    the cases vary other things with the count)."""
     if not right_on:
         return ""
     k = len(right_on)
@@ -187,8 +188,7 @@ def _where(cases, right_on, failed) -> str:
     good = [c.n for c in cases if c.label in right_on]
     bad = [c.n for c, _ in failed]
     if all(n == total for n in good) and all(n is not None and n != total for n in bad):
-        text += (f" It is right only on the cases with all {total} devices and fails on every case with fewer: "
-                 f"the answer does not follow the device count it is given.")
+        text += f" It is right only on the cases with all {total} devices and fails on every case with fewer."
     return text
 
 
