@@ -102,6 +102,7 @@ WRONG = {
         ("bfloat16", lambda x: jax.vmap(lambda v: jnp.sqrt(jnp.sum(v.astype(jnp.bfloat16) ** 2)))(x),
          "dtype bfloat16"),
         ("pmap instead of vmap", jax.pmap(lambda v: jnp.sqrt(jnp.sum(v ** 2))), "that is jax.pmap's answer"),
+        ("vmap of identity", lambda x: jnp.linalg.norm(jax.vmap(lambda r: r)(x), axis=1), "runs inside its vmap"),
     ],
     "01.3": [
         ("vmap", jax.vmap(lambda v: jnp.sqrt(jnp.sum(v ** 2))), "lives on one device"),
@@ -112,6 +113,7 @@ WRONG = {
         ("pmap, then gathered on device 0",
          lambda x: jax.device_put(jax.pmap(lambda v: jnp.sqrt(jnp.sum(v ** 2)))(x), jax.devices()[0]),
          "or brought there afterwards"),
+        ("pmap of identity", lambda x: jnp.linalg.norm(jax.pmap(lambda r: r)(x), axis=1), "runs inside its pmap"),
     ],
     "02.1": [
         ("interleaved", lambda x, n: x.reshape((x.shape[0] // n, n) + x.shape[1:]).swapaxes(0, 1),
