@@ -471,23 +471,18 @@ def expect_placed_on(got, devices, *, what: str = "the result", split: bool = Tr
                        f"{[d.id for d in devices]}.")
 
 
-def expect_pmapped(fn, got, args, devices, *, what: str, name: str, how: str, untraceable: str = "",
-                   work: tuple = (), in_order: bool = False) -> list:
+def expect_pmapped(fn, got, args, devices, *, what: str, name: str, how: str, work: tuple = (),
+                   in_order: bool = False) -> list:
     """``got`` lives on ``devices`` as pmap leaves it, and ``fn(*args)``'s program holds a pmap: its shard_map
-    equations are returned. ``how`` completes "the exercise is jax.pmap, ..." in the feedback; ``untraceable``
-    is added when the program cannot be read (the likely cause). ``work``: pairs ``(primitive names, the
-    exercise's operation in words)``; one of each pair's names must run inside the pmap, not only around it."""
+    equations are returned. ``how`` completes "the exercise is jax.pmap, ..." in the feedback. ``work``: pairs
+    ``(primitive names, the exercise's operation in words)``; one of each pair's names must run inside the pmap,
+    not only around it. ``in_order``: block k on ``devices[k]`` (``expect_placed_on``)."""
     if isinstance(got, jax.Array) and len(got.devices()) == 1 and len(devices) > 1:
         raise Mismatch(f"{what} has the right values but lives on one device: computed there (vmap, plain jnp) or "
                        f"brought there afterwards. The exercise is jax.pmap, {how}, and the result returned as pmap "
                        "gives it.")
     expect_placed_on(got, devices, what=what, in_order=in_order)
-    try:
-        maps = [e for e in primitives(fn, *args, name=name) if e.primitive.name == "shard_map"]
-    except Mismatch as error:   # a program make_jaxpr cannot read (np.asarray on an input): the pmaps it ran, read
-        maps = [e for e in _pmaps_run(fn, *args) or () if e.primitive.name == "shard_map"]
-        if not maps:
-            raise Mismatch(f"{error} {untraceable}".strip()) from None
+    maps = [e for e in pmap_program(fn, *args, name=name) if e.primitive.name == "shard_map"]
     if not maps:
         raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap (it was placed there "
                        f"some other way): the exercise is jax.pmap, {how}.")
@@ -535,18 +530,23 @@ def primitives(fn, *args, name: str = "your function") -> list:
     return list(_eqns(jaxpr_of(fn, *args, name=name)))
 
 
-def _pmaps_run(fn, *args) -> list | None:
-    """The equations of every ``jax.pmap`` that ``fn(*args)`` called, each traced on the inputs it was given (for
-    an answer ``make_jaxpr`` cannot read whole, e.g. one that reads x with NumPy); None if ``fn`` raised."""
-    real, programs = jax.pmap, []
+def pmap_program(fn, *args, name: str = "your function") -> list:
+    """``primitives``; for an answer ``make_jaxpr`` cannot read whole (one that reads x with NumPy), the equations
+    of every ``jax.pmap`` that ``fn(*args)`` called, each traced on the inputs it was given."""
+    try:
+        return primitives(fn, *args, name=name)
+    except Mismatch:
+        real, programs = jax.pmap, []
 
-    def spy(f, *a, **k):
-        def run(*xs):
-            programs.append(jax.make_jaxpr(real(f, *a, **k))(*xs).jaxpr)
-            return real(f, *a, **k)(*xs)
-        return run
+        def spy(f, *a, **k):
+            def run(*xs):
+                programs.append(jax.make_jaxpr(real(f, *a, **k))(*xs).jaxpr)
+                return real(f, *a, **k)(*xs)
+            return run
 
-    return [e for p in programs for e in _eqns(p)] if watch(fn, args, [(jax, "pmap", spy)]) else None
+        if not watch(fn, args, [(jax, "pmap", spy)]) or not programs:
+            raise
+        return [e for p in programs for e in _eqns(p)]
 
 
 def watch(fn, args, patches, *, again=None) -> bool:

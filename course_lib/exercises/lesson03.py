@@ -6,7 +6,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from . import (Case, Mismatch, Mistake, _eqns, call, diagnose, exercise, expect_placed_on, expect_pmapped,
-               _pmaps_run, placement, primitives, watch)
+               placement, pmap_program, watch)
 from .lesson00 import _data
 from .lesson06 import _mesh
 
@@ -70,12 +70,7 @@ def check_scale_on_two(scale_on_two):
                        run=lambda fn, case: call(fn, *case.args, name="scale_on_two", summaries=summaries, hints=hints))
     x, s = cases[-1].args
     # The program with s as a plain number, as a static argument (static_broadcasted_argnums) or a closure needs it
-    try:
-        eqns = primitives(lambda x: scale_on_two(x, float(s)), x, name="scale_on_two")
-    except Mismatch:                # a program make_jaxpr cannot read (np.asarray on x): the pmaps it ran, read
-        eqns = _pmaps_run(scale_on_two, x, float(s))
-        if eqns is None:
-            raise
+    eqns = pmap_program(lambda x: scale_on_two(x, float(s)), x, name="scale_on_two")
     program = {e.primitive.name for e in eqns}
     for case, got in zip(cases, results):
         try:
@@ -152,10 +147,7 @@ def check_predict(predict):
     for case, got in zip(cases, results):
         maps = expect_pmapped(predict, got, case.args, devices[:case.n], what=case.label, name=name,
                               how="the parameters broadcast and the batch mapped", in_order=True,
-                              work=[({"dot_general"}, "product x @ w"), ({"add"}, "addition of the bias")],
-                              untraceable=(
-            "It seems to copy the parameters once per device first (sharding.replicate, np.stack): the copies "
-            "that in_axes=None makes unnecessary."))
+                              work=[({"dot_general"}, "product x @ w"), ({"add"}, "addition of the bias")])
     (params, _), what = cases[-1].args, cases[-1].label
     if _unmapped(maps) < len(params):
         raise Mismatch(f"{what} has the right values, but the parameters were mapped over the devices (stacked "
