@@ -102,6 +102,7 @@ def test_a_mistake_that_raises_is_not_named_and_an_answer_that_raises_says_where
     (np.arange(6.0).reshape(3, 2), np.arange(6.0).reshape(2, 3), "in another shape"),
     (np.round(np.linspace(0, 1, 7), 2), np.linspace(0, 1, 7), "rounded to 2 decimals"),
     (np.arange(5.0) + 0.5, np.arange(5.0), "every value off by +0.5"),
+    (np.full(3, 1.872), np.full(3, 1.8716), "rounded to 3 decimals: every value off by +0.0004"),   # both said
     (np.arange(5.0)[::-1], np.arange(5.0), "reverse order"),
     (np.roll(np.arange(5.0), 1), np.arange(5.0), "rotated by 1"),
     (-np.arange(1.0, 4.0), np.arange(1.0, 4.0), "negated"),

@@ -72,6 +72,7 @@ WRONG = {
     "00.2": [
         ("ids as strings", lambda a: sorted(str(d.id) for d in a.devices()), "returned ['3'], ids as strings; expected a list of ints"),
         ("ids as floats", lambda a: sorted(float(d.id) for d in a.devices()), "got list[float]"),
+        ("a generator", lambda a: (d.id for d in a.devices()), "returned a generator, which gives its items one"),
         ("ids as numpy strings", lambda a: list(np.array([d.id for d in a.devices()]).astype(str)), "ids as strings"),
         ("every device", lambda a: [d.id for d in jax.devices()], "Those are the ids of every device JAX has"),
         ("the Devices", lambda a: sorted(a.devices(), key=lambda d: d.id), "Those are the Devices themselves"),
@@ -93,7 +94,7 @@ WRONG = {
         ("pieces stacked", lambda x, ds: jnp.stack([jax.device_put(p, d) for p, d in zip(np.split(x, len(ds)), ds)]),
          "cannot combine them: return them as they are, in a list"),
         ("8 pieces hard-coded", lambda x, ds: [jax.device_put(p, d) for p, d in zip(np.split(x, 8), ds)],
-         "the answer does not follow the device count it is given"),
+         "fails on every case with fewer."),
     ],
     "01.2": [
         ("no vmap", lambda x: jnp.linalg.norm(x, axis=1), "no jax.vmap ran"),
@@ -102,6 +103,7 @@ WRONG = {
         ("bfloat16", lambda x: jax.vmap(lambda v: jnp.sqrt(jnp.sum(v.astype(jnp.bfloat16) ** 2)))(x),
          "dtype bfloat16"),
         ("pmap instead of vmap", jax.pmap(lambda v: jnp.sqrt(jnp.sum(v ** 2))), "that is jax.pmap's answer"),
+        ("vmap of identity", lambda x: jnp.linalg.norm(jax.vmap(lambda r: r)(x), axis=1), "runs inside its vmap"),
     ],
     "01.3": [
         ("vmap", jax.vmap(lambda v: jnp.sqrt(jnp.sum(v ** 2))), "lives on one device"),
@@ -112,6 +114,7 @@ WRONG = {
         ("pmap, then gathered on device 0",
          lambda x: jax.device_put(jax.pmap(lambda v: jnp.sqrt(jnp.sum(v ** 2)))(x), jax.devices()[0]),
          "or brought there afterwards"),
+        ("pmap of identity", lambda x: jnp.linalg.norm(jax.pmap(lambda r: r)(x), axis=1), "runs inside its pmap"),
     ],
     "02.1": [
         ("interleaved", lambda x, n: x.reshape((x.shape[0] // n, n) + x.shape[1:]).swapaxes(0, 1),

@@ -85,7 +85,7 @@ def test_03_2_parameters_must_be_broadcast_not_stacked():
         return jax.pmap(lambda q, x: x @ q["w"] + q["b"])(sharding.replicate(p, jax.devices()[:xs.shape[0]]), xs)
 
     fb = check("03.2", replicated)
-    assert not fb and "in_axes=None makes unnecessary" in fb.message
+    assert not fb and "the parameters were mapped over the devices" in fb.message   # read from the pmap it ran
     assert check("03.2", lambda p, xs: jax.pmap(lambda q, x: x @ q["w"] + q["b"], in_axes=(None, 0))(p, xs))
 
 
@@ -102,6 +102,20 @@ def test_03_3_device_axis_last_needs_out_axes_not_a_transpose():
     assert not fb and "swapped afterwards (.T, transpose" in fb.message and "with out_axes (section 4)" in fb.message
     fb = check("03.3", lambda xs: jnp.swapaxes(jax.pmap(lambda r: 2.0 * r)(xs), 0, 1))
     assert not fb and "with out_axes (section 4)" in fb.message
+
+
+def test_03_2_block_i_on_device_i_and_the_bias_inside_pmap():
+    fb = check("03.2", lambda p, xs: jax.pmap(lambda q, x: x @ q["w"] + q["b"], in_axes=(None, 0),
+                                              devices=jax.devices()[:xs.shape[0]][::-1])(p, xs))
+    assert not fb and "lives on devices [7, 6, 5, 4, 3, 2, 1, 0], in block order" in fb.message
+    fb = check("03.2", lambda p, xs: jax.pmap(lambda x, w: x @ w, in_axes=(0, None))(xs, p["w"]) + p["b"])
+    assert not fb and "no addition of the bias runs inside its pmap" in fb.message
+
+
+def test_03_3_doubling_outside_pmap_fails_and_numpy_input_passes():
+    fb = check("03.3", lambda xs: jax.pmap(lambda r: r, out_axes=1)(xs) * 2)
+    assert not fb and "no doubling runs inside its pmap" in fb.message
+    assert check("03.3", lambda xs: jax.pmap(lambda r: r + r, in_axes=0, out_axes=1)(np.asarray(xs)))
 
 
 def test_03_3_raises_or_wrong_structure():
@@ -186,7 +200,7 @@ def test_03_4_works_on_8_devices_but_not_on_the_4_given():
         with jax.set_mesh(jax.make_mesh((8,), ("i",))):
             return _smap()(jax.device_put(x, P("i")), w)
     fb = check("03.4", own_mesh)
-    assert not fb and "does not follow the device count it is given" in fb.message
+    assert not fb and "fails on every case with fewer." in fb.message
 
     def rotated(x, w, mesh):       # the mesh's devices rotated by one: block k is not on the mesh's k-th device
         devs = list(mesh.devices.flat)

@@ -25,6 +25,13 @@ def test_06_1_place():
     assert "every device of the mesh needs the whole array" in one_device.message
 
 
+def test_06_1_a_nested_batch():   # a flat dict comprehension over the batch fails on the nested case
+    fb = check("06.1", lambda p, b, m: (jax.device_put(p, NamedSharding(m, P())),
+                                        {k: jax.device_put(v, NamedSharding(m, P("i", *[None] * (v.ndim - 1))))
+                                         for k, v in b.items()}))
+    assert not fb and "on a mesh of 4 devices" in fb.message
+
+
 def test_06_1_the_mesh_given_in_its_order():
     def rotated(p, b, m):          # the mesh's devices, rotated by one: block k is not on the mesh's k-th device
         devs = list(m.devices.flat)

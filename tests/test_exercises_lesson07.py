@@ -30,6 +30,17 @@ def test_07_1_reference_agrees_with_the_pmap_version_it_ports():
     np.testing.assert_allclose(np.asarray(total), np.asarray(total_old), rtol=1e-5)
 
 
+def test_07_1_shard_map_on_another_mesh_than_its_inputs_is_said_in_one_sentence():
+    def reversed_mesh(x, w, mesh):
+        m = jax.sharding.Mesh(mesh.devices[::-1], ("i",), axis_types=mesh.axis_types)
+        return jax.shard_map(lambda a, b: (a @ b, a.sum()), mesh=m, in_specs=(P("i"), P()),
+                             out_specs=(P("i"), P()))(x, w)
+
+    fb = check("07.1", reversed_mesh)
+    assert not fb and "runs on another mesh than the one its inputs live on: use the mesh you were given." in (
+        fb.message) and "device ids" not in fb.message
+
+
 def test_07_2_checker_cases_vary_devices_models_and_optimizers():
     cases = lesson07._cases(np.random.default_rng(0))
     assert [c[0] for c in cases] == [len(jax.devices()), 4, 2]

@@ -454,8 +454,9 @@ def call(fn, *args, name: str | None = None, hints: dict[str, str] | None = None
     return result
 
 
-def expect_placed_on(got, devices, *, what: str = "the result", split: bool = True) -> None:
-    """``got`` is a ``jax.Array`` on exactly ``devices``; with ``split``, each holds a different block."""
+def expect_placed_on(got, devices, *, what: str = "the result", split: bool = True, in_order: bool = False) -> None:
+    """``got`` is a ``jax.Array`` on exactly ``devices``; with ``split``, each holds a different block; with
+    ``in_order`` (an exercise that ties block k to device k), block k on ``devices[k]`` (``placement``)."""
     devices = list(devices)
     if not isinstance(got, jax.Array):
         raise Mismatch(f"{what} should be a jax.Array on {len(devices)} devices, got {describe(got)}.")
@@ -465,24 +466,31 @@ def expect_placed_on(got, devices, *, what: str = "the result", split: bool = Tr
                        f"expected the {len(devices)} devices with ids {[d.id for d in devices]}.")
     if split and len(devices) > 1 and got.sharding.is_fully_replicated:
         raise Mismatch(f"{what} holds a full copy on every device; expected one block per device.")
+    if split and in_order and placement(got) != f"on devices {[d.id for d in devices]}":
+        raise Mismatch(f"{what} lives {placement(got)}, in block order; expected block k on the k-th of the devices "
+                       f"{[d.id for d in devices]}.")
 
 
-def expect_pmapped(fn, got, args, devices, *, what: str, name: str, how: str, untraceable: str = "") -> list:
+def expect_pmapped(fn, got, args, devices, *, what: str, name: str, how: str, work: tuple = (),
+                   in_order: bool = False) -> list:
     """``got`` lives on ``devices`` as pmap leaves it, and ``fn(*args)``'s program holds a pmap: its shard_map
-    equations are returned. ``how`` completes "the exercise is jax.pmap, ..." in the feedback; ``untraceable``
-    is added when the program cannot be read (the likely cause)."""
+    equations are returned. ``how`` completes "the exercise is jax.pmap, ..." in the feedback. ``work``: pairs
+    ``(primitive names, the exercise's operation in words)``; one of each pair's names must run inside the pmap,
+    not only around it. ``in_order``: block k on ``devices[k]`` (``expect_placed_on``)."""
     if isinstance(got, jax.Array) and len(got.devices()) == 1 and len(devices) > 1:
         raise Mismatch(f"{what} has the right values but lives on one device: computed there (vmap, plain jnp) or "
                        f"brought there afterwards. The exercise is jax.pmap, {how}, and the result returned as pmap "
                        "gives it.")
-    expect_placed_on(got, devices, what=what)
-    try:
-        maps = [e for e in primitives(fn, *args, name=name) if e.primitive.name == "shard_map"]
-    except Mismatch as e:
-        raise Mismatch(f"{e} {untraceable}".strip()) from None
+    expect_placed_on(got, devices, what=what, in_order=in_order)
+    maps = [e for e in pmap_program(fn, *args, name=name) if e.primitive.name == "shard_map"]
     if not maps:
         raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap (it was placed there "
                        f"some other way): the exercise is jax.pmap, {how}.")
+    ran = {e.primitive.name for m in maps for e in _eqns(m.params["jaxpr"])}
+    for names, words in work:
+        if not ran & names:
+            raise Mismatch(f"{what} has the right values, but no {words} runs inside its pmap: it ran before or "
+                           "after the pmap, outside the devices' program. Do it inside the pmapped function.")
     return maps
 
 
@@ -494,11 +502,16 @@ def _eqns(jaxpr):
     """Every equation of a jaxpr, inside nested jaxprs (jit, shard_map, scan, ...) too."""
     for eqn in jaxpr.eqns:
         yield eqn
-        for value in eqn.params.values():
-            for sub in (value if isinstance(value, (tuple, list)) else [value]):
-                inner = getattr(sub, "jaxpr", sub)
-                if hasattr(inner, "eqns"):
-                    yield from _eqns(inner)
+        yield from _inner(eqn.params)
+
+
+def _inner(params):
+    """Every equation of the jaxprs among one equation's ``params`` (a jit's, a scan's body, ...)."""
+    for value in params.values():
+        for sub in (value if isinstance(value, (tuple, list)) else [value]):
+            inner = getattr(sub, "jaxpr", sub)
+            if hasattr(inner, "eqns"):
+                yield from _eqns(inner)
 
 
 def jaxpr_of(fn, *args, name: str = "your function"):
@@ -515,6 +528,25 @@ def jaxpr_of(fn, *args, name: str = "your function"):
 def primitives(fn, *args, name: str = "your function") -> list:
     """The equations of ``fn(*args)``'s program, nested ones included (``pmap`` shows as ``shard_map``)."""
     return list(_eqns(jaxpr_of(fn, *args, name=name)))
+
+
+def pmap_program(fn, *args, name: str = "your function") -> list:
+    """``primitives``; for an answer ``make_jaxpr`` cannot read whole (one that reads x with NumPy), the equations
+    of every ``jax.pmap`` that ``fn(*args)`` called, each traced on the inputs it was given."""
+    try:
+        return primitives(fn, *args, name=name)
+    except Mismatch:
+        real, programs = jax.pmap, []
+
+        def spy(f, *a, **k):
+            def run(*xs):
+                programs.append(jax.make_jaxpr(real(f, *a, **k))(*xs).jaxpr)
+                return real(f, *a, **k)(*xs)
+            return run
+
+        if not watch(fn, args, [(jax, "pmap", spy)]) or not programs:
+            raise
+        return [e for p in programs for e in _eqns(p)]
 
 
 def watch(fn, args, patches, *, again=None) -> bool:
@@ -538,8 +570,9 @@ def watch(fn, args, patches, *, again=None) -> bool:
     return True
 
 
-def vmap_calls(fn, *args) -> int | None:
-    """How many times calling ``fn(*args)`` ran a ``vmap``ped function (``None`` if it raised, or JAX cannot tell).
+def vmap_calls(fn, *args, inside: set | None = None) -> int | None:
+    """How many times calling ``fn(*args)`` ran a ``vmap``ped function (``None`` if it raised, or JAX cannot tell);
+    the names of the primitives that ran inside a vmap are added to ``inside``.
 
     ``vmap`` leaves no trace in a jaxpr, so this counts the batching traces JAX starts while ``fn`` runs (with
     ``watch``, which runs it again if none is seen), however and whenever the ``vmap``ped function was built.
@@ -550,13 +583,19 @@ def vmap_calls(fn, *args) -> int | None:
         original = batching.BatchTrace.__init__
     except (ImportError, AttributeError):
         return None
-    count = [0]
+    count, process = [0], batching.BatchTrace.process_primitive
 
     def counting_init(self, *a, **k):
         count[0] += 1
         return original(self, *a, **k)
 
-    ran = watch(fn, args, [(batching.BatchTrace, "__init__", counting_init)], again=lambda: count[0] == 0)
+    def seen(self, primitive, tracers, params):    # a jit's own equations too: JAX caches their batched form
+        names = [primitive.name, *(e.primitive.name for e in _inner(params))]
+        (inside if inside is not None else set()).update(names)
+        return process(self, primitive, tracers, params)
+
+    ran = watch(fn, args, [(batching.BatchTrace, "__init__", counting_init),
+                           (batching.BatchTrace, "process_primitive", seen)], again=lambda: count[0] == 0)
     return count[0] if ran else None
 
 

@@ -177,7 +177,8 @@ def _values(x) -> str:
 
 
 def _where(cases, right_on, failed) -> str:
-    """Where the answer is right and where it fails; and when that splits by device count, the count."""
+    """Where the answer is right and where it fails; and when that splits by device count, the count (not a cause:
+    the cases vary other things with the count)."""
     if not right_on:
         return ""
     k = len(right_on)
@@ -187,8 +188,7 @@ def _where(cases, right_on, failed) -> str:
     good = [c.n for c in cases if c.label in right_on]
     bad = [c.n for c, _ in failed]
     if all(n == total for n in good) and all(n is not None and n != total for n in bad):
-        text += (f" It is right only on the cases with all {total} devices and fails on every case with fewer: "
-                 f"the answer does not follow the device count it is given.")
+        text += f" It is right only on the cases with all {total} devices and fails on every case with fewer."
     return text
 
 
@@ -480,15 +480,18 @@ def relation(g: np.ndarray, e: np.ndarray, *, n: int | None = None, rtol: float 
         if np.all(np.abs(g64) < 1e-12) and not np.all(nonzero == 0):
             return "got 0" if g64.ndim == 0 else "all zeros"
     offset = g64 - e64
-    if g64.size > 1 and np.allclose(offset, offset.flat[0], atol=max(atol, 1e-6), rtol=0):
-        return f"every value off by {float(offset.flat[0]):+.4g}"
+    shift = (f"every value off by {float(offset.flat[0]):+.4g}" if g64.size > 1 and
+             np.allclose(offset, offset.flat[0], atol=max(atol, 1e-6), rtol=0) else "")
     with np.errstate(over="ignore", invalid="ignore"):  # byte counts beyond float16's range are simply not equal
         halves = [h for h in ("float16", "bfloat16") if e.dtype != jax.numpy.dtype(h)
                   and np.array_equal(g64, e64.astype(jax.numpy.dtype(h)).astype(np.float64))]
     digits = [d for d in range(0, 4) if np.array_equal(np.round(g64, 6), np.round(np.round(e64, d), 6))]
     if digits and not close(g64, e64):       # both can give these numbers: a short decimal is said first
         return (f"the expected values rounded to {digits[0]} decimal{'s' * (digits[0] != 1)}"
-                + (f" (or to {halves[0]} precision: both give these numbers)" if halves else ""))
+                + (f" (or to {halves[0]} precision: both give these numbers)" if halves else "")
+                + (f": {shift}" if shift else ""))
+    if shift:
+        return shift
     if halves:
         return f"the expected values rounded to {halves[0]} precision"
     rel = float(np.max(np.abs(g64 - e64)) / max(float(np.max(np.abs(e64))), 1e-30))

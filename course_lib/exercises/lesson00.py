@@ -1,5 +1,7 @@
 """Lesson 00 exercises: placing an array on a chosen device, and finding where an array lives."""
 
+import collections.abc
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -81,6 +83,9 @@ def _ids_and_set(fn, case):
         shown = f"the set {set(int(i) for i in got)}" if ints else f"a set of {describe_tree(list(got))[5:-1]}"
         raise Mismatch(f"returned {shown}; expected a list of ints in ascending order, {want}"
                        + (": a set has no order." if ints else "."))
+    if isinstance(got, collections.abc.Iterator):   # a generator, map, iter(...): not yet a list
+        raise Mismatch(f"returned a {type(got).__name__}, which gives its items one at a time when looped over; "
+                       f"expected a list of ints in ascending order, {solution_device_ids(a)}.")
     if isinstance(got, (list, tuple)) and got and all(isinstance(i, str) for i in got):
         raise Mismatch(f"returned {list(got)!r}, ids as strings; expected a list of ints in ascending order, "
                        f"{solution_device_ids(a)}.")

@@ -8,6 +8,8 @@ from . import Case, Mismatch, Mistake, call, diagnose, exercise, expect_pmapped,
 from .lesson00 import _data
 
 
+# A row's norm reduces it: one of these must run inside the vmap/pmap, not only around it
+NORM = ({"reduce_sum", "dot_general", "reduce_max", "reduce_prod"}, "norm (a reduction of each row)")
 MISTAKES_01_2 = MISTAKES_01_3 = [
     Mistake("squared norms", "That is the squared norm of each row (the sum of its squares): the square root is "
             "missing.", lambda x: jnp.sum(x ** 2, axis=1)),
@@ -83,7 +85,8 @@ def solution_batched_norms(x):
                  "Section 3 of the lesson: `jax.vmap`, and what the function it returns takes."])
 def check_batched_norms(batched_norms):
     probe = jnp.asarray(_data((7, 13), seed=713))  # first, and a shape no earlier call is likely to have cached
-    vmaps = vmap_calls(batched_norms, probe)
+    inside = set()
+    vmaps = vmap_calls(batched_norms, probe, inside=inside)
     cases = [Case((jnp.asarray(_data((b, d), seed=b * 10 + d)),), f"batched_norms(x {(b, d)})")
              for b, d in [(8, 3), (5, 7), (1, 2), (7, 13), (12, 4)]]
 
@@ -101,6 +104,10 @@ def check_batched_norms(batched_norms):
                        "on the whole batch at once (a norm or a sum over axis 1) or loops over the rows in Python. "
                        "The exercise is vmap: write the norm of ONE row, and let jax.vmap map it over the batch "
                        "(section 3).")
+    if vmaps and not inside & NORM[0]:
+        raise Mismatch(f"batched_norms has the right values, but no {NORM[1]} runs inside its vmap: the vmapped "
+                       "function only passes the rows on, and the norm is taken outside it, over the whole batch. "
+                       "Write the norm of ONE row, and vmap that function (section 3).")
     return "vmap turned a function of one example into a function of a batch."
 
 
@@ -132,5 +139,5 @@ def check_norms_on_devices(norms_on_devices):
                            "is partitioned": rows, "squeeze out": rows}))
     for case, got in zip(cases, results):
         expect_pmapped(norms_on_devices, got, case.args, devices[:case.n], what=case.label, name="norms_on_devices",
-                       how=f"so that each of the {case.n} rows is computed on its own device")
+                       how=f"so that each of the {case.n} rows is computed on its own device", work=[NORM])
     return "one program, one row per device, the results spread over the devices."

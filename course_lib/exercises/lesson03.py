@@ -6,7 +6,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from . import (Case, Mismatch, Mistake, _eqns, call, diagnose, exercise, expect_placed_on, expect_pmapped,
-               placement, primitives, watch)
+               placement, pmap_program, watch)
 from .lesson00 import _data
 from .lesson06 import _mesh
 
@@ -41,20 +41,6 @@ def _unmapped(maps) -> int:
     return max((sum(len(tuple(s)) == 0 for s in m.params["in_specs"]) for m in maps), default=0)
 
 
-def _pmaps_run(fn, *args) -> list | None:
-    """The equations of every ``jax.pmap`` that ``fn(*args)`` called, each traced on the inputs it was given (for
-    an answer ``make_jaxpr`` cannot read whole, e.g. one that reads x with NumPy); None if ``fn`` raised."""
-    real, programs = jax.pmap, []
-
-    def spy(f, *a, **k):
-        def run(*xs):
-            programs.append(jax.make_jaxpr(real(f, *a, **k))(*xs).jaxpr)
-            return real(f, *a, **k)(*xs)
-        return run
-
-    return [e for p in programs for e in _eqns(p)] if watch(fn, args, [(jax, "pmap", spy)]) else None
-
-
 MISTAKES_03_1 = [
     Mistake("blocks not put back", "That is the per-device blocks as pmap stacks them, shape (2, B // 2, ...): x "
             "had shape (B, ...).",
@@ -84,12 +70,7 @@ def check_scale_on_two(scale_on_two):
                        run=lambda fn, case: call(fn, *case.args, name="scale_on_two", summaries=summaries, hints=hints))
     x, s = cases[-1].args
     # The program with s as a plain number, as a static argument (static_broadcasted_argnums) or a closure needs it
-    try:
-        eqns = primitives(lambda x: scale_on_two(x, float(s)), x, name="scale_on_two")
-    except Mismatch:                # a program make_jaxpr cannot read (np.asarray on x): the pmaps it ran, read
-        eqns = _pmaps_run(scale_on_two, x, float(s))
-        if eqns is None:
-            raise
+    eqns = pmap_program(lambda x: scale_on_two(x, float(s)), x, name="scale_on_two")
     program = {e.primitive.name for e in eqns}
     for case, got in zip(cases, results):
         try:
@@ -165,9 +146,8 @@ def check_predict(predict):
                        atol=1e-5)
     for case, got in zip(cases, results):
         maps = expect_pmapped(predict, got, case.args, devices[:case.n], what=case.label, name=name,
-                              how="the parameters broadcast and the batch mapped", untraceable=(
-            "It seems to copy the parameters once per device first (sharding.replicate, np.stack): the copies "
-            "that in_axes=None makes unnecessary."))
+                              how="the parameters broadcast and the batch mapped", in_order=True,
+                              work=[({"dot_general"}, "product x @ w"), ({"add"}, "addition of the bias")])
     (params, _), what = cases[-1].args, cases[-1].label
     if _unmapped(maps) < len(params):
         raise Mismatch(f"{what} has the right values, but the parameters were mapped over the devices (stacked "
@@ -215,7 +195,8 @@ def check_device_axis_last(device_axis_last):
                        name="device_axis_last")
     for case, got in zip(cases, results):
         maps = expect_pmapped(device_axis_last, got, case.args, devices[:case.n], what=case.label,
-                              name="device_axis_last", how="putting the device axis last itself")
+                              name="device_axis_last", how="putting the device axis last itself",
+                              work=[({"mul", "add"}, "doubling")])
         if not any(len(tuple(s)) >= 2 and tuple(s)[0] is None and tuple(s)[1] is not None
                    for m in maps for s in m.params["out_specs"]):
             raise Mismatch(f"{case.label} has the right values, but pmap stacked the results along axis 0 and the axes "

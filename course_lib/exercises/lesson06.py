@@ -41,7 +41,7 @@ def _place_cases(n0):
     return [
         (n0, {"w": f32(3, 2), "b": f32(2)}, {"x": f32(4 * n0, 3), "y": rng.integers(0, 9, 4 * n0).astype(np.int32)}),
         (4, {"layer": {"kernel": f32(5, 3), "bias": f32(3)}},
-         {"image": f32(3 * 4, 2, 3), "label": rng.integers(0, 9, 3 * 4).astype(np.int32)}),
+         {"image": f32(3 * 4, 2, 3), "meta": {"label": rng.integers(0, 9, 3 * 4).astype(np.int32)}}),
         (2, {"w": f32(6), "scale": f32(2).astype(jnp.bfloat16)},     # one bfloat16 leaf: a cast shows
          {"x": f32(5 * 2, 4), "mask": (rng.random(5 * 2) > 0.5)}),
     ]

@@ -132,6 +132,9 @@ _SPEC_HINTS = {
     "should match the mesh passed to shard_map": "A shard_map (pmap is one too) was built on another mesh than the "
                                                  "one you were given: build on that mesh.",
 }
+# JAX's long message (device ids, a cut-off location) in one sentence
+_OTHER_MESH = {"incompatible devices": "the shard_map runs on another mesh than the one its inputs live on: use the "
+                                       "mesh you were given."}
 _PORT_HINTS = {**_SPEC_HINTS,
                "does not match the specs of the input": "in_specs must match how the inputs are placed: x split "
                                                         "over 'i', w whole on every device.",
@@ -174,7 +177,7 @@ def _full_error(fn, *args) -> str:
 def _port_runner(fn, case):
     x, w, mesh = case.args
     try:
-        return call(fn, x, w, mesh, name="ported", hints=_PORT_HINTS)
+        return call(fn, x, w, mesh, name="ported", hints=_PORT_HINTS, summaries=_OTHER_MESH)
     except Mismatch as e:
         text = str(e)
         _bare_assertion(fn, text)
@@ -399,7 +402,8 @@ def _steps_runner(make, case):
     with jax.set_mesh(mesh):
         for i, batch in enumerate(batches):
             try:
-                got = call(step, params, opt_state, *jax.device_put(batch, split), name="step", hints=_STEP_HINTS)
+                got = call(step, params, opt_state, *jax.device_put(batch, split), name="step", hints=_STEP_HINTS,
+                           summaries=_OTHER_MESH)
             except Mismatch as e:
                 _bare_assertion(make, str(e))
                 if spy.updates == 0 and "State" in str(e) and not any(f in str(e) for f in _STEP_HINTS):

@@ -19,7 +19,7 @@ WRONG = [
                                                         devs[i]) for i in range(len(devs) - 1)],
      "expected a list of 8 items, got a list of 7"),
     ("every device JAX has", lambda x, devs: pieces(x, jax.devices(), np.split(np.arange(len(x)), len(jax.devices()))),
-     "the answer does not follow the device count it is given"),
+     "fails on every case with fewer."),
     ("interleaved rows", lambda x, devs: [jax.device_put(x[i::len(devs)], d) for i, d in enumerate(devs)],
      "every n-th row"),
     ("not placed", lambda x, devs: list(np.split(x, len(devs))), "The pieces are NumPy arrays in host memory"),

@@ -24,7 +24,7 @@ WRONG = [
     ("parameters mapped", lambda p, xs: jax.pmap(block)(p, xs), "were the parameters mapped?"),
     ("copies stacked by hand", stacked, "the parameters were mapped over the devices"),
     ("course_lib's stacked copies", lambda p, xs: jax.pmap(block)(
-        sharding.replicate(p, jax.devices()[:xs.shape[0]]), xs), "copy the parameters once per device"),
+        sharding.replicate(p, jax.devices()[:xs.shape[0]]), xs), "the parameters were mapped over the devices"),
     ("bias left out", lambda p, xs: jax.pmap(lambda q, x: x @ q["w"], in_axes=(None, 0))(p, xs),
      "the bias b is missing"),
     ("vmap", lambda p, xs: jax.vmap(block, in_axes=(None, 0))(p, xs), "lives on one device"),
