@@ -297,3 +297,16 @@ def _answer_triple(x):  # the learner's: defined outside course_lib
 
 for _f in (_run_counted, _solution_double, _mistake_square):   # as if they were the course's own
     _f.__module__ = "course_lib.exercises.test_stand_in"
+
+
+def test_an_answer_that_writes_to_its_input_leaves_the_expected_values_alone():
+    """The solution's reshape is a view of the input: the run-once cache keeps a copy, so an answer that writes to
+    x is told so, and a right answer checked next in the same process still passes."""
+    from course_lib.exercises import check
+
+    def writes_to_x(x, n):
+        x[...] = 0
+        return x.reshape((n, -1) + x.shape[1:])
+
+    assert not check("02.1", writes_to_x)
+    assert check("02.1", lambda x, n: np.stack(np.split(x, n)))
