@@ -539,9 +539,11 @@ def pmap_program(fn, *args, name: str = "your function") -> list:
         real, programs = jax.pmap, []
 
         def spy(f, *a, **k):
+            mapped = real(f, *a, **k)
+
             def run(*xs):
-                programs.append(jax.make_jaxpr(real(f, *a, **k))(*xs).jaxpr)
-                return real(f, *a, **k)(*xs)
+                programs.append(jax.make_jaxpr(mapped)(*xs).jaxpr)
+                return mapped(*xs)
             return run
 
         if not watch(fn, args, [(jax, "pmap", spy)]) or not programs:
@@ -590,12 +592,13 @@ def vmap_calls(fn, *args, inside: set | None = None) -> int | None:
         return original(self, *a, **k)
 
     def seen(self, primitive, tracers, params):    # a jit's own equations too: JAX caches their batched form
-        names = [primitive.name, *(e.primitive.name for e in _inner(params))]
-        (inside if inside is not None else set()).update(names)
+        inside.update([primitive.name, *(e.primitive.name for e in _inner(params))])
         return process(self, primitive, tracers, params)
 
-    ran = watch(fn, args, [(batching.BatchTrace, "__init__", counting_init),
-                           (batching.BatchTrace, "process_primitive", seen)], again=lambda: count[0] == 0)
+    patches = [(batching.BatchTrace, "__init__", counting_init)]
+    if inside is not None:
+        patches.append((batching.BatchTrace, "process_primitive", seen))
+    ran = watch(fn, args, patches, again=lambda: count[0] == 0)
     return count[0] if ran else None
 
 
