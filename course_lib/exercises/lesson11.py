@@ -10,10 +10,11 @@ from unittest import mock
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import checkpoint, profile
 from . import Case, Mismatch, Mistake, Said, call, diagnose, exercise, placement, same
-from .lesson08 import mixed_devices
+from .lesson08 import _split, mixed_devices
 
 # Graded hints, weakest first (the exercise framework shows them one at a time).
 HINTS = {
@@ -67,7 +68,6 @@ def _watch(module, attribute, calls):
         yield
 
 
-_LIKE = "like='s values (zeros): restore the checkpoint, not like=."
 MISTAKES_11_1 = [
     Mistake("state and extra", "It returned (state, extra); return only the state.",
             lambda d, like, devs: checkpoint.restore(d, like, devices=devs)),
@@ -79,8 +79,8 @@ MISTAKES_11_1 = [
             lambda d, like, devs: checkpoint.restore(d, like, devices=jax.devices()[:len(devs)])[0]),
     Mistake("where it was saved", "Those are the devices it was saved from: with no placement asked for, the "
             "restore puts each array back where it was saved.", lambda d, like, devs: _orbax_restore(d)["state"]),
-    Mistake("like, not restored", "These are " + _LIKE, lambda d, like, devs: jax.device_put(
-        like, checkpoint.replicated_on(devs))),
+    Mistake("like, not restored", "These are like='s values (zeros): restore the checkpoint, not like=.",
+            lambda d, like, devs: jax.device_put(like, checkpoint.replicated_on(devs))),
     Mistake("the oldest step", "These are the oldest step's values; restore the newest step in the directory "
             "(where steps 9 and 10 are saved, 10: numbers, not text, decide).",
             lambda d, like, devs: checkpoint.restore(d, like, step=checkpoint.steps(d)[0], devices=devs)[0]),
@@ -97,19 +97,8 @@ def _onto_runner(seen):
             got = call(fn, directory, like, target, name="restore_onto", hints={"rank at least 1": (
                 "The exercise asks for every leaf whole on each of the devices given, scalars too: no split.")})
         seen[case.label] = (restores, reads, watching, got)
-        return got, jax.tree.map(_where_whole, got)
+        return got, jax.tree.map(_where_split, got)
     return run
-
-
-def _where_whole(a) -> Said:
-    """``placement``, with ", split" for an array not whole on each device, and the order of a mesh's devices
-    where it is not theirs by number ("on devices [4, 5, 6, 7], in the mesh order [5, 6, 7, 4]")."""
-    if not isinstance(a, jax.Array):
-        return placement(a)
-    mesh = getattr(a.sharding, "mesh", None)
-    order = [d.id for d in mesh.devices.flat] if mesh is not None else []
-    shown = f", in the mesh order {order}" if order != sorted(order) and str(order) not in placement(a) else ""
-    return Said(placement(a) + shown + ("" if a.sharding.is_fully_replicated else ", split"))
 
 
 @exercise("11.1", "Restore a checkpoint saved from 8 devices onto the devices you are given",
@@ -145,10 +134,8 @@ def check_restore_onto(restore_onto):
         if where or restores and not any(k.get("devices") is not None or k.get("sharding") is not None
                                          for k in restores):
             raise Mismatch(f"{case.label}: the values and devices are right, but the restore read "
-                           f"{where or 'the arrays elsewhere'}, and they were moved afterwards: a second copy, and "
-                           "on a large model a second trip through memory. Ask the restore itself for the devices "
-                           "you were given: Pass devices= to checkpoint.restore, so that each array is read "
-                           "straight onto them.")
+                           f"{where or 'the arrays elsewhere'}, and they were moved afterwards, a second copy. Pass "
+                           "devices= to checkpoint.restore, so that each array is read straight onto them.")
     return "the saved state came back, its values and dtypes, whole on each of the devices you were given."
 
 
@@ -251,9 +238,8 @@ def _trace_runner(name, watched):
         if trace != before:
             changed = [f for f in ("ops", "dispatches", "markers", "host_reads")
                        if getattr(trace, f) != getattr(before, f)]
-            raise Mismatch(f"{name}(trace) changed the trace it was given in place ({', '.join(changed)}): a list was "
-                           "sorted, emptied or edited. Read the trace without changing it (sorted() returns a new "
-                           "list; list.sort changes the one you have), so that the caller can still use it.")
+            raise Mismatch(f"{name}(trace) changed the trace it was given in place ({', '.join(changed)}). Read it "
+                           "without changing it: sorted() returns a new list; list.sort changes the one you have.")
         return got
     return run
 
@@ -476,7 +462,6 @@ def _orbax_restore(directory, target=None, step=None):
 
 
 def _onto(like, mesh, spec=lambda x: x.sharding.spec):
-    from jax.sharding import NamedSharding
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec(x))), like)
 
 
@@ -488,9 +473,9 @@ MISTAKES_11_4 = [
             "too). Give the restore a target whose shardings name the new mesh.",
             lambda d, like, mesh: _orbax_restore(d, like)),
     Mistake("every leaf whole", "Every leaf came back whole on every device. " + _SPECS,
-            lambda d, like, mesh: _orbax_restore(d, _onto(like, mesh, lambda x: jax.sharding.PartitionSpec()))),
+            lambda d, like, mesh: _orbax_restore(d, _onto(like, mesh, lambda x: P()))),
     Mistake("the lesson's rule", "The leaves are split by one rule (the first axis, where it divides): " + _SPECS,
-            lambda d, like, mesh: _orbax_restore(d, _onto(like, mesh, lambda x: jax.sharding.PartitionSpec(
+            lambda d, like, mesh: _orbax_restore(d, _onto(like, mesh, lambda x: P(
                 *[mesh.axis_names[0]][:x.ndim and x.shape[0] % mesh.size == 0])))),
     Mistake("newest by text", "If you picked the step by the directories' names: compared as text, '8' comes after "
             "'11' and '99' after '100' (the first characters decide); step numbers must be compared as numbers."
@@ -527,24 +512,18 @@ def _resharded_runner(seen):
 
 
 def _where_split(a, mesh=None) -> Said:
-    """Where ``a`` lives and how it is split: "split as P('data',) over devices [4, 5, 6, 7]" (mesh order; an axis
-    named as ``mesh``'s axis in the same position is named so: only the placement counts, not the name); a
-    single device: ``placement``."""
-    spec = getattr(getattr(a, "sharding", None), "spec", None)
-    if spec is None or len(a.sharding.device_set) == 1:
+    """Where ``a`` lives: on one device (or placed without a mesh), its ``placement``; else its ``_split`` ("split
+    as P('data',) over devices [4, 5, 6, 7]", "whole on devices [5, 2]")."""
+    sharding = getattr(a, "sharding", None)
+    if getattr(sharding, "spec", None) is None or len(sharding.device_set) == 1:
         return placement(a)
-    names = dict(zip(a.sharding.mesh.axis_names, (mesh or a.sharding.mesh).axis_names))
-    spec = jax.sharding.PartitionSpec(*[names.get(x, x) if isinstance(x, str) else x for x in spec][
-        :max([i + 1 for i, x in enumerate(spec) if x] or [0])])
-    devices = [d.id for d in a.sharding.mesh.devices.flat]
-    return Said(f"split as {spec} over devices {devices}" if spec else f"whole on devices {devices}")
+    return _split(sharding, mesh)
 
 
 @exercise("11.4", "Restore a state saved sharded on 8 devices straight onto a mesh of another size",
           solution=solution_restore_resharded)
 def check_restore_resharded(restore_resharded):
     import orbax.checkpoint as ocp
-    from jax.sharding import NamedSharding, PartitionSpec as P
 
     devs = jax.devices()
     n = len(devs)
@@ -580,10 +559,9 @@ def check_restore_resharded(restore_resharded):
         where = watching and _read_elsewhere(reads, got, case.args[1])
         if where:
             raise Mismatch(f"{case.label}: the values and shardings are right, but Orbax read {where}, and you "
-                           "placed it afterwards: on a large model that is the whole state through other memory, "
-                           "and on a machine with fewer devices it fails. Give Orbax a target of "
-                           "jax.ShapeDtypeStructs with the shardings you return (the new mesh, each leaf's "
-                           "PartitionSpec), so that each device reads only its own part.")
+                           "placed it afterwards: the whole state through other memory (on fewer devices, it fails). "
+                           "Give Orbax a target of jax.ShapeDtypeStructs with the shardings you return, so that each "
+                           "device reads only its own part.")
     return ("each device read its own part of the saved state straight onto the new mesh, with the same "
             "PartitionSpecs, from the newest step (steps past 9, other structures and axis names, onto smaller "
             "and larger meshes).")
