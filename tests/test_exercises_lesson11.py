@@ -217,7 +217,7 @@ def test_11_3_numbers_in_other_forms_pass_and_sorting_in_place_is_named():
     assert check("11.3", lambda t: t.markers[0].step + np.argmax([m.dur_us for m in t.markers]))
     assert check("11.3", lambda t: float(solution_stalled_step(t)))             # a step number in other forms
     assert check("11.3", lambda t: jnp.float32(solution_stalled_step(t)))
-    assert "a bool (True/False), not a number" in wrong("11.3", lambda t: t.markers[0].step > 0)    # a bool is not a step
+    assert "True (bool), not a step number" in wrong("11.3", lambda t: t.markers[0].step > 0)    # a bool is not a step
 
     def sorts(t):
         t.markers.sort(key=lambda m: m.dur_us)

@@ -54,14 +54,11 @@ MISTAKES_08_1 = [
     Mistake("one row short", "It selects one row short: stop is exclusive, so a block of k rows from start "
             "stops at start + k.", lambda b, n, p: slice(p * (b // n), (p + 1) * (b // n) - 1)),
     Mistake("divided by 1", "Its blocks are the whole batch long: it divides by 1 (jax.process_count() is 1 in "
-            "this single process), not by the num_processes it is given; process 0 gets every row, the others "
-            "none.", lambda b, n, p: slice(p * b, (p + 1) * b)),
-    Mistake("divided by 8", "Its blocks are global_batch // 8 rows in every case: it divides by 8 (this "
-            "machine's device count, or an 8 written in), not by the num_processes it is given.",
-            lambda b, n, p: slice(p * (b // 8), (p + 1) * (b // 8))),
-    Mistake("ids from 1", "It counts processes from 1: process_id starts at 0, so process 0 got no rows "
-            "(a slice from -k to 0 is empty) and every other block is one block early.",
-            lambda b, n, p: slice((p - 1) * (b // n), p * (b // n))),
+            "this single process), not by the num_processes it is given.", lambda b, n, p: slice(p * b, (p + 1) * b)),
+    Mistake("divided by 8", "Its blocks are global_batch // 8 rows in every case: it divides by 8, not by the "
+            "num_processes it is given.", lambda b, n, p: slice(p * (b // 8), (p + 1) * (b // 8))),
+    Mistake("ids from 1", "It counts processes from 1: process_id starts at 0, so process 0 got no rows and "
+            "every other block is one block early.", lambda b, n, p: slice((p - 1) * (b // n), p * (b // n))),
     Mistake("start at the process id", "It starts at row process_id: process p's block comes right after the "
             "blocks of the p processes before it, in process order.", lambda b, n, p: slice(p, p + b // n)),
 ]
@@ -163,9 +160,8 @@ def check_local_part(local_part):
     except Mismatch as e:
         if "dtype int32 where int64" not in str(e):
             raise
-        raise Mismatch(f"{e} JAX's default integer is int32 (64-bit types stay off unless jax_enable_x64 is set): "
-                       "a jnp function narrowed the int64 rows. Keep the rows as NumPy: NumPy indexing keeps their "
-                       "dtype.") from None
+        raise Mismatch(f"{e} JAX's default integer is int32 (unless jax_enable_x64 is set): a jnp function "
+                       "narrowed the int64 rows. NumPy indexing keeps their dtype.") from None
     return "each process feeds exactly the devices it owns, wherever they sit in the mesh, whatever their ids."
 
 
@@ -315,10 +311,9 @@ MISTAKES_08_3 = [
             "processes, 2 in the checker's simulated job.", _batch_as(rows=lambda r: r.shape[0])),
     Mistake("replicated", "The array is not split: expected axis 0 split over the mesh axis 'data' of the mesh you "
             "were given, the other axes whole.", _batch_as(spec=P())),
-    Mistake("device_put", "It builds the array without calling jax.make_array_from_process_local_data. With one "
-            "process that can work, but in a job of several each process holds only its own rows, and only that "
-            "function assembles the global array from every process's part (lesson 08, section 1).",
-            lambda rows, mesh: jax.device_put(rows, NamedSharding(mesh, P(DATA)))),
+    Mistake("device_put", "It builds the array without calling jax.make_array_from_process_local_data: in a job "
+            "of several processes, only that function assembles the global array from every process's rows "
+            "(lesson 08, section 1).", lambda rows, mesh: jax.device_put(rows, NamedSharding(mesh, P(DATA)))),
 ]
 
 

@@ -236,8 +236,7 @@ def _trace_runner(name, watched):
         with _watch(profile, "collective_fraction", watched):
             got = call(fn, trace, name=name)
         if trace != before:
-            changed = [f for f in ("ops", "dispatches", "markers", "host_reads")
-                       if getattr(trace, f) != getattr(before, f)]
+            changed = [f for f in vars(trace) if getattr(trace, f) != getattr(before, f)]
             raise Mismatch(f"{name}(trace) changed the trace it was given in place ({', '.join(changed)}). Read it "
                            "without changing it: sorted() returns a new list; list.sort changes the one you have.")
         return got
@@ -292,10 +291,9 @@ MISTAKES_11_3 = [
     # (device 1's longest dispatch is the longest summed over the devices, by the cases' construction)
     Mistake("device 0's longest dispatch", _FROM_DEVICES, lambda t: _step_of_longest(t, _dispatch_durations(t, 0))),
     Mistake("devices' summed dispatches", _FROM_DEVICES, lambda t: _step_of_longest(t, _dispatch_durations(t))),
-    Mistake("one after", "That is the number of the step after the stalled one, on every case: the marker of the "
-            "longest step carries its own number (no +1).", lambda t: solution_stalled_step(t) + 1),
-    Mistake("one before", "That is the number of the step before the stalled one, on every case: the marker of the "
-            "longest step carries its own number (no -1).", lambda t: solution_stalled_step(t) - 1),
+    *[Mistake(f"one {way}", f"That is the number of the step {way} the stalled one, on every case: the marker of "
+              f"the longest step carries its own number (no {k:+}).", lambda t, k=k: solution_stalled_step(t) + k)
+      for way, k in (("after", 1), ("before", -1))],
     Mistake("start to next start", "You measured each step from its start to the next step's start, and the "
             "last step has no next one: each marker carries its own duration.",
             lambda t: _step_of_longest(t, np.diff([m.start_us for m in t.markers]))),
@@ -341,9 +339,7 @@ def _marker_runner(fn, case):
     ratio of step numbers means nothing)."""
     from .lesson12 import _whole
     got, markers = _trace_runner("stalled_step", [])(fn, case), case.args[0].markers
-    if isinstance(got, (bool, np.bool_)):
-        return Said(f"{got!r}: a bool (True/False), not a number")
-    if _whole(got) is None:
+    if _whole(got) is None:                 # a bool too: True is no step
         return Said(f"{got!r:.60} ({type(got).__name__}), not a step number")
     got = _whole(got)
     found = [f"marker {i + 1} of {len(markers)}, which lasted {m.dur_us:,.0f} µs" for i, m in enumerate(markers)
