@@ -1,5 +1,6 @@
 """Lesson 08 exercises: which part of a global batch each process loads, and the global array built from it."""
 
+import contextlib
 import dis
 from unittest import mock
 
@@ -113,8 +114,7 @@ MISTAKES_08_2 = [
             "devices list.", _rows(lambda ds, p: [i for i, d in sorted(enumerate(ds), key=lambda t: t[1].id)
                                                   if d.process_index == p])),
     Mistake("process 0", "It returns the rows of process 0's devices whatever process it is asked for: use the "
-            "process_index the function is given.", _rows(lambda ds, p: [i for i, d in enumerate(ds)
-                                                                          if d.process_index == 0])),
+            "process_index the function is given.", lambda batch, devices, p: solution_local_part(batch, devices, 0)),
     Mistake("owner test reversed", "It returns the rows of the other processes' devices: the owner test is "
             "reversed.", _rows(lambda ds, p: [i for i, d in enumerate(ds) if d.process_index != p])),
     Mistake("id compared with process_index", "It compares each device's id with process_index: an id names a "
@@ -185,10 +185,8 @@ def _names(fn) -> dict:
         return set()
     names = dict(getattr(fn, "__globals__", {}))
     for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
-        try:
+        with contextlib.suppress(ValueError):          # an empty cell
             names[name] = cell.cell_contents
-        except ValueError:                             # an empty cell
-            pass
     found, todo = set(), [code]
     while todo:                                        # fn's code and the functions and lambdas nested in it
         c = todo.pop()

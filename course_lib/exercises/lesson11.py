@@ -497,9 +497,8 @@ def _resharded_runner(seen):
                 if not through_course_lib:
                     raise
         if through_course_lib:
-            raise Mismatch("restore_resharded called course_lib's checkpoint.restore; this exercise asks for "
-                           "Orbax itself, as you would write it in your own project (course_lib's restore reads "
-                           "only checkpoints that course_lib's save wrote).")
+            raise Mismatch("restore_resharded called course_lib's checkpoint.restore, which reads only checkpoints "
+                           "that course_lib's save wrote: this exercise asks for Orbax itself.")
         seen[case.label] = (reads, watching, got)
         step = next((Said(f"the values of step {k}") for k, v in saved.items()
                      if same(got, v, rtol=1e-2, atol=1e-2, dtype=False)), Said("values that no saved step holds"))
