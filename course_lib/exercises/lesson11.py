@@ -87,18 +87,21 @@ MISTAKES_11_1 = [
 ]
 
 
-def _onto_runner(seen):
-    """(the state, where each leaf lives); what the restore was asked for and where Orbax read, kept in seen."""
-    def run(fn, case):
-        directory, like, target = case.args
-        restores, reads = [], []
-        with _watch(checkpoint, "restore", restores), _watch(checkpoint.Checkpoints, "restore", restores), \
-                _orbax_reads(reads) as watching:
-            got = call(fn, directory, like, target, name="restore_onto", hints={"rank at least 1": (
-                "The exercise asks for every leaf whole on each of the devices given, scalars too: no split.")})
-        seen[case.label] = (restores, reads, watching, got)
-        return got, jax.tree.map(_where_split, got)
-    return run
+def _onto_runner(fn, case):
+    """(the state, where each leaf lives, the mechanism: whether the restore read each array straight onto the
+    devices it is returned on, or elsewhere, and it was moved afterwards)."""
+    directory, like, target = case.args
+    restores, reads = [], []
+    with _watch(checkpoint, "restore", restores), _watch(checkpoint.Checkpoints, "restore", restores), \
+            _orbax_reads(reads) as watching:
+        got = call(fn, directory, like, target, name="restore_onto", hints={"rank at least 1": (
+            "The exercise asks for every leaf whole on each of the devices given, scalars too: no split.")})
+    where = watching and _read_elsewhere(reads, got) or restores and not any(
+        k.get("devices") is not None or k.get("sharding") is not None for k in restores) and "the arrays elsewhere"
+    return got, jax.tree.map(_where_split, got), Said(
+        f"the restore reading {where}, and the arrays moved afterwards: a second copy. Pass devices= to "
+        "checkpoint.restore, so that each array is read straight onto them" if where else
+        "the restore reading each array straight onto the devices given")
 
 
 @exercise("11.1", "Restore a checkpoint saved from 8 devices onto the devices you are given",
@@ -115,7 +118,7 @@ def check_restore_onto(restore_onto):
               (jnp.asarray(rng.integers(0, 9, 6), jnp.int32), jnp.float32(-2.5))], [9, 10],
              [min(2, len(devs))])]
     mixed = mixed_devices()         # an answer must read the devices it is given
-    seen, cases = {}, []
+    cases = []
     with tempfile.TemporaryDirectory() as tmp:
         for run, (saved, steps, counts) in enumerate(runs):
             directory = pathlib.Path(tmp) / f"run{run}"
@@ -127,15 +130,7 @@ def check_restore_onto(restore_onto):
                            f"restore_onto(directory of steps {steps}, like, devices={count} device(s))", n=count)
                       for count in counts]
         diagnose(restore_onto, cases, solution=solution_restore_onto, mistakes=MISTAKES_11_1,
-                 run=_onto_runner(seen), name="restore_onto")
-    for case in cases:          # the mechanism: read straight onto the devices, not read elsewhere and moved
-        restores, reads, watching, got = seen[case.label]
-        where = watching and _read_elsewhere(reads, got)
-        if where or restores and not any(k.get("devices") is not None or k.get("sharding") is not None
-                                         for k in restores):
-            raise Mismatch(f"{case.label}: the values and devices are right, but the restore read "
-                           f"{where or 'the arrays elsewhere'}, and they were moved afterwards, a second copy. Pass "
-                           "devices= to checkpoint.restore, so that each array is read straight onto them.")
+                 run=_onto_runner, name="restore_onto")
     return "the saved state came back, its values and dtypes, whole on each of the devices you were given."
 
 
@@ -402,7 +397,7 @@ def _read_elsewhere(reads, got, like=None):
             onto = "on the host (NumPy)" if "host" in reads else "as no array of that shape" if not same_shape else (
                 "onto the sharding stored in the checkpoint, " if stored else "") + _where_split(same_shape[0][1])
             return f"a leaf of shape {leaf.shape} {onto} (you return it {_where_split(leaf)})"
-        read.remove(match)
+        read = [r for r in read if r is not match]
     return None
 
 
@@ -482,28 +477,31 @@ MISTAKES_11_4 = [
 ]
 
 
-def _resharded_runner(seen):
-    """(which saved step the values are, the values, where each leaf lives and how it is split); Orbax's reads
-    kept in ``seen``. course_lib's restore is refused here: the exercise is Orbax itself."""
-    def run(fn, case):
-        directory, like, mesh, saved = case.args
-        reads, through_course_lib = [], []
-        with _orbax_reads(reads) as watching, _watch(checkpoint, "restore", through_course_lib), \
-                _watch(checkpoint.Checkpoints, "restore", through_course_lib):
-            try:
-                got = call(fn, directory, like, mesh, name="restore_resharded", hints={
-                    **_ORBAX_LAYOUT, "Composite": _ORBAX_LAYOUT["Composite"].format(steps=sorted(saved))})
-            except Mismatch:
-                if not through_course_lib:
-                    raise
-        if through_course_lib:
-            raise Mismatch("restore_resharded called course_lib's checkpoint.restore, which reads only checkpoints "
-                           "that course_lib's save wrote: this exercise asks for Orbax itself.")
-        seen[case.label] = (reads, watching, got)
-        step = next((Said(f"the values of step {k}") for k, v in saved.items()
-                     if same(got, v, rtol=1e-2, atol=1e-2, dtype=False)), Said("values that no saved step holds"))
-        return step, got, jax.tree.map(lambda a: _where_split(a, mesh), got)
-    return run
+def _resharded_runner(fn, case):
+    """(which saved step the values are, the values, where each leaf lives and how it is split, the mechanism:
+    whether each device read its own part straight onto the new mesh). course_lib's restore is refused here: the
+    exercise is Orbax itself."""
+    directory, like, mesh, saved = case.args
+    reads, through_course_lib = [], []
+    with _orbax_reads(reads) as watching, _watch(checkpoint, "restore", through_course_lib), \
+            _watch(checkpoint.Checkpoints, "restore", through_course_lib):
+        try:
+            got = call(fn, directory, like, mesh, name="restore_resharded", hints={
+                **_ORBAX_LAYOUT, "Composite": _ORBAX_LAYOUT["Composite"].format(steps=sorted(saved))})
+        except Mismatch:
+            if not through_course_lib:
+                raise
+    if through_course_lib:
+        raise Mismatch("restore_resharded called course_lib's checkpoint.restore, which reads only checkpoints "
+                       "that course_lib's save wrote: this exercise asks for Orbax itself.")
+    step = next((Said(f"the values of step {k}") for k, v in saved.items()
+                 if same(got, v, rtol=1e-2, atol=1e-2, dtype=False)), Said("values that no saved step holds"))
+    where = watching and reads and _read_elsewhere(reads, got, like)
+    return step, got, jax.tree.map(lambda a: _where_split(a, mesh), got), Said(
+        "Orbax reading no array in your function: restore from the checkpoint in directory" if watching and not reads
+        else f"Orbax reading {where}, placed afterwards: the whole state through other memory (on fewer devices, it "
+        "fails). Give Orbax a target of jax.ShapeDtypeStructs with the shardings you return, so that each device "
+        "reads only its own part" if where else "each device reading only its own part, straight onto the new mesh")
 
 
 def _where_split(a, mesh=None) -> Said:
@@ -528,7 +526,7 @@ def check_restore_resharded(restore_resharded):
     plans = [(_case_a, devs, [7], [smaller[0]]),
              (_case_a, devs, [7, 8, 10, 11], smaller[1:] or smaller),  # text: "8" > "11"; 7 the oldest; 10 next
              (_case_b, devs[:n // 2 or 1], [9, 99, 100], [n])]      # as text "99" > "100"; saved from fewer devices
-    cases, seen = [], {}
+    cases = []
     with tempfile.TemporaryDirectory() as tmp:
         for index, (case, from_devices, steps, sizes) in enumerate(plans):
             directory, (axis, values, specs) = pathlib.Path(tmp) / f"run{index}", case()
@@ -545,18 +543,7 @@ def check_restore_resharded(restore_resharded):
                            f"restore_resharded(directory of steps {steps}, like, mesh of {count} devices '{axis}')",
                            n=count) for count in sizes]
         diagnose(restore_resharded, cases, solution=solution_restore_resharded, mistakes=MISTAKES_11_4,
-                 run=_resharded_runner(seen), name="restore_resharded")
-    for case in cases:               # the mechanism: each device read its own part, straight onto the new mesh
-        reads, watching, got = seen[case.label]
-        if watching and not reads:
-            raise Mismatch(f"{case.label}: the values and shardings are right, but Orbax read no array in your "
-                           "function. Restore from the checkpoint in directory.")
-        where = watching and _read_elsewhere(reads, got, case.args[1])
-        if where:
-            raise Mismatch(f"{case.label}: the values and shardings are right, but Orbax read {where}, and you "
-                           "placed it afterwards: the whole state through other memory (on fewer devices, it fails). "
-                           "Give Orbax a target of jax.ShapeDtypeStructs with the shardings you return, so that each "
-                           "device reads only its own part.")
+                 run=_resharded_runner, name="restore_resharded")
     return ("each device read its own part of the saved state straight onto the new mesh, with the same "
             "PartitionSpecs, from the newest step (steps past 9, other structures and axis names, onto smaller "
             "and larger meshes).")
