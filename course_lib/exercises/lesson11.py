@@ -99,8 +99,8 @@ def _onto_runner(fn, case):
     where = watching and _read_elsewhere(reads, got) or restores and not any(
         k.get("devices") is not None or k.get("sharding") is not None for k in restores) and "the arrays elsewhere"
     return got, jax.tree.map(_where_split, got), Said(
-        f"the restore reading {where}, and the arrays moved afterwards: a second copy. Pass devices= to "
-        "checkpoint.restore, so that each array is read straight onto them" if where else
+        f"the right values and devices, but the restore read {where}, and they were moved afterwards: a second "
+        "copy. Pass devices= to checkpoint.restore, so that each array is read straight onto them" if where else
         "the restore reading each array straight onto the devices given")
 
 
@@ -498,10 +498,11 @@ def _resharded_runner(fn, case):
                  if same(got, v, rtol=1e-2, atol=1e-2, dtype=False)), Said("values that no saved step holds"))
     where = watching and reads and _read_elsewhere(reads, got, like)
     return step, got, jax.tree.map(lambda a: _where_split(a, mesh), got), Said(
-        "Orbax reading no array in your function: restore from the checkpoint in directory" if watching and not reads
-        else f"Orbax reading {where}, placed afterwards: the whole state through other memory (on fewer devices, it "
-        "fails). Give Orbax a target of jax.ShapeDtypeStructs with the shardings you return, so that each device "
-        "reads only its own part" if where else "each device reading only its own part, straight onto the new mesh")
+        "the right values and shardings, but Orbax read no array in your function: restore from the checkpoint in "
+        "directory" if watching and not reads else f"the right values and shardings, but Orbax read {where}, and you "
+        "placed it afterwards: the whole state through other memory (on fewer devices, it fails). Give Orbax a target "
+        "of jax.ShapeDtypeStructs with the shardings you return, so that each device reads only its own part" if where
+        else "each device reading only its own part, straight onto the new mesh")
 
 
 def _where_split(a, mesh=None) -> Said:
