@@ -106,7 +106,7 @@ def test_08_3_skipping_the_mechanism_or_the_layout():
     fb = check("08.3", _local_data(global_shape="stacked", reshape=True))
     assert not fb and "stacked (n, B // n, ...) layout is pmap's" in fb.message
     fb = check("08.3", _local_data(spec=(), global_shape="local"))
-    assert not fb and "over devices [5, 2, 6, 1, 3, 4, 0, 7], got split as P()" in fb.message
+    assert not fb and "[5, 2, 6, 1, 3, 4, 0, 7], got whole on devices [5, 2, 6, 1, 3, 4, 0, 7]" in fb.message
 
 
 def test_08_3_another_order_of_the_mesh_devices_is_refused():

@@ -1,5 +1,6 @@
 """Lesson 08 exercises: which part of a global batch each process loads, and the global array built from it."""
 
+import contextlib
 import dis
 from unittest import mock
 
@@ -54,14 +55,11 @@ MISTAKES_08_1 = [
     Mistake("one row short", "It selects one row short: stop is exclusive, so a block of k rows from start "
             "stops at start + k.", lambda b, n, p: slice(p * (b // n), (p + 1) * (b // n) - 1)),
     Mistake("divided by 1", "Its blocks are the whole batch long: it divides by 1 (jax.process_count() is 1 in "
-            "this single process), not by the num_processes it is given; process 0 gets every row, the others "
-            "none.", lambda b, n, p: slice(p * b, (p + 1) * b)),
-    Mistake("divided by 8", "Its blocks are global_batch // 8 rows in every case: it divides by 8 (this "
-            "machine's device count, or an 8 written in), not by the num_processes it is given.",
-            lambda b, n, p: slice(p * (b // 8), (p + 1) * (b // 8))),
-    Mistake("ids from 1", "It counts processes from 1: process_id starts at 0, so process 0 got no rows "
-            "(a slice from -k to 0 is empty) and every other block is one block early.",
-            lambda b, n, p: slice((p - 1) * (b // n), p * (b // n))),
+            "this single process), not by the num_processes it is given.", lambda b, n, p: slice(p * b, (p + 1) * b)),
+    Mistake("divided by 8", "Its blocks are global_batch // 8 rows in every case: it divides by 8, not by the "
+            "num_processes it is given.", lambda b, n, p: slice(p * (b // 8), (p + 1) * (b // 8))),
+    Mistake("ids from 1", "It counts processes from 1: process_id starts at 0, so process 0 got no rows and "
+            "every other block is one block early.", lambda b, n, p: slice((p - 1) * (b // n), p * (b // n))),
     Mistake("start at the process id", "It starts at row process_id: process p's block comes right after the "
             "blocks of the p processes before it, in process order.", lambda b, n, p: slice(p, p + b // n)),
 ]
@@ -116,8 +114,7 @@ MISTAKES_08_2 = [
             "devices list.", _rows(lambda ds, p: [i for i, d in sorted(enumerate(ds), key=lambda t: t[1].id)
                                                   if d.process_index == p])),
     Mistake("process 0", "It returns the rows of process 0's devices whatever process it is asked for: use the "
-            "process_index the function is given.", _rows(lambda ds, p: [i for i, d in enumerate(ds)
-                                                                          if d.process_index == 0])),
+            "process_index the function is given.", lambda batch, devices, p: solution_local_part(batch, devices, 0)),
     Mistake("owner test reversed", "It returns the rows of the other processes' devices: the owner test is "
             "reversed.", _rows(lambda ds, p: [i for i, d in enumerate(ds) if d.process_index != p])),
     Mistake("id compared with process_index", "It compares each device's id with process_index: an id names a "
@@ -163,9 +160,8 @@ def check_local_part(local_part):
     except Mismatch as e:
         if "dtype int32 where int64" not in str(e):
             raise
-        raise Mismatch(f"{e} JAX's default integer is int32 (64-bit types stay off unless jax_enable_x64 is set): "
-                       "a jnp function narrowed the int64 rows. Keep the rows as NumPy: NumPy indexing keeps their "
-                       "dtype.") from None
+        raise Mismatch(f"{e} JAX's default integer is int32 (unless jax_enable_x64 is set): a jnp function "
+                       "narrowed the int64 rows. NumPy indexing keeps their dtype.") from None
     return "each process feeds exactly the devices it owns, wherever they sit in the mesh, whatever their ids."
 
 
@@ -189,10 +185,8 @@ def _names(fn) -> dict:
         return set()
     names = dict(getattr(fn, "__globals__", {}))
     for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
-        try:
+        with contextlib.suppress(ValueError):          # an empty cell
             names[name] = cell.cell_contents
-        except ValueError:                             # an empty cell
-            pass
     found, todo = set(), [code]
     while todo:                                        # fn's code and the functions and lambdas nested in it
         c = todo.pop()
@@ -202,30 +196,30 @@ def _names(fn) -> dict:
             if names.get(name) is getattr(jax, api)}
 
 
-class _Recorder:
-    """Stands in for jax.make_array_from_process_local_data: records each call; builds the real array, or with
-    ``simulate`` (a process of a simulated job) what that process would get."""
+def _patched(calls, process=None, devices=()):
+    """jax.make_array_from_process_local_data, each call recorded in ``calls`` as (sharding, rows, global shape).
+    With ``process``: as that process of a simulated 2-process job on ``devices``, where it returns what that
+    process would get (a ShapeDtypeStruct of the global shape; None asked for is both processes' rows)."""
+    real = jax.make_array_from_process_local_data
 
-    def __init__(self, real, simulate=None):
-        self.real, self.simulate, self.calls = real, simulate, []
-
-    def __call__(self, sharding, local_data, global_shape=None):
-        self.calls.append((sharding, local_data, global_shape))
+    def record(sharding, local_data, global_shape=None):
+        if process is not None and global_shape is None:
+            global_shape = (2 * len(local_data), *np.shape(local_data)[1:])
+        calls.append((sharding, local_data, global_shape))
         if global_shape is not None and not isinstance(global_shape, tuple):
             raise TypeError(f"global_shape {global_shape!r} is not a tuple: it is a tuple of ints, like an array's "
                             ".shape: the whole batch's row count, then the other axes unchanged.")
-        return (self.simulate or self.real)(sharding, local_data, global_shape)
+        if process is None:
+            return real(sharding, local_data, global_shape)
+        return jax.ShapeDtypeStruct(global_shape, np.asarray(local_data).dtype)
 
-
-def _patched(recorder, process=None, processes=1, devices=None):
-    """jax.make_array_from_process_local_data recorded; with ``process``, a simulated job of ``processes``."""
     job = {}
     if process is not None:
-        mine = [d for i, d in enumerate(devices) if i * processes // len(devices) == process]
-        job = dict(process_count=lambda *a, **k: processes, process_index=lambda *a, **k: process,
+        mine = [d for i, d in enumerate(devices) if i * 2 // len(devices) == process]
+        job = dict(process_count=lambda *a, **k: 2, process_index=lambda *a, **k: process,
                    local_device_count=lambda *a, **k: len(mine), local_devices=lambda *a, **k: list(mine),
                    device_count=lambda *a, **k: len(devices), devices=lambda *a, **k: list(devices))
-    return mock.patch.multiple(jax, make_array_from_process_local_data=recorder, **job)
+    return mock.patch.multiple(jax, make_array_from_process_local_data=record, **job)
 
 
 def mixed_devices(n=None) -> list:
@@ -235,13 +229,19 @@ def mixed_devices(n=None) -> list:
     return list(dict.fromkeys(devices[i % len(devices)] for i in (5, 2, 6, 1, 3, 4, 0, 7)))[:n]
 
 
-def _split(sharding) -> Said:
-    spec = getattr(sharding, "spec", None)
-    spec = spec if spec is None else P(*tuple(spec)[:max([i + 1 for i, e in enumerate(spec) if e] or [0])])
-    mesh = getattr(sharding, "mesh", None)      # the devices in mesh order: another order is another layout
-    devices = [d.id for d in mesh.devices.flat] if isinstance(mesh, jax.sharding.Mesh) else mesh
-    return Said(f"split as {spec} over devices {devices}" if spec is not None
-                else f"placed as {type(sharding).__name__}")
+def _split(sharding, mesh=None) -> Said:
+    """How ``sharding`` lays an array out: "split as P('data',) over devices [4, 5, 6, 7]", or "whole on devices
+    [...]" (a copy on each), the devices in mesh order: another order is another layout. Trailing whole axes are
+    left out, and an axis in the place of ``mesh``'s is named as ``mesh`` names it: only the placement counts."""
+    spec, own = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
+    if spec is None:
+        return Said(f"placed as {type(sharding).__name__}")
+    names = dict(zip(getattr(own, "axis_names", ()), getattr(mesh or own, "axis_names", ())))
+    spec = P(*[names.get(x, x) if isinstance(x, str) else x for x in spec][
+        :max([i + 1 for i, x in enumerate(spec) if x] or [0])])
+    devices = [d.id for d in own.devices.flat] if isinstance(own, jax.sharding.Mesh) else own
+    whole = not spec or getattr(sharding, "is_fully_replicated", False)
+    return Said(f"whole on devices {devices}" if whole else f"split as {spec} over devices {devices}")
 
 
 def _batch_runner(fn, case):
@@ -249,13 +249,13 @@ def _batch_runner(fn, case):
     simulated 2-process job: (the rows it passed, the global shape it asked for, the split, the calls)."""
     n, full, process = case.args
     mesh = jax.make_mesh((n,), (DATA,), axis_types=(jax.sharding.AxisType.Explicit,), devices=mixed_devices(n))
+    calls = []
     if process is None:
-        recorder = _Recorder(jax.make_array_from_process_local_data)
         try:
-            with _patched(recorder):
+            with _patched(calls):
                 got = call(fn, full.copy(), mesh, name="global_batch", hints=_batch_hints(full, n))
         except Mismatch as e:       # a mesh of its own: its split is not the given mesh's
-            own = [getattr(c[0], "mesh", mesh) for c in recorder.calls if getattr(c[0], "mesh", mesh) != mesh]
+            own = [getattr(c[0], "mesh", mesh) for c in calls if getattr(c[0], "mesh", mesh) != mesh]
             if own:
                 raise Mismatch(str(e).replace(f" {_ROWS_SPLIT}", "") + " The sharding asked for names a mesh "
                                f"of its own ({own[0].size} device(s)), not the mesh you were given: use that "
@@ -268,21 +268,13 @@ def _batch_runner(fn, case):
             raise Mismatch(f"global_batch returned shape {got.shape}: the stacked (n, B // n, ...) layout is "
                            "pmap's. Lessons 06 and 07 keep the global shape (B, ...) and let the sharding say "
                            "which rows each device holds.")
-        return got, _split(got.sharding), Said(f"the API called {len(recorder.calls)} time(s)")
+        return got, _split(got.sharding), Said(f"the API called {len(calls)} time(s)")
     half = full.shape[0] // 2
-    local = full[process * half:(process + 1) * half].copy()
-
-    def simulate(sharding, local_data, global_shape):
-        shape = tuple(global_shape) if global_shape is not None else (2 * len(local_data), *np.shape(local_data)[1:])
-        return jax.ShapeDtypeStruct(shape, np.asarray(local_data).dtype)
-
-    recorder = _Recorder(jax.make_array_from_process_local_data, simulate)
-    with _patched(recorder, process=process, processes=2, devices=sorted(mesh.devices.flat, key=lambda d: d.id)):
-        call(fn, local.copy(), mesh, name="global_batch")
-    if len(recorder.calls) != 1:
-        return Said(f"the API called {len(recorder.calls)} time(s)")
-    sharding, data, shape = recorder.calls[0]
-    shape = tuple(shape) if shape is not None else (2 * len(data), *np.shape(data)[1:])
+    with _patched(calls, process, sorted(mesh.devices.flat, key=lambda d: d.id)):
+        call(fn, full[process * half:(process + 1) * half].copy(), mesh, name="global_batch")
+    if len(calls) != 1:
+        return Said(f"the API called {len(calls)} time(s)")
+    sharding, data, shape = calls[0]
     return np.asarray(data), Said(f"global_shape {shape}"), _split(sharding), Said("the API called 1 time(s)")
 
 
@@ -312,18 +304,14 @@ def _batch_as(spec=P(DATA), rows=lambda r: r.shape[0] * jax.process_count()):
 
 
 MISTAKES_08_3 = [
-    Mistake("local shape", "The global_shape asked for is the shape of this process's own rows. The global shape "
-            "is the whole batch's, all processes' rows together: with the local shape, JAX takes each process's "
-            "rows for the whole array. Either the local shape was passed, or the row count was multiplied by a "
-            "process count of 1: a name imported with `from jax import ...` (or saved before the call) is not the "
-            "one the checker's simulated 2-process job replaces; write jax.process_count().",
-            _batch_as(rows=lambda r: r.shape[0])),
+    Mistake("local shape", "The global_shape asked for is the shape of this process's own rows (or its rows times "
+            "a process count of 1). The global shape holds every process's rows: jax.process_count() counts the "
+            "processes, 2 in the checker's simulated job.", _batch_as(rows=lambda r: r.shape[0])),
     Mistake("replicated", "The array is not split: expected axis 0 split over the mesh axis 'data' of the mesh you "
             "were given, the other axes whole.", _batch_as(spec=P())),
-    Mistake("device_put", "It builds the array without calling jax.make_array_from_process_local_data. With one "
-            "process that can work, but in a job of several each process holds only its own rows, and only that "
-            "function assembles the global array from every process's part (lesson 08, section 1).",
-            lambda rows, mesh: jax.device_put(rows, NamedSharding(mesh, P(DATA)))),
+    Mistake("device_put", "It builds the array without calling jax.make_array_from_process_local_data: in a job "
+            "of several processes, only that function assembles the global array from every process's rows "
+            "(lesson 08, section 1).", lambda rows, mesh: jax.device_put(rows, NamedSharding(mesh, P(DATA)))),
 ]
 
 

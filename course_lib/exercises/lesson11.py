@@ -10,10 +10,11 @@ from unittest import mock
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import checkpoint, profile
 from . import Case, Mismatch, Mistake, Said, call, diagnose, exercise, placement, same
-from .lesson08 import mixed_devices
+from .lesson08 import _split, mixed_devices
 
 # Graded hints, weakest first (the exercise framework shows them one at a time).
 HINTS = {
@@ -67,7 +68,6 @@ def _watch(module, attribute, calls):
         yield
 
 
-_LIKE = "like='s values (zeros): restore the checkpoint, not like=."
 MISTAKES_11_1 = [
     Mistake("state and extra", "It returned (state, extra); return only the state.",
             lambda d, like, devs: checkpoint.restore(d, like, devices=devs)),
@@ -79,37 +79,29 @@ MISTAKES_11_1 = [
             lambda d, like, devs: checkpoint.restore(d, like, devices=jax.devices()[:len(devs)])[0]),
     Mistake("where it was saved", "Those are the devices it was saved from: with no placement asked for, the "
             "restore puts each array back where it was saved.", lambda d, like, devs: _orbax_restore(d)["state"]),
-    Mistake("like, not restored", "These are " + _LIKE, lambda d, like, devs: jax.device_put(
-        like, checkpoint.replicated_on(devs))),
+    Mistake("like, not restored", "These are like='s values (zeros): restore the checkpoint, not like=.",
+            lambda d, like, devs: jax.device_put(like, checkpoint.replicated_on(devs))),
     Mistake("the oldest step", "These are the oldest step's values; restore the newest step in the directory "
             "(where steps 9 and 10 are saved, 10: numbers, not text, decide).",
             lambda d, like, devs: checkpoint.restore(d, like, step=checkpoint.steps(d)[0], devices=devs)[0]),
 ]
 
 
-def _onto_runner(seen):
-    """(the state, where each leaf lives); what the restore was asked for and where Orbax read, kept in seen."""
-    def run(fn, case):
-        directory, like, target = case.args
-        restores, reads = [], []
-        with _watch(checkpoint, "restore", restores), _watch(checkpoint.Checkpoints, "restore", restores), \
-                _orbax_reads(reads) as watching:
-            got = call(fn, directory, like, target, name="restore_onto", hints={"rank at least 1": (
-                "The exercise asks for every leaf whole on each of the devices given, scalars too: no split.")})
-        seen[case.label] = (restores, reads, watching, got)
-        return got, jax.tree.map(_where_whole, got)
-    return run
-
-
-def _where_whole(a) -> Said:
-    """``placement``, with ", split" for an array not whole on each device, and the order of a mesh's devices
-    where it is not theirs by number ("on devices [4, 5, 6, 7], in the mesh order [5, 6, 7, 4]")."""
-    if not isinstance(a, jax.Array):
-        return placement(a)
-    mesh = getattr(a.sharding, "mesh", None)
-    order = [d.id for d in mesh.devices.flat] if mesh is not None else []
-    shown = f", in the mesh order {order}" if order != sorted(order) and str(order) not in placement(a) else ""
-    return Said(placement(a) + shown + ("" if a.sharding.is_fully_replicated else ", split"))
+def _onto_runner(fn, case):
+    """(the state, where each leaf lives, the mechanism: whether the restore read each array straight onto the
+    devices it is returned on, or elsewhere, and it was moved afterwards)."""
+    directory, like, target = case.args
+    restores, reads = [], []
+    with _watch(checkpoint, "restore", restores), _watch(checkpoint.Checkpoints, "restore", restores), \
+            _orbax_reads(reads) as watching:
+        got = call(fn, directory, like, target, name="restore_onto", hints={"rank at least 1": (
+            "The exercise asks for every leaf whole on each of the devices given, scalars too: no split.")})
+    where = watching and _read_elsewhere(reads, got) or restores and not any(
+        k.get("devices") is not None or k.get("sharding") is not None for k in restores) and "the arrays elsewhere"
+    return got, jax.tree.map(_where_split, got), Said(
+        f"the right values and devices, but the restore read {where}, and they were moved afterwards: a second "
+        "copy. Pass devices= to checkpoint.restore, so that each array is read straight onto them" if where else
+        "the restore reading each array straight onto the devices given")
 
 
 @exercise("11.1", "Restore a checkpoint saved from 8 devices onto the devices you are given",
@@ -126,7 +118,7 @@ def check_restore_onto(restore_onto):
               (jnp.asarray(rng.integers(0, 9, 6), jnp.int32), jnp.float32(-2.5))], [9, 10],
              [min(2, len(devs))])]
     mixed = mixed_devices()         # an answer must read the devices it is given
-    seen, cases = {}, []
+    cases = []
     with tempfile.TemporaryDirectory() as tmp:
         for run, (saved, steps, counts) in enumerate(runs):
             directory = pathlib.Path(tmp) / f"run{run}"
@@ -138,17 +130,7 @@ def check_restore_onto(restore_onto):
                            f"restore_onto(directory of steps {steps}, like, devices={count} device(s))", n=count)
                       for count in counts]
         diagnose(restore_onto, cases, solution=solution_restore_onto, mistakes=MISTAKES_11_1,
-                 run=_onto_runner(seen), name="restore_onto")
-    for case in cases:          # the mechanism: read straight onto the devices, not read elsewhere and moved
-        restores, reads, watching, got = seen[case.label]
-        where = watching and _read_elsewhere(reads, got)
-        if where or restores and not any(k.get("devices") is not None or k.get("sharding") is not None
-                                         for k in restores):
-            raise Mismatch(f"{case.label}: the values and devices are right, but the restore read "
-                           f"{where or 'the arrays elsewhere'}, and they were moved afterwards: a second copy, and "
-                           "on a large model a second trip through memory. Ask the restore itself for the devices "
-                           "you were given: Pass devices= to checkpoint.restore, so that each array is read "
-                           "straight onto them.")
+                 run=_onto_runner, name="restore_onto")
     return "the saved state came back, its values and dtypes, whole on each of the devices you were given."
 
 
@@ -249,11 +231,9 @@ def _trace_runner(name, watched):
         with _watch(profile, "collective_fraction", watched):
             got = call(fn, trace, name=name)
         if trace != before:
-            changed = [f for f in ("ops", "dispatches", "markers", "host_reads")
-                       if getattr(trace, f) != getattr(before, f)]
-            raise Mismatch(f"{name}(trace) changed the trace it was given in place ({', '.join(changed)}): a list was "
-                           "sorted, emptied or edited. Read the trace without changing it (sorted() returns a new "
-                           "list; list.sort changes the one you have), so that the caller can still use it.")
+            changed = [f for f in vars(trace) if getattr(trace, f) != getattr(before, f)]
+            raise Mismatch(f"{name}(trace) changed the trace it was given in place ({', '.join(changed)}). Read it "
+                           "without changing it: sorted() returns a new list; list.sort changes the one you have.")
         return got
     return run
 
@@ -306,10 +286,9 @@ MISTAKES_11_3 = [
     # (device 1's longest dispatch is the longest summed over the devices, by the cases' construction)
     Mistake("device 0's longest dispatch", _FROM_DEVICES, lambda t: _step_of_longest(t, _dispatch_durations(t, 0))),
     Mistake("devices' summed dispatches", _FROM_DEVICES, lambda t: _step_of_longest(t, _dispatch_durations(t))),
-    Mistake("one after", "That is the number of the step after the stalled one, on every case: the marker of the "
-            "longest step carries its own number (no +1).", lambda t: solution_stalled_step(t) + 1),
-    Mistake("one before", "That is the number of the step before the stalled one, on every case: the marker of the "
-            "longest step carries its own number (no -1).", lambda t: solution_stalled_step(t) - 1),
+    *[Mistake(f"one {way}", f"That is the number of the step {way} the stalled one, on every case: the marker of "
+              f"the longest step carries its own number (no {k:+}).", lambda t, k=k: solution_stalled_step(t) + k)
+      for way, k in (("after", 1), ("before", -1))],
     Mistake("start to next start", "You measured each step from its start to the next step's start, and the "
             "last step has no next one: each marker carries its own duration.",
             lambda t: _step_of_longest(t, np.diff([m.start_us for m in t.markers]))),
@@ -355,9 +334,7 @@ def _marker_runner(fn, case):
     ratio of step numbers means nothing)."""
     from .lesson12 import _whole
     got, markers = _trace_runner("stalled_step", [])(fn, case), case.args[0].markers
-    if isinstance(got, (bool, np.bool_)):
-        return Said(f"{got!r}: a bool (True/False), not a number")
-    if _whole(got) is None:
+    if _whole(got) is None:                 # a bool too: True is no step
         return Said(f"{got!r:.60} ({type(got).__name__}), not a step number")
     got = _whole(got)
     found = [f"marker {i + 1} of {len(markers)}, which lasted {m.dur_us:,.0f} µs" for i, m in enumerate(markers)
@@ -420,7 +397,7 @@ def _read_elsewhere(reads, got, like=None):
             onto = "on the host (NumPy)" if "host" in reads else "as no array of that shape" if not same_shape else (
                 "onto the sharding stored in the checkpoint, " if stored else "") + _where_split(same_shape[0][1])
             return f"a leaf of shape {leaf.shape} {onto} (you return it {_where_split(leaf)})"
-        read.remove(match)
+        read = [r for r in read if r is not match]
     return None
 
 
@@ -476,7 +453,6 @@ def _orbax_restore(directory, target=None, step=None):
 
 
 def _onto(like, mesh, spec=lambda x: x.sharding.spec):
-    from jax.sharding import NamedSharding
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, spec(x))), like)
 
 
@@ -488,9 +464,9 @@ MISTAKES_11_4 = [
             "too). Give the restore a target whose shardings name the new mesh.",
             lambda d, like, mesh: _orbax_restore(d, like)),
     Mistake("every leaf whole", "Every leaf came back whole on every device. " + _SPECS,
-            lambda d, like, mesh: _orbax_restore(d, _onto(like, mesh, lambda x: jax.sharding.PartitionSpec()))),
+            lambda d, like, mesh: _orbax_restore(d, _onto(like, mesh, lambda x: P()))),
     Mistake("the lesson's rule", "The leaves are split by one rule (the first axis, where it divides): " + _SPECS,
-            lambda d, like, mesh: _orbax_restore(d, _onto(like, mesh, lambda x: jax.sharding.PartitionSpec(
+            lambda d, like, mesh: _orbax_restore(d, _onto(like, mesh, lambda x: P(
                 *[mesh.axis_names[0]][:x.ndim and x.shape[0] % mesh.size == 0])))),
     Mistake("newest by text", "If you picked the step by the directories' names: compared as text, '8' comes after "
             "'11' and '99' after '100' (the first characters decide); step numbers must be compared as numbers."
@@ -501,50 +477,47 @@ MISTAKES_11_4 = [
 ]
 
 
-def _resharded_runner(seen):
-    """(which saved step the values are, the values, where each leaf lives and how it is split); Orbax's reads
-    kept in ``seen``. course_lib's restore is refused here: the exercise is Orbax itself."""
-    def run(fn, case):
-        directory, like, mesh, saved = case.args
-        reads, through_course_lib = [], []
-        with _orbax_reads(reads) as watching, _watch(checkpoint, "restore", through_course_lib), \
-                _watch(checkpoint.Checkpoints, "restore", through_course_lib):
-            try:
-                got = call(fn, directory, like, mesh, name="restore_resharded", hints={
-                    **_ORBAX_LAYOUT, "Composite": _ORBAX_LAYOUT["Composite"].format(steps=sorted(saved))})
-            except Mismatch:
-                if not through_course_lib:
-                    raise
-        if through_course_lib:
-            raise Mismatch("restore_resharded called course_lib's checkpoint.restore; this exercise asks for "
-                           "Orbax itself, as you would write it in your own project (course_lib's restore reads "
-                           "only checkpoints that course_lib's save wrote).")
-        seen[case.label] = (reads, watching, got)
-        step = next((Said(f"the values of step {k}") for k, v in saved.items()
-                     if same(got, v, rtol=1e-2, atol=1e-2, dtype=False)), Said("values that no saved step holds"))
-        return step, got, jax.tree.map(lambda a: _where_split(a, mesh), got)
-    return run
+def _resharded_runner(fn, case):
+    """(which saved step the values are, the values, where each leaf lives and how it is split, the mechanism:
+    whether each device read its own part straight onto the new mesh). course_lib's restore is refused here: the
+    exercise is Orbax itself."""
+    directory, like, mesh, saved = case.args
+    reads, through_course_lib = [], []
+    with _orbax_reads(reads) as watching, _watch(checkpoint, "restore", through_course_lib), \
+            _watch(checkpoint.Checkpoints, "restore", through_course_lib):
+        try:
+            got = call(fn, directory, like, mesh, name="restore_resharded", hints={
+                **_ORBAX_LAYOUT, "Composite": _ORBAX_LAYOUT["Composite"].format(steps=sorted(saved))})
+        except Mismatch:
+            if not through_course_lib:
+                raise
+    if through_course_lib:
+        raise Mismatch("restore_resharded called course_lib's checkpoint.restore, which reads only checkpoints "
+                       "that course_lib's save wrote: this exercise asks for Orbax itself.")
+    step = next((Said(f"the values of step {k}") for k, v in saved.items()
+                 if same(got, v, rtol=1e-2, atol=1e-2, dtype=False)), Said("values that no saved step holds"))
+    where = watching and reads and _read_elsewhere(reads, got, like)
+    return step, got, jax.tree.map(lambda a: _where_split(a, mesh), got), Said(
+        "the right values and shardings, but Orbax read no array in your function: restore from the checkpoint in "
+        "directory" if watching and not reads else f"the right values and shardings, but Orbax read {where}, and you "
+        "placed it afterwards: the whole state through other memory (on fewer devices, it fails). Give Orbax a target "
+        "of jax.ShapeDtypeStructs with the shardings you return, so that each device reads only its own part" if where
+        else "each device reading only its own part, straight onto the new mesh")
 
 
 def _where_split(a, mesh=None) -> Said:
-    """Where ``a`` lives and how it is split: "split as P('data',) over devices [4, 5, 6, 7]" (mesh order; an axis
-    named as ``mesh``'s axis in the same position is named so: only the placement counts, not the name); a
-    single device: ``placement``."""
-    spec = getattr(getattr(a, "sharding", None), "spec", None)
-    if spec is None or len(a.sharding.device_set) == 1:
+    """Where ``a`` lives: on one device (or placed without a mesh), its ``placement``; else its ``_split`` ("split
+    as P('data',) over devices [4, 5, 6, 7]", "whole on devices [5, 2]")."""
+    sharding = getattr(a, "sharding", None)
+    if getattr(sharding, "spec", None) is None or len(sharding.device_set) == 1:
         return placement(a)
-    names = dict(zip(a.sharding.mesh.axis_names, (mesh or a.sharding.mesh).axis_names))
-    spec = jax.sharding.PartitionSpec(*[names.get(x, x) if isinstance(x, str) else x for x in spec][
-        :max([i + 1 for i, x in enumerate(spec) if x] or [0])])
-    devices = [d.id for d in a.sharding.mesh.devices.flat]
-    return Said(f"split as {spec} over devices {devices}" if spec else f"whole on devices {devices}")
+    return _split(sharding, mesh)
 
 
 @exercise("11.4", "Restore a state saved sharded on 8 devices straight onto a mesh of another size",
           solution=solution_restore_resharded)
 def check_restore_resharded(restore_resharded):
     import orbax.checkpoint as ocp
-    from jax.sharding import NamedSharding, PartitionSpec as P
 
     devs = jax.devices()
     n = len(devs)
@@ -554,7 +527,7 @@ def check_restore_resharded(restore_resharded):
     plans = [(_case_a, devs, [7], [smaller[0]]),
              (_case_a, devs, [7, 8, 10, 11], smaller[1:] or smaller),  # text: "8" > "11"; 7 the oldest; 10 next
              (_case_b, devs[:n // 2 or 1], [9, 99, 100], [n])]      # as text "99" > "100"; saved from fewer devices
-    cases, seen = [], {}
+    cases = []
     with tempfile.TemporaryDirectory() as tmp:
         for index, (case, from_devices, steps, sizes) in enumerate(plans):
             directory, (axis, values, specs) = pathlib.Path(tmp) / f"run{index}", case()
@@ -571,19 +544,7 @@ def check_restore_resharded(restore_resharded):
                            f"restore_resharded(directory of steps {steps}, like, mesh of {count} devices '{axis}')",
                            n=count) for count in sizes]
         diagnose(restore_resharded, cases, solution=solution_restore_resharded, mistakes=MISTAKES_11_4,
-                 run=_resharded_runner(seen), name="restore_resharded")
-    for case in cases:               # the mechanism: each device read its own part, straight onto the new mesh
-        reads, watching, got = seen[case.label]
-        if watching and not reads:
-            raise Mismatch(f"{case.label}: the values and shardings are right, but Orbax read no array in your "
-                           "function. Restore from the checkpoint in directory.")
-        where = watching and _read_elsewhere(reads, got, case.args[1])
-        if where:
-            raise Mismatch(f"{case.label}: the values and shardings are right, but Orbax read {where}, and you "
-                           "placed it afterwards: on a large model that is the whole state through other memory, "
-                           "and on a machine with fewer devices it fails. Give Orbax a target of "
-                           "jax.ShapeDtypeStructs with the shardings you return (the new mesh, each leaf's "
-                           "PartitionSpec), so that each device reads only its own part.")
+                 run=_resharded_runner, name="restore_resharded")
     return ("each device read its own part of the saved state straight onto the new mesh, with the same "
             "PartitionSpecs, from the newest step (steps past 9, other structures and axis names, onto smaller "
             "and larger meshes).")

@@ -75,7 +75,7 @@ WRONG = {
     "float16 target": (_half_precision, "float16"),
     "only the params": (_params_only, "expected dict{'params'"),
     "Orbax with no target": (_orbax_without_target, "the devices it was saved from"),
-    "one device of those given": (_one_device, "in the mesh order [5, 2, 6, 1], got on device 5"),
+    "one device of those given": (_one_device, "whole on devices [5, 2, 6, 1], got on device 5"),
 }
 
 
@@ -112,7 +112,7 @@ def test_right_answers_written_otherwise_pass(answer):
 
 FRESH = [
     ("onto all devices", lambda d, like, devs: checkpoint.restore(d, like, devices=jax.devices())[0],
-     "expected on devices [1, 2, 5, 6], in the mesh order [5, 2, 6, 1], got on devices [0, 1, 2, 3, 4, 5, 6, 7]."),
+     "expected whole on devices [5, 2, 6, 1], got whole on devices [0, 1, 2, 3, 4, 5, 6, 7]."),
     ("the extra dict only", lambda d, like, devs: checkpoint.restore(d, like, devices=devs)[1], "got dict{'position'"),
     ("cast to float32", lambda d, like, devs: jax.tree.map(lambda a: a.astype(jnp.float32), checkpoint.restore(
         d, like, devices=devs)[0]), "dtype float32 where bfloat16 was expected"),

@@ -38,7 +38,7 @@ WRONG = {
     "the first step": (lambda t: t.markers[0].step, "the first step's number"),
     "sorted in place": (_sorts_in_place, "changed the trace it was given in place (markers)"),
     "gap to the next start": (_gap_to_next_start, "the last step has no next one"),
-    "a bool": (lambda t: t.markers[0].step > 0, "a bool (True/False), not a number"),
+    "a bool": (lambda t: t.markers[0].step > 0, "True (bool), not a step number"),
     "one after": (lambda t: max(t.markers, key=lambda m: m.dur_us).step + 1, "the step after the stalled one"),
     "one before": (lambda t: max(t.markers, key=lambda m: m.dur_us).step - 1, "the step before the stalled one"),
 }
