@@ -87,7 +87,7 @@ def test_05_2_a_global_computation_is_rejected_as_02_3_does():
         return max(float(jnp.max(jnp.abs(leaf - leaf[0]))) for leaf in jax.tree.leaves(tree))
 
     fb = check("05.2", global_view)
-    assert not fb and "The value is right, but it was computed from the global view" in fb.message
+    assert not fb and "the value is right, but it was computed from the global view" in fb.message
 
     def on_devices(tree):
         worst = 0.0

@@ -104,11 +104,12 @@ def check_sum_of_squares(sum_of_squares):
 # 02.3 One device's block, where it lives
 
 
-def _moves_data(fn, *args) -> str | None:
-    """Whether ``fn(*args)`` copies data between devices or through the host: JAX's transfer guard says."""
+def _moves_data(fn, *args, guard=lambda: jax.transfer_guard("disallow_explicit")) -> str | None:
+    """Whether ``fn(*args)`` copies data between devices or through the host (the copies ``guard()`` refuses;
+    by default explicit device_puts too: JAX 0.11 lets those through): JAX's transfer guard says."""
     jax.block_until_ready(args)  # the inputs' own transfers are done before the guard starts
     try:
-        with jax.transfer_guard("disallow_explicit"):  # explicit device_puts too: JAX 0.11 lets those through
+        with guard():
             fn(*args)
     except Exception as e:  # only the guard's own refusal counts; the checker has already run fn once
         text = str(e)

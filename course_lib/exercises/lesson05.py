@@ -10,7 +10,8 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import data, sharding
-from . import Case, Mismatch, Mistake, Said, call, describe_tree, diagnose, exercise, same, watch
+from . import Case, Mismatch, Mistake, Said, call, describe_tree, diagnose, exercise, watch
+from .lesson02 import _moves_data
 from .lesson07 import _Spy
 
 AXIS = "devices"
@@ -260,10 +261,11 @@ _COLLECTIVES = {"all_gather", "all_gather_invariant", "psum", "psum_invariant", 
 
 
 def _gathers(fn, tree) -> str | None:
-    """How ``fn(tree)`` gathered the copies, if it did: a leaf read whole on the host (``np.asarray`` or
-    ``jax.device_get`` of the global array brings every device's copy at once), or a collective run on them.
-    Watched while it runs: ``ArrayImpl._value`` is what every host read of an array goes through, and a
-    primitive's ``bind`` what tracing a collective goes through (JAX's caches cleared, so that none is hidden)."""
+    """How ``fn(tree)`` gathered the copies, if it did: through the global array (a device-to-device copy), a
+    leaf read whole on the host (``np.asarray`` or ``jax.device_get`` of the global array brings every device's
+    copy at once), or a collective run on them. Watched while it runs: ``ArrayImpl._value`` is what every host
+    read of an array goes through, and a primitive's ``bind`` what tracing a collective goes through (JAX's caches
+    cleared, so that none is hidden)."""
     from jax._src import array as _array, core as _core
     leaves, read, used = {id(x) for x in jax.tree.leaves(tree)}, [], set()
     value, bind = _array.ArrayImpl.__dict__["_value"], _core.Primitive.bind
@@ -277,6 +279,10 @@ def _gathers(fn, tree) -> str | None:
         used.add(prim.name)
         return bind(prim, *args, **params)
 
+    # Reading each copy where it lives moves data from each device to the host, never between devices
+    if _moves_data(fn, tree, guard=lambda: jax.transfer_guard_device_to_device("disallow")):
+        return ("it was computed from the global view: it moved data from device to device (jax.numpy on a whole "
+                "leaf, e.g. subtracting one row from it, sends the first device's copy to every other device)")
     jax.clear_caches()
     if not watch(fn, (tree,), [(_array.ArrayImpl, "_value", property(watched_value)),
                                (_core.Primitive, "bind", watched_bind)]):
@@ -299,35 +305,16 @@ def _gathers(fn, tree) -> str | None:
                  "each device's copy where it lives; np.asarray brings one copy to the host."])
 def check_max_divergence(max_divergence):
     devs = jax.devices()
-    one_number = "return one number for the whole tree, the worst difference over every leaf and device"
-
-    def run(fn, tree):
-        # Reading each copy where it lives moves data from each device to the host, never between devices: a
-        # device-to-device transfer means the copies were compared through the global array.
-        try:
-            with jax.transfer_guard_device_to_device("disallow"):
-                return call(fn, tree, name="max_divergence", hints={
-                    "incompatible devices": "Each copy lives on its own device, and JAX computes only with arrays "
-                                            "on the same devices: this answer combined copies that live on "
-                                            "different devices."})
-        except Mismatch as e:
-            if "Disallowed device-to-device transfer" not in str(e):
-                raise
-        value = call(fn, tree, name="max_divergence")        # the same answer, transfers allowed
-        right = same(value, solution_max_divergence(tree), rtol=1e-6, atol=1e-7)
-        raise Mismatch(("The value is right, but" if right else "The value differs, and")
-                       + " it was computed from the global view: max_divergence moved data from device to device "
-                       "(jax.numpy on a whole leaf, e.g. subtracting one row from it, sends the first device's "
-                       "copy to every other device). Compare what each device holds, where it lives.") from None
-
     cases = [Case((sharding.replicate({"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.float32(1.0)}),),
                   "for identical copies")]
     # copy i on device i, as one (n, ...) array: replicas that may differ
     cases += [Case((jax.device_put(copies, NamedSharding(sharding.device_mesh(devs[:n]), P(AXIS))),),
                    f"{what}, copies that differ per device and per element", n=n)
               for n, what, copies in _drift_cases()]
-    diagnose(max_divergence, cases, solution=solution_max_divergence, mistakes=MISTAKES_05_2,
-             run=lambda fn, case: run(fn, *case.args), rtol=1e-6, atol=1e-7)
+    apart = {"incompatible devices": "Each copy lives on its own device, and JAX computes only with arrays on the "
+                                     "same devices: this answer combined copies that live on different devices."}
+    diagnose(max_divergence, cases, solution=solution_max_divergence, mistakes=MISTAKES_05_2, rtol=1e-6, atol=1e-7,
+             run=lambda fn, case: call(fn, *case.args, name="max_divergence", hints=apart))
     for case in cases[1:]:
         how = _gathers(max_divergence, *case.args)
         if how:
