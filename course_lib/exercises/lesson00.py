@@ -77,22 +77,19 @@ def _ids_and_set(fn, case):
         raise Mismatch("device_ids changed the set that a.devices() returns (a set's pop or remove takes the "
                        "element out): JAX keeps that set with the array's sharding, so later code would see a "
                        "device missing. Read the set without changing it.")
-    if isinstance(got, (set, frozenset)):           # what came back against what is asked, no guessed cause
-        want = solution_device_ids(a)
-        ints = all(isinstance(i, (int, np.integer)) for i in got)
-        shown = f"the set {set(int(i) for i in got)}" if ints else f"a set of {describe_tree(list(got))[5:-1]}"
-        raise Mismatch(f"returned {shown}; expected a list of ints in ascending order, {want}"
-                       + (": a set has no order." if ints else "."))
-    if isinstance(got, collections.abc.Iterator):   # a generator, map, iter(...): not yet a list
-        raise Mismatch(f"returned a {type(got).__name__}, which gives its items one at a time when looped over; "
-                       f"expected a list of ints in ascending order, {solution_device_ids(a)}.")
-    if isinstance(got, (list, tuple)) and got and all(isinstance(i, str) for i in got):
-        raise Mismatch(f"returned {list(got)!r}, ids as strings; expected a list of ints in ascending order, "
-                       f"{solution_device_ids(a)}.")
-    if isinstance(got, (list, tuple)) and got and all(isinstance(i, (int, np.integer)) and not isinstance(i, bool)
-                                                      for i in got):
-        return np.array(got, dtype=np.int64)        # ids as one array: an order or a count shows as such
-    return got
+    # what came back against what is asked, no guessed cause
+    ints = isinstance(got, (list, tuple, set, frozenset)) and all(
+        isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in got)
+    if isinstance(got, (set, frozenset)):
+        shown = (f"the set {set(int(i) for i in got)}, which has no order" if ints
+                 else f"a set of {describe_tree(list(got))[5:-1]}")
+    elif isinstance(got, collections.abc.Iterator):   # a generator, map, iter(...): not yet a list
+        shown = f"a {type(got).__name__}, which gives its items one at a time when looped over"
+    elif isinstance(got, (list, tuple)) and got and all(isinstance(i, str) for i in got):
+        shown = f"{list(got)!r}, ids as strings"
+    else:                                           # ids as one array: an order or a count shows as such
+        return np.array(got, dtype=np.int64) if ints and got else got
+    raise Mismatch(f"returned {shown}; expected a list of ints in ascending order, {solution_device_ids(a)}.")
 
 
 MISTAKES_00_2 = [
