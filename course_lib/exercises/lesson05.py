@@ -215,11 +215,11 @@ def _drift_cases():
         yield n, f"{len(shapes)} leaves on {n} devices", copies
 
 
-def _per_leaf(measure, leaves=slice(None)):
+def _per_leaf(measure, leaves=slice(None), combine=max):
     """A mistake of 05.2 as a function of the tree: ``measure`` of each leaf's (n, size) copies, the largest."""
     def fn(tree):
         flat = [np.stack(cs).astype(np.float64).reshape(len(cs), -1) for cs in _copies(tree)][leaves]
-        return max(float(measure(c)) for c in flat)
+        return combine(float(measure(c)) for c in flat)
     return fn
 
 
@@ -245,8 +245,8 @@ MISTAKES_05_2 = [Mistake(name, f"That is {text}.", fn) for name, text, fn in [
      _per_leaf(lambda c: np.max(np.abs(c - c[0])), slice(0, 1))),
     ("last leaf", "only the last leaf compared: the other leaves were left out",
      _per_leaf(lambda c: np.max(np.abs(c - c[0])), slice(-1, None))),
-    ("sum", "a sum of the differences, not the largest one", lambda t: sum(
-        _per_leaf(lambda c: np.sum(np.abs(c - c[0])), slice(i, i + 1))(t) for i in range(len(jax.tree.leaves(t))))),
+    ("sum", "a sum of the differences, not the largest one",
+     _per_leaf(lambda c: np.sum(np.abs(c - c[0])), combine=sum)),                  # the sum over the leaves
     ("relative", "a relative difference (each difference divided by the first copy's value), not the absolute "
      "difference: the replicas should hold the same numbers, whatever their size",
      _per_leaf(lambda c: np.max(np.abs(c - c[0]) / np.maximum(np.abs(c[0]), 1e-30)))),
@@ -383,7 +383,6 @@ def check_masked_mse(masked_mse):
                       "device that got only padding)"))
     engine = dict(solution=solution_masked_mse, mistakes=MISTAKES_05_3, name="masked_mse")
     diagnose(masked_mse, cases[:-1], **engine)
-    # A loss runs inside jax.grad and a compiled step: its values are tracers there, not numbers.
     traced = "A loss runs inside jax.grad and a compiled (pmap/jit) step, where its inputs are tracers: "
     python_value = traced + ("float(), int(), bool() or a Python if on a value need a concrete number, and a traced "
                              "value has none.")
