@@ -384,17 +384,15 @@ def check_masked_mse(masked_mse):
     engine = dict(solution=solution_masked_mse, mistakes=MISTAKES_05_3, name="masked_mse")
     diagnose(masked_mse, cases[:-1], **engine)
     traced = "A loss runs inside jax.grad and a compiled (pmap/jit) step, where its inputs are tracers: "
-    python_value = traced + ("float(), int(), bool() or a Python if on a value need a concrete number, and a traced "
-                             "value has none.")
+    python_value = traced + ("float(), int(), bool(), np.asarray(), np.float32() or a Python if on a value need a "
+                             "concrete number, and a traced value has none: keep the computation in jax.numpy.")
     call(jax.jit(jax.grad(masked_mse)), jnp.ones(4), jnp.zeros(4), jnp.arange(4) < 2,
          name="jax.jit(jax.grad(masked_mse))",
          hints={"boolean indices": traced + "indexing with a boolean mask would give a shape that depends on the "
                                    "values, which a compiled program cannot have. Keep every row and let the mask "
                                    "weight them instead.",
                 "Concretization": python_value, "boolean conversion": python_value,
-                "__array__() was called on traced array": traced + (
-                    "np.float32(), np.asarray() or float() on a value need a concrete number, and a traced value "
-                    "has none: keep the result a jax.numpy value.")})
+                "__array__() was called on traced array": python_value})
     diagnose(masked_mse, cases, **engine)
     grad = np.asarray(jax.grad(masked_mse)(jnp.ones(4), jnp.zeros(4), jnp.zeros(4, bool)))
     if not np.all(np.isfinite(grad)):
