@@ -46,9 +46,8 @@ def _agree(tree, what: str) -> Said:
     return Said(f"the copies of {what} {'agree' if same_ else 'differ from device to device'}")
 
 
-def _first_copy(tree):
-    return jax.tree.map(lambda leaf: np.asarray(leaf.addressable_shards[0].data[0])
-                        if isinstance(leaf, jax.Array) and leaf.ndim else np.asarray(leaf), tree)
+def _first_copy(tree):   # a pmap result: every leaf a jax.Array with the device axis first
+    return jax.tree.map(lambda leaf: np.asarray(leaf.addressable_shards[0].data[0]), tree)
 
 
 _STEP_HINTS = {"has no attribute 'tree_map'": "jax.tree_map was removed from JAX: use jax.tree.map.",
