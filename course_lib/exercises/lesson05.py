@@ -179,7 +179,7 @@ def solution_max_divergence(replicated):
 def _drift_cases():
     """Replicated trees whose copies drift apart by amounts that differ per device AND per element.
 
-    Yields ``(n, what, copies)`` with ``copies`` a dict of leaf name -> (n, ...) NumPy array (copy i = row i).
+    Yields a ``Case`` per device count n: a dict of leaf name -> (n, ...) array, copy i (row i) on device i.
     The largest difference from device 0's copy is negative, in the middle of a leaf and on a middle device,
     so that the spread over devices (np.ptp), neighbouring differences (np.diff), a mean, a signed maximum, a
     comparison with the last copy, or a look at only some leaves, devices or elements each give another number.
@@ -211,7 +211,8 @@ def _drift_cases():
             plant("b", 2, 0.1875, element=(1,))                  # the first leaf alone: 0.1875
         plant(worst_leaf, worst, -0.3751)                        # the answer: below the first copy, and
         # not a float16 number: an answer compared in a lower precision gives another one
-        yield n, f"{len(shapes)} leaves on {n} devices", copies
+        yield Case((jax.device_put(copies, NamedSharding(sharding.device_mesh(jax.devices()[:n]), P(AXIS))),),
+                   f"{len(shapes)} leaves on {n} devices, copies that differ per device and per element", n=n)
 
 
 def _per_leaf(measure, leaves=slice(None), combine=max):
@@ -303,18 +304,13 @@ def _gathers(fn, tree) -> str | None:
                  "jax.tree.leaves gives the leaves; a leaf's addressable_shards (lesson 02, exercise 02.3) hold "
                  "each device's copy where it lives; np.asarray brings one copy to the host."])
 def check_max_divergence(max_divergence):
-    devs = jax.devices()
     cases = [Case((sharding.replicate({"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.float32(1.0)}),),
-                  "for identical copies")]
-    # copy i on device i, as one (n, ...) array: replicas that may differ
-    cases += [Case((jax.device_put(copies, NamedSharding(sharding.device_mesh(devs[:n]), P(AXIS))),),
-                   f"{what}, copies that differ per device and per element", n=n)
-              for n, what, copies in _drift_cases()]
+                  "for identical copies"), *_drift_cases()]
     apart = {"incompatible devices": "Each copy lives on its own device, and JAX computes only with arrays on the "
                                      "same devices: this answer combined copies that live on different devices."}
     diagnose(max_divergence, cases, solution=solution_max_divergence, mistakes=MISTAKES_05_2, rtol=1e-6, atol=1e-7,
              run=lambda fn, case: call(fn, *case.args, name="max_divergence", hints=apart))
-    for case in cases[1:]:
+    for case in cases:
         how = _gathers(max_divergence, *case.args)
         if how:
             raise Mismatch(f"{case.label}: the value is right, but {how}. The exercise reads each device's copy "
