@@ -51,8 +51,7 @@ MISTAKES_00_1 = [
                  "lists what JAX calls devices."])
 def check_on_device_3(on_device_3):
     last = jax.devices()[-1]
-    cases = [Case((x,), f"on_device_3(x {np.shape(x)} {np.dtype(x.dtype).name} "
-                        f"{'on the host' if isinstance(x, np.ndarray) else placement(x)})")
+    cases = [Case((x,), f"on_device_3(x {np.shape(x)} {np.dtype(x.dtype).name} {placement(x)})")
              for x in [_data((4,), seed=0), jnp.asarray(_data((2, 3), seed=1)),
                        jax.device_put(_data((5,), seed=2), last), np.arange(6, dtype=np.int32).reshape(3, 2)]]
     diagnose(on_device_3, cases, solution=solution_on_device_3, mistakes=MISTAKES_00_1, run=_values_and_place,
@@ -77,22 +76,18 @@ def _ids_and_set(fn, case):
         raise Mismatch("device_ids changed the set that a.devices() returns (a set's pop or remove takes the "
                        "element out): JAX keeps that set with the array's sharding, so later code would see a "
                        "device missing. Read the set without changing it.")
+    ints = isinstance(got, (list, tuple, set, frozenset)) and all(
+        isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in got)
     if isinstance(got, (set, frozenset)):           # what came back against what is asked, no guessed cause
-        want = solution_device_ids(a)
-        ints = all(isinstance(i, (int, np.integer)) for i in got)
-        shown = f"the set {set(int(i) for i in got)}" if ints else f"a set of {describe_tree(list(got))[5:-1]}"
-        raise Mismatch(f"returned {shown}; expected a list of ints in ascending order, {want}"
-                       + (": a set has no order." if ints else "."))
-    if isinstance(got, collections.abc.Iterator):   # a generator, map, iter(...): not yet a list
-        raise Mismatch(f"returned a {type(got).__name__}, which gives its items one at a time when looped over; "
-                       f"expected a list of ints in ascending order, {solution_device_ids(a)}.")
-    if isinstance(got, (list, tuple)) and got and all(isinstance(i, str) for i in got):
-        raise Mismatch(f"returned {list(got)!r}, ids as strings; expected a list of ints in ascending order, "
-                       f"{solution_device_ids(a)}.")
-    if isinstance(got, (list, tuple)) and got and all(isinstance(i, (int, np.integer)) and not isinstance(i, bool)
-                                                      for i in got):
-        return np.array(got, dtype=np.int64)        # ids as one array: an order or a count shows as such
-    return got
+        shown = (f"the set {set(int(i) for i in got)}, which has no order" if ints
+                 else f"a set of {describe_tree(list(got))[5:-1]}")
+    elif isinstance(got, collections.abc.Iterator):   # a generator, map, iter(...): not yet a list
+        shown = f"a {type(got).__name__}, which gives its items one at a time when looped over"
+    elif isinstance(got, (list, tuple)) and got and all(isinstance(i, str) for i in got):
+        shown = f"{list(got)!r}, ids as strings"
+    else:                                           # ids as one array: an order or a count shows as such
+        return np.array(got, dtype=np.int64) if ints and got else got
+    raise Mismatch(f"returned {shown}; expected a list of ints in ascending order, {solution_device_ids(a)}.")
 
 
 MISTAKES_00_2 = [

@@ -57,24 +57,22 @@ def solution_sum_of_squares(xs):
     return jax.pmap(lambda block: jnp.sum(block**2))(xs)
 
 
-MISTAKES_02_2 = [
-    Mistake("mean", "Each block's mean of the squares: the sum divided by the number of values in a block. The "
-            "exercise asks for the sum.", lambda xs: jax.pmap(lambda b: jnp.mean(b ** 2))(xs)),
-    Mistake("square of the sum", "That is the square of each block's sum: the sum was taken first and squared "
-            "afterwards, where each value is squared before the sum.",
-            lambda xs: jax.pmap(lambda b: jnp.sum(b) ** 2)(xs)),
-    Mistake("last axis only", "Each device summed only its block's last axis, not the whole block.",
-            lambda xs: jax.pmap(lambda b: jnp.sum(b ** 2, axis=-1))(xs)),
-    Mistake("first axis only", "Each device summed only its block's first axis (one sum per column), not the "
-            "whole block.", lambda xs: jax.pmap(lambda b: jnp.sum(b ** 2, axis=0))(xs)),
-    Mistake("not squared", "That is each block's plain sum: the values were not squared before the sum.",
-            lambda xs: jax.pmap(jnp.sum)(xs)),
-    Mistake("square root", "That is the square root of each block's sum of squares (its norm): the exercise asks "
-            "for the sum of squares itself.", lambda xs: jax.pmap(lambda b: jnp.sqrt(jnp.sum(b ** 2)))(xs)),
-    Mistake("total everywhere", "Every device holds the total over ALL the blocks (a psum of the block sums): each "
-            "device's own block's sum was asked, no collective.",
-            lambda xs: jax.pmap(lambda b: jax.lax.psum(jnp.sum(b ** 2), "i"), axis_name="i")(xs)),
-]
+# A mistake of 02.2: what one device does with its block (f), under pmap
+MISTAKES_02_2 = [Mistake(name, text, lambda xs, f=f: jax.pmap(f, axis_name="i")(xs)) for name, text, f in [
+    ("mean", "Each block's mean of the squares: the sum divided by the number of values in a block. The exercise "
+     "asks for the sum.", lambda b: jnp.mean(b ** 2)),
+    ("square of the sum", "That is the square of each block's sum: the sum was taken first and squared afterwards, "
+     "where each value is squared before the sum.", lambda b: jnp.sum(b) ** 2),
+    ("last axis only", "Each device summed only its block's last axis, not the whole block.",
+     lambda b: jnp.sum(b ** 2, axis=-1)),
+    ("first axis only", "Each device summed only its block's first axis (one sum per column), not the whole block.",
+     lambda b: jnp.sum(b ** 2, axis=0)),
+    ("not squared", "That is each block's plain sum: the values were not squared before the sum.", jnp.sum),
+    ("square root", "That is the square root of each block's sum of squares (its norm): the exercise asks for the "
+     "sum of squares itself.", lambda b: jnp.sqrt(jnp.sum(b ** 2))),
+    ("total everywhere", "Every device holds the total over ALL the blocks (a psum of the block sums): each device's "
+     "own block's sum was asked, no collective.", lambda b: jax.lax.psum(jnp.sum(b ** 2), "i")),
+]]
 
 
 @exercise("02.2", "Per-device sums of squares with pmap", solution=solution_sum_of_squares,
@@ -104,11 +102,12 @@ def check_sum_of_squares(sum_of_squares):
 # 02.3 One device's block, where it lives
 
 
-def _moves_data(fn, *args) -> str | None:
-    """Whether ``fn(*args)`` copies data between devices or through the host: JAX's transfer guard says."""
+def _moves_data(fn, *args, guard=lambda: jax.transfer_guard("disallow_explicit")) -> str | None:
+    """Whether ``fn(*args)`` copies data between devices or through the host (the copies ``guard()`` refuses;
+    by default explicit device_puts too: JAX 0.11 lets those through): JAX's transfer guard says."""
     jax.block_until_ready(args)  # the inputs' own transfers are done before the guard starts
     try:
-        with jax.transfer_guard("disallow_explicit"):  # explicit device_puts too: JAX 0.11 lets those through
+        with guard():
             fn(*args)
     except Exception as e:  # only the guard's own refusal counts; the checker has already run fn once
         text = str(e)

@@ -10,7 +10,8 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import data, sharding
-from . import Case, Mismatch, Mistake, Said, call, describe_tree, diagnose, exercise, same, watch
+from . import Case, Mismatch, Mistake, Said, call, describe_tree, diagnose, exercise, watch
+from .lesson02 import _moves_data
 from .lesson07 import _Spy
 
 AXIS = "devices"
@@ -45,9 +46,8 @@ def _agree(tree, what: str) -> Said:
     return Said(f"the copies of {what} {'agree' if same_ else 'differ from device to device'}")
 
 
-def _first_copy(tree):
-    return jax.tree.map(lambda leaf: np.asarray(leaf.addressable_shards[0].data[0])
-                        if isinstance(leaf, jax.Array) and leaf.ndim else np.asarray(leaf), tree)
+def _first_copy(tree):   # a pmap result: every leaf a jax.Array with the device axis first
+    return jax.tree.map(lambda leaf: np.asarray(leaf.addressable_shards[0].data[0]), tree)
 
 
 _STEP_HINTS = {"has no attribute 'tree_map'": "jax.tree_map was removed from JAX: use jax.tree.map.",
@@ -179,7 +179,7 @@ def solution_max_divergence(replicated):
 def _drift_cases():
     """Replicated trees whose copies drift apart by amounts that differ per device AND per element.
 
-    Yields ``(n, what, copies)`` with ``copies`` a dict of leaf name -> (n, ...) NumPy array (copy i = row i).
+    Yields a ``Case`` per device count n: a dict of leaf name -> (n, ...) array, copy i (row i) on device i.
     The largest difference from device 0's copy is negative, in the middle of a leaf and on a middle device,
     so that the spread over devices (np.ptp), neighbouring differences (np.diff), a mean, a signed maximum, a
     comparison with the last copy, or a look at only some leaves, devices or elements each give another number.
@@ -211,14 +211,15 @@ def _drift_cases():
             plant("b", 2, 0.1875, element=(1,))                  # the first leaf alone: 0.1875
         plant(worst_leaf, worst, -0.3751)                        # the answer: below the first copy, and
         # not a float16 number: an answer compared in a lower precision gives another one
-        yield n, f"{len(shapes)} leaves on {n} devices", copies
+        yield Case((jax.device_put(copies, NamedSharding(sharding.device_mesh(jax.devices()[:n]), P(AXIS))),),
+                   f"{len(shapes)} leaves on {n} devices, copies that differ per device and per element", n=n)
 
 
-def _per_leaf(measure, leaves=slice(None)):
+def _per_leaf(measure, leaves=slice(None), combine=max):
     """A mistake of 05.2 as a function of the tree: ``measure`` of each leaf's (n, size) copies, the largest."""
     def fn(tree):
         flat = [np.stack(cs).astype(np.float64).reshape(len(cs), -1) for cs in _copies(tree)][leaves]
-        return max(float(measure(c)) for c in flat)
+        return combine(float(measure(c)) for c in flat)
     return fn
 
 
@@ -244,8 +245,8 @@ MISTAKES_05_2 = [Mistake(name, f"That is {text}.", fn) for name, text, fn in [
      _per_leaf(lambda c: np.max(np.abs(c - c[0])), slice(0, 1))),
     ("last leaf", "only the last leaf compared: the other leaves were left out",
      _per_leaf(lambda c: np.max(np.abs(c - c[0])), slice(-1, None))),
-    ("sum", "a sum of the differences, not the largest one", lambda t: sum(
-        _per_leaf(lambda c: np.sum(np.abs(c - c[0])), slice(i, i + 1))(t) for i in range(len(jax.tree.leaves(t))))),
+    ("sum", "a sum of the differences, not the largest one",
+     _per_leaf(lambda c: np.sum(np.abs(c - c[0])), combine=sum)),                  # the sum over the leaves
     ("relative", "a relative difference (each difference divided by the first copy's value), not the absolute "
      "difference: the replicas should hold the same numbers, whatever their size",
      _per_leaf(lambda c: np.max(np.abs(c - c[0]) / np.maximum(np.abs(c[0]), 1e-30)))),
@@ -260,10 +261,11 @@ _COLLECTIVES = {"all_gather", "all_gather_invariant", "psum", "psum_invariant", 
 
 
 def _gathers(fn, tree) -> str | None:
-    """How ``fn(tree)`` gathered the copies, if it did: a leaf read whole on the host (``np.asarray`` or
-    ``jax.device_get`` of the global array brings every device's copy at once), or a collective run on them.
-    Watched while it runs: ``ArrayImpl._value`` is what every host read of an array goes through, and a
-    primitive's ``bind`` what tracing a collective goes through (JAX's caches cleared, so that none is hidden)."""
+    """How ``fn(tree)`` gathered the copies, if it did: through the global array (a device-to-device copy), a
+    leaf read whole on the host (``np.asarray`` or ``jax.device_get`` of the global array brings every device's
+    copy at once), or a collective run on them. Watched while it runs: ``ArrayImpl._value`` is what every host
+    read of an array goes through, and a primitive's ``bind`` what tracing a collective goes through (JAX's caches
+    cleared, so that none is hidden)."""
     from jax._src import array as _array, core as _core
     leaves, read, used = {id(x) for x in jax.tree.leaves(tree)}, [], set()
     value, bind = _array.ArrayImpl.__dict__["_value"], _core.Primitive.bind
@@ -277,6 +279,10 @@ def _gathers(fn, tree) -> str | None:
         used.add(prim.name)
         return bind(prim, *args, **params)
 
+    # Reading each copy where it lives moves data from each device to the host, never between devices
+    if _moves_data(fn, tree, guard=lambda: jax.transfer_guard_device_to_device("disallow")):
+        return ("it was computed from the global view: it moved data from device to device (jax.numpy on a whole "
+                "leaf, e.g. subtracting one row from it, sends the first device's copy to every other device)")
     jax.clear_caches()
     if not watch(fn, (tree,), [(_array.ArrayImpl, "_value", property(watched_value)),
                                (_core.Primitive, "bind", watched_bind)]):
@@ -298,37 +304,13 @@ def _gathers(fn, tree) -> str | None:
                  "jax.tree.leaves gives the leaves; a leaf's addressable_shards (lesson 02, exercise 02.3) hold "
                  "each device's copy where it lives; np.asarray brings one copy to the host."])
 def check_max_divergence(max_divergence):
-    devs = jax.devices()
-    one_number = "return one number for the whole tree, the worst difference over every leaf and device"
-
-    def run(fn, tree):
-        # Reading each copy where it lives moves data from each device to the host, never between devices: a
-        # device-to-device transfer means the copies were compared through the global array.
-        try:
-            with jax.transfer_guard_device_to_device("disallow"):
-                return call(fn, tree, name="max_divergence", hints={
-                    "incompatible devices": "Each copy lives on its own device, and JAX computes only with arrays "
-                                            "on the same devices: this answer combined copies that live on "
-                                            "different devices."})
-        except Mismatch as e:
-            if "Disallowed device-to-device transfer" not in str(e):
-                raise
-        value = call(fn, tree, name="max_divergence")        # the same answer, transfers allowed
-        right = same(value, solution_max_divergence(tree), rtol=1e-6, atol=1e-7)
-        raise Mismatch(("The value is right, but" if right else "The value differs, and")
-                       + " it was computed from the global view: max_divergence moved data from device to device "
-                       "(jax.numpy on a whole leaf, e.g. subtracting one row from it, sends the first device's "
-                       "copy to every other device). Compare what each device holds, where it lives.") from None
-
     cases = [Case((sharding.replicate({"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.float32(1.0)}),),
-                  "for identical copies")]
-    # copy i on device i, as one (n, ...) array: replicas that may differ
-    cases += [Case((jax.device_put(copies, NamedSharding(sharding.device_mesh(devs[:n]), P(AXIS))),),
-                   f"{what}, copies that differ per device and per element", n=n)
-              for n, what, copies in _drift_cases()]
-    diagnose(max_divergence, cases, solution=solution_max_divergence, mistakes=MISTAKES_05_2,
-             run=lambda fn, case: run(fn, *case.args), rtol=1e-6, atol=1e-7)
-    for case in cases[1:]:
+                  "for identical copies"), *_drift_cases()]
+    apart = {"incompatible devices": "Each copy lives on its own device, and JAX computes only with arrays on the "
+                                     "same devices: this answer combined copies that live on different devices."}
+    diagnose(max_divergence, cases, solution=solution_max_divergence, mistakes=MISTAKES_05_2, rtol=1e-6, atol=1e-7,
+             run=lambda fn, case: call(fn, *case.args, name="max_divergence", hints=apart))
+    for case in cases:
         how = _gathers(max_divergence, *case.args)
         if how:
             raise Mismatch(f"{case.label}: the value is right, but {how}. The exercise reads each device's copy "
@@ -396,19 +378,16 @@ def check_masked_mse(masked_mse):
                       "device that got only padding)"))
     engine = dict(solution=solution_masked_mse, mistakes=MISTAKES_05_3, name="masked_mse")
     diagnose(masked_mse, cases[:-1], **engine)
-    # A loss runs inside jax.grad and a compiled step: its values are tracers there, not numbers.
     traced = "A loss runs inside jax.grad and a compiled (pmap/jit) step, where its inputs are tracers: "
-    python_value = traced + ("float(), int(), bool() or a Python if on a value need a concrete number, and a traced "
-                             "value has none.")
+    python_value = traced + ("float(), int(), bool(), np.asarray(), np.float32() or a Python if on a value need a "
+                             "concrete number, and a traced value has none: keep the computation in jax.numpy.")
     call(jax.jit(jax.grad(masked_mse)), jnp.ones(4), jnp.zeros(4), jnp.arange(4) < 2,
          name="jax.jit(jax.grad(masked_mse))",
          hints={"boolean indices": traced + "indexing with a boolean mask would give a shape that depends on the "
                                    "values, which a compiled program cannot have. Keep every row and let the mask "
                                    "weight them instead.",
                 "Concretization": python_value, "boolean conversion": python_value,
-                "__array__() was called on traced array": traced + (
-                    "np.float32(), np.asarray() or float() on a value need a concrete number, and a traced value "
-                    "has none: keep the result a jax.numpy value.")})
+                "__array__() was called on traced array": python_value})
     diagnose(masked_mse, cases, **engine)
     grad = np.asarray(jax.grad(masked_mse)(jnp.ones(4), jnp.zeros(4), jnp.zeros(4, bool)))
     if not np.all(np.isfinite(grad)):

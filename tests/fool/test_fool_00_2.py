@@ -20,7 +20,7 @@ WRONG = [
     ("one int", lambda a: min(d.id for d in a.devices()), "one number where shape (1,) was expected"),
     ("one Device", lambda a: next(iter(a.devices())), "got Device"),
     ("one id picked from the set", lambda a: [next(iter(a.devices())).id], "expected [0, 1, 2, 3, 4, 5, 6, 7], got ["),
-    ("a set of ids", lambda a: {d.id for d in a.devices()}, "returned the set {3}; expected a list of ints"),
+    ("a set of ids", lambda a: {d.id for d in a.devices()}, "returned the set {3}, which has no order; expected a list of ints"),
     ("the set of Devices", lambda a: a.devices(), "returned a set of Device; expected a list of ints"),
     ("one id popped from JAX's own set", lambda a: [a.devices().pop().id], "changed the set that a.devices()"),
 ]

@@ -31,7 +31,7 @@ WRONG = [
     (lambda tree: float(np.max(np.abs(copies_of(jax.tree.leaves(tree)[0]) - copies_of(jax.tree.leaves(tree)[0])[0]))),
      ["only the first leaf"]),
     (lambda tree: max(float(jnp.max(jnp.abs(leaf - leaf[0]))) for leaf in jax.tree.leaves(tree)),
-     ["The value is right, but it was computed from the global view"]),
+     ["the value is right, but it was computed from the global view"]),
     (over_leaves(lambda c: np.max(np.abs(c.astype(np.float16) - c[0].astype(np.float16)))),
      ["or to float16 precision"]),
     (lambda tree: max(float(np.max(np.abs(np.asarray(v) - np.asarray(v)[0]))) for v in jax.tree.leaves(tree)),

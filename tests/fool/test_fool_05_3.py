@@ -19,9 +19,9 @@ WRONG = [
     (lambda p, y, m: jnp.sum(m * (p - y) ** 2) / jnp.sum(m), ["got nan", "0 / 0"]),
     (lambda p, y, m: jnp.nan_to_num(jnp.sum(m * (p - y) ** 2) / jnp.sum(m)), ["its gradient there is"]),
     (lambda p, y, m: jnp.mean(((p - y) ** 2)[m]), ["indexing with a boolean mask"]),
-    (python_if, ["float(), int(), bool() or a Python if"]),
+    (python_if, ["float(), int(), bool(), np.asarray(), np.float32() or a Python if"]),
     (lambda p, y, m: np.float32(jnp.sum(m * (p - y) ** 2) / jnp.maximum(jnp.sum(m), 1.0)),
-     ["raised TracerArrayConversionError", "np.float32(), np.asarray() or float() on a value need a concrete "
+     ["raised TracerArrayConversionError", "np.asarray(), np.float32() or a Python if on a value need a concrete "
                                            "number"]),
     (lambda p, y, m: jnp.sum((jnp.arange(p.shape[0]) < m.sum()) * (p - y) ** 2) / jnp.maximum(m.sum(), 1),
      ["the mean over the FIRST"]),
