@@ -98,11 +98,12 @@ _SPLIT = {"replicated": (), "zero1": ("opt_state",), "zero2": ("opt_state", "gra
           "fsdp": ("opt_state", "grads", "params")}
 
 
-def _table(split=_SPLIT, adam=8):
-    """A zero_bytes that splits ``split[stage]`` over the devices, with ``adam`` bytes of optimizer state."""
+def _table(split=_SPLIT, adam=8, share=lambda p, n: p / n):
+    """A zero_bytes that splits ``split[stage]`` over the devices, ``share(p, n)`` parameters' worth on each; ``adam``
+    bytes of optimizer state per parameter."""
     def zero_bytes(n_params, n_devices, stage):
-        whole = {"params": 4 * n_params, "grads": 4 * n_params, "opt_state": adam * n_params}
-        return {k: v / (n_devices if k in split[stage] else 1) for k, v in whole.items()}
+        per_param = {"params": 4, "grads": 4, "opt_state": adam}
+        return {k: b * (share(n_params, n_devices) if k in split[stage] else n_params) for k, b in per_param.items()}
     return zero_bytes
 
 
@@ -131,10 +132,8 @@ MISTAKES_10_1 = [
 ]
 
 
-def _padded_bytes(p, n, stage):
-    """Section 2's layout: each split part a slice of the flat vector padded to a multiple of n, ceil(p / n)."""
-    padded = solution_zero_bytes(-(-p // n) * n, n, stage)
-    return {k: padded[k] if k in _SPLIT[stage] else v for k, v in solution_zero_bytes(p, n, stage).items()}
+# Section 2's layout: each split part a slice of the flat vector padded to a multiple of n, ceil(p / n)
+_padded_bytes = _table(share=lambda p, n: -(-p // n))
 
 
 def _bytes_runner(fn, case):
@@ -574,9 +573,7 @@ MISTAKES_10_4 = [
             "was fed a sum over the devices where it needs the mean. The gradient of a slice gathered inside the "
             "loss arrives summed (the transpose of a gather is a reduce-scatter); one taken through a gather "
             "declared invarying arrives summed already, and a psum_scatter then sums again. Count the sums and "
-            "divide once by the device count. (With Adam this hardly shows, which is why the checker uses SGD "
-            "too.)",
-            _fsdp_as(by=lambda n: 1)),
+            "divide once by the device count.", _fsdp_as(by=lambda n: 1)),
     *[Mistake(name, "Each device's gradient is the mean of all the devices' gradient slices, different rows of each "
               "leaf: a pmean after the reduce-scatter mixes them. The reduce-scatter already summed each slice over "
               "the devices" + (", and dividing by the device count makes that sum the mean." if by else
