@@ -220,9 +220,13 @@ MISTAKES_10_2 = [
 
 
 def _zero2_program(fn, mesh, lr):
-    """``fn`` under a jitted shard_map: every device's result stacked, ``(n, ...)``. An error or a None from ``fn``
-    is reported with what one device received."""
-    body = lambda p, g: jnp.asarray(call(fn, p, g, lr, name="zero2_sgd", hints=_SCATTER_HINTS))[None]  # noqa: E731
+    """``fn`` under a jitted shard_map: every device's result stacked, ``(n, ...)``. An error from ``fn`` is
+    reported with what one device received."""
+    def body(p, g):
+        out = call(lambda *a: [fn(*a)], p, g, lr, name="zero2_sgd", hints=_SCATTER_HINTS)[0]
+        if out is None:
+            raise returned_none("zero2_sgd(params, grads, lr)", fn)
+        return jnp.asarray(out)[None]
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(AXIS), check_vma=True))
 
 
@@ -612,10 +616,9 @@ def check_fsdp_step(make_fsdp_step):
         ops = [c.op for c in every]
         if all_reduces or "all-gather" not in ops or "reduce-scatter" not in ops:
             raise _not_the_mechanism(case.label, every, "collectives", "FSDP's are an all-gather of the parameters "
-                                     "and a reduce-scatter of the gradient, with no gradient-sized all-reduce: each "
-                                     "device receives only its slice of the sum. Let jax.grad transpose the gather "
-                                     "(section 3); a gather declared the same on every device (invarying) makes "
-                                     "jax.grad sum the whole gradient everywhere instead.")
+                                     "and a reduce-scatter of the gradient, with no gradient-sized all-reduce. Let "
+                                     "jax.grad transpose the gather (section 3); a gather declared the same on every "
+                                     "device (invarying) makes jax.grad sum the whole gradient everywhere instead.")
     return ("every leaf stays split between steps; the gathers inside the loss make jax.grad return each slice's "
             "reduce-scattered (summed) gradient, divided by n for the mean; the same training as data parallelism, "
             "whatever the model's leaves.")
