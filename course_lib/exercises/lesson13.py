@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tpu_pod import BATCH_PER_CHIP, install_hint, measure_state_bytes, tpu_compiler_missing  # noqa: F401
+from ..tpu_pod import install_hint, measure_state_bytes, tpu_compiler_missing
 from . import Case, Mismatch, Mistake, call, diagnose, exercise
 
 HINTS = {
