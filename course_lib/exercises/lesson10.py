@@ -57,14 +57,15 @@ HINTS = {
              "(whole, or only its slice), and which can wait for the update? Leave out the loss's scalar."],
 }
 
-def _big_collectives(hlo_text, min_bytes):
-    """The collectives of a compiled program whose buffers hold at least ``min_bytes`` (not the loss's scalar)."""
+def _collectives(f, args, min_bytes):
+    """The collectives of ``f``'s compiled program whose buffers hold at least ``min_bytes`` (not the loss's scalar)."""
     from .. import sharded_state
-    return [c for c in sharded_state.collectives(hlo_text) if c.payload >= min_bytes]
+    return [c for c in sharded_state.collectives(f.lower(*args).compile().as_text()) if c.payload >= min_bytes]
 
 
-def _listed(found) -> str:
-    return ", ".join(f"{c.op} {c.described}" for c in found) or "none"
+def _not_the_mechanism(what, found, kind, wanted) -> Mismatch:
+    return Mismatch(f"{what}: the values are right, but the compiled program's {kind} are "
+                    f"{', '.join(f'{c.op} {c.described}' for c in found) or 'none'}; {wanted}")
 
 
 _VMA_HINTS = {
@@ -97,11 +98,12 @@ _SPLIT = {"replicated": (), "zero1": ("opt_state",), "zero2": ("opt_state", "gra
           "fsdp": ("opt_state", "grads", "params")}
 
 
-def _table(split=_SPLIT, adam=8):
-    """A zero_bytes that splits ``split[stage]`` over the devices, with ``adam`` bytes of optimizer state."""
+def _table(split=_SPLIT, adam=8, share=lambda p, n: p / n):
+    """A zero_bytes that splits ``split[stage]`` over the devices, ``share(p, n)`` parameters' worth on each; ``adam``
+    bytes of optimizer state per parameter."""
     def zero_bytes(n_params, n_devices, stage):
-        whole = {"params": 4 * n_params, "grads": 4 * n_params, "opt_state": adam * n_params}
-        return {k: v / (n_devices if k in split[stage] else 1) for k, v in whole.items()}
+        per_param = {"params": 4, "grads": 4, "opt_state": adam}
+        return {k: b * (share(n_params, n_devices) if k in split[stage] else n_params) for k, b in per_param.items()}
     return zero_bytes
 
 
@@ -130,10 +132,8 @@ MISTAKES_10_1 = [
 ]
 
 
-def _padded_bytes(p, n, stage):
-    """Section 2's layout: each split part a slice of the flat vector padded to a multiple of n, ceil(p / n)."""
-    padded = solution_zero_bytes(-(-p // n) * n, n, stage)
-    return {k: padded[k] if k in _SPLIT[stage] else v for k, v in solution_zero_bytes(p, n, stage).items()}
+# Section 2's layout: each split part a slice of the flat vector padded to a multiple of n, ceil(p / n)
+_padded_bytes = _table(share=lambda p, n: -(-p // n))
 
 
 def _bytes_runner(fn, case):
@@ -220,34 +220,28 @@ MISTAKES_10_2 = [
 
 
 def _zero2_program(fn, mesh, lr):
-    """``fn`` under a jitted shard_map: every device's result stacked, ``(n, ...)``."""
+    """``fn`` under a jitted shard_map: every device's result stacked, ``(n, ...)``. An error from ``fn`` is
+    reported with what one device received."""
     def body(p, g):
-        out = fn(p, g, lr)
+        out = call(lambda *a: [fn(*a)], p, g, lr, name="zero2_sgd", hints=_SCATTER_HINTS)[0]
         if out is None:
             raise returned_none("zero2_sgd(params, grads, lr)", fn)
         return jnp.asarray(out)[None]
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P(AXIS)), out_specs=P(AXIS), check_vma=True))
 
 
-def _zero2_runner(shapes):
-    """Each device's update (its result - params), or its result when that is not shaped like params; the shape
-    each function's result has on one device kept in ``shapes[fn, label]``."""
-    def run(fn, case):
-        whole, grads, lr, mesh = case.args
-        f = _zero2_program(fn, mesh, lr)
-        _or_none(lambda: jax.eval_shape(f, whole, grads))   # a None from inside the program is reported here
-        try:
-            out = call(f, whole, grads, name="zero2_sgd", hints=_SCATTER_HINTS)
-        except Mismatch as e:               # name what one device's function received, not the global arrays
-            from . import _argument
-            rows, cols = grads.shape[0] // mesh.size, grads.shape[1]
-            received = (f"zero2_sgd(params float32{list(whole.shape)} (whole, on every device), grads "
-                        f"float32[{rows}, {cols}] (this device's own gradient), lr={lr!r}) on each of {mesh.size} "
-                        "devices")
-            raise Mismatch(str(e).replace(f"zero2_sgd({_argument(whole)}, {_argument(grads)})", received)) from None
-        shapes[fn, case.label] = out.shape[1:]
-        return out if out.shape[1:] != whole.shape or out.dtype != whole.dtype else out - whole[None]
-    return run
+_RAN: dict = {}   # (function, case label) -> what its run measured, read by the checks after diagnose
+
+
+def _zero2_run(fn, case):
+    """Each device's update (its result - params), or its result when that is not shaped like params; the shape of
+    the result on one device kept in ``_RAN[fn, label]``."""
+    whole, grads, lr, mesh = case.args
+    f = _zero2_program(fn, mesh, lr)
+    _or_none(lambda: jax.eval_shape(f, whole, grads))   # an error or a None inside the program is reported here
+    out = call(f, whole, grads, name="jax.shard_map(zero2_sgd)", hints=_SCATTER_HINTS)
+    _RAN[fn, case.label] = out.shape[1:]
+    return out if out.shape[1:] != whole.shape or out.dtype != whole.dtype else out - whole[None]
 
 
 _SCATTER_HINTS = {
@@ -275,40 +269,35 @@ def check_zero2_sgd(zero2_sgd):
         cases.append(Case((jax.device_put(params, NamedSharding(mesh, P())), grads, lr, mesh),
                           f"zero2_sgd on {n} devices, a ({rows}, {n * cols}) matrix ({cols} columns per device), "
                           "each device's update (its result - params)", n=n))
-    shapes = {}
+    _RAN.clear()
     try:
-        diagnose(zero2_sgd, cases, solution=solution_zero2_sgd, mistakes=MISTAKES_10_2, run=_zero2_runner(shapes),
+        diagnose(zero2_sgd, cases, solution=solution_zero2_sgd, mistakes=MISTAKES_10_2, run=_zero2_run,
                  name="zero2_sgd", rtol=1e-4, atol=1e-5)
     except Mismatch as e:              # the shape of one device's block of columns, measured: say so
-        blocks = [c for c in cases if str(e).startswith(c.label) and shapes.get((zero2_sgd, c.label)) == (
-            c.args[0].shape[0], c.args[0].shape[1] // c.n)]
-        if blocks and _ONE_BLOCK not in str(e):
+        if _ONE_BLOCK not in str(e) and any(str(e).startswith(c.label) and _RAN.get((zero2_sgd, c.label)) == (
+                c.args[0].shape[0], c.args[0].shape[1] // c.n) for c in cases):
             raise Mismatch(f"{e} {_ONE_BLOCK}") from None
         raise
     for case in cases:
         whole, grads, lr, mesh = case.args
         (rows, c), cols = whole.shape, whole.shape[1] // mesh.size
         what = case.label.rsplit(", each", 1)[0]
-        f = _zero2_program(zero2_sgd, mesh, lr)
         # The mechanism, read from the compiled program: each device must receive its block of the summed gradient.
-        found = _big_collectives(f.lower(whole, grads).compile().as_text(), 4 * rows * c)
+        found = _collectives(_zero2_program(zero2_sgd, mesh, lr), (whole, grads), 4 * rows * c)
         ops = [x.op for x in found]
         blocks = [x for x in found if x.op == "reduce-scatter" and len(x.shape) == 2
                   and np.prod(x.shape) == rows * cols]
         if len(blocks) != ops.count("reduce-scatter") or not blocks or "all-reduce" in ops or "all-gather" not in ops:
-            raise Mismatch(f"{what}: the values are right, but the compiled program's gradient-sized collectives are "
-                           f"{_listed(found)}; ZeRO's are a reduce-scatter that hands each device its ({rows}, {cols}) "
-                           "block of columns of the summed gradient (cut along the column axis), and an all-gather of "
-                           "the updated blocks, with no all-reduce: each device receives and updates only the block "
-                           "it owns.")
-        try:   # section 2: the gathered matrix is the same on every device, and typed so (out_specs=P() accepts it)
-            jax.eval_shape(jax.shard_map(lambda p, g: zero2_sgd(p, g, lr), mesh=mesh, in_specs=(P(), P(AXIS)),
-                                         out_specs=P(), check_vma=True), whole, grads)
-        except Exception:  # noqa: BLE001: what differs is said below
+            raise _not_the_mechanism(what, found, "gradient-sized collectives", f"ZeRO's are a reduce-scatter that "
+                                     f"hands each device its ({rows}, {cols}) block of columns of the summed gradient, "
+                                     "and an all-gather of the updated blocks, with no all-reduce.")
+        # section 2: the gathered matrix is the same on every device, and typed so (out_specs=P() accepts it)
+        if _or_none(lambda: jax.eval_shape(jax.shard_map(lambda p, g: zero2_sgd(p, g, lr), mesh=mesh, in_specs=(
+                P(), P(AXIS)), out_specs=P(), check_vma=True), whole, grads)) is None:
             raise Mismatch(f"{what}: the values are right, but shard_map refuses the result as one matrix the same "
                            "on every device (out_specs=P(), check_vma=True): JAX types the gathered matrix as "
                            f"varying over {AXIS!r}. Section 2: the gather that rebuilds the parameters says so "
-                           "itself.") from None
+                           "itself.")
     return ("each device receives its block of columns of the reduced gradient (a reduce-scatter along axis 1), "
             "updates only that block, and an all-gather along the same axis hands every device every block: the "
             "same traffic as data parallelism's all-reduce, whichever axis the state is split along.")
@@ -416,24 +405,22 @@ MISTAKES_10_3 = [
 _K3_PARTS: dict = {}
 
 
-def _k_runner(answer):
-    """Run a choose_k on a case: on copies of the state and batch, counting the steps the answer builds."""
-    def run(fn, case):
-        make_step, state, batch, n, budget, calls = case.args
-        before = len(calls)
-        got = call(lambda *a: [fn(*a)], make_step, jax.tree.map(lambda a: a, state),
-                   {k: np.array(a) for k, a in batch.items()}, n, budget, name="choose_k", hints={
-                       "micro-batches": "K must divide each device's examples (the batch's rows divided by "
-                                        "n_devices), so that every micro-batch has the same size; try only those K."
-                   })[0]
-        if fn is answer and got is None and is_placeholder(fn):     # None is an answer here: "no K fits"
-            raise returned_none("choose_k(make_step, state, batch, n_devices, budget)", fn)
-        if fn is answer and len(calls) == before:
-            raise Mismatch(f"choose_k returned {got!r} without building a single step: the peak of a step with K "
-                           "micro-batches is read from its compiled program, make_step(K) compiled for this state "
-                           "and batch.")
-        return got
-    return run
+def _k_run(fn, case):
+    """Run a choose_k on a case: on copies of the state and batch, counting the steps it builds."""
+    make_step, state, batch, n, budget, calls = case.args
+    before = len(calls)
+    got = call(lambda *a: [fn(*a)], make_step, jax.tree.map(lambda a: a, state),
+               {k: np.array(a) for k, a in batch.items()}, n, budget, name="choose_k", hints={
+                   "micro-batches": "K must divide each device's examples (the batch's rows divided by "
+                                    "n_devices), so that every micro-batch has the same size; try only those K."
+               })[0]
+    if got is None and is_placeholder(fn):     # None is an answer here: "no K fits"
+        raise returned_none("choose_k(make_step, state, batch, n_devices, budget)", fn)
+    if len(calls) == before:       # the solution and every declared mistake build at least one
+        raise Mismatch(f"choose_k returned {got!r} without building a single step: the peak of a step with K "
+                       "micro-batches is read from its compiled program, make_step(K) compiled for this state "
+                       "and batch.")
+    return got
 
 
 @exercise("10.3", "Choose the number of micro-batches for a memory budget, from the compiled step",
@@ -457,11 +444,11 @@ def check_choose_k(choose_k):
         cases += [Case((make_step, state, batch, n, budget, calls), f"a {stage!r} state on {n} devices "
                        f"({per_device} examples each, {opt_name}), budget={budget:_}", n=n) for budget in budgets]
     try:
-        diagnose(choose_k, cases, solution=solution_choose_k, mistakes=MISTAKES_10_3, run=_k_runner(choose_k),
+        diagnose(choose_k, cases, solution=solution_choose_k, mistakes=MISTAKES_10_3, run=_k_run,
                  name="choose_k", rtol=0, atol=0)
     except Mismatch as e:                 # None where a K fits: say which K, not only the types
-        case = next((c for c in cases if str(e).startswith(c.label)), None)
-        if case is None or "got NoneType" not in str(e):
+        case = next((c for c in cases if str(e).startswith(f"{c.label}: expected one number, got NoneType")), None)
+        if case is None:
             raise
         k, per = solution_choose_k(*case.args[:5]), case.args[2]["x"].shape[0] // case.args[3]
         raise Mismatch(f"{str(e).replace('got NoneType', 'got None')} None says no K fits, but K = {k} (a divisor "
@@ -521,66 +508,55 @@ def _gradient_all_reduces(found, slice_bytes):
     return [c for c in found if c.op == "all-reduce" and non_scalar_bytes(c) > slice_bytes]
 
 
-def _fsdp_runner(answer, seen):
+def _fsdp_run(make, case):
     """Run ``make(loss_fn, optimizer)``'s step under shard_map for 3 steps: {first update, losses, params after 3
-    steps}. Mechanism facts raise here; ``seen[label]`` keeps the answer's program for the checks after."""
-    def run(make, case):
-        n, (d_in, hidden, d_out), opt_name, optimizer = case.args
-        if make is solution_fsdp_step and make is not answer and case.label in _FSDP_SOLVED:
-            return _FSDP_SOLVED[case.label]
-        loss_fn, params, data = _toy_problem(n, d_in, hidden, d_out, seed=n)
-        from .lesson07 import _Spy
-        spy = _Spy(optimizer)
-        step = call(make, loss_fn, spy.transformation(), name="make_fsdp_step")
-        if not callable(step):
-            raise Mismatch(f"make_fsdp_step(loss_fn, optimizer) returned {describe_tree(step)}; expected the step "
-                           "function, step(my_params, opt_state, batch), that runs on each device.")
-        mesh = Mesh(np.array(mixed_devices(n)), (AXIS,))
-        split = jax.tree.map(lambda _: P(AXIS), params)
-        opt_state = optimizer.init(jax.tree.map(jnp.asarray, params))
-        opt_specs = jax.tree.map(lambda a: P(AXIS) if np.ndim(a) else P(), opt_state)
-        put = lambda tree, specs: jax.device_put(tree, jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
-                                                                    is_leaf=lambda s: isinstance(s, P)))
+    steps}. Mechanism facts raise here; ``_RAN[make, label]`` keeps the program for the checks after."""
+    n, (d_in, hidden, d_out), opt_name, optimizer = case.args
+    loss_fn, params, data = _toy_problem(n, d_in, hidden, d_out, seed=n)
+    from .lesson07 import _Spy
+    spy = _Spy(optimizer)
+    step = call(make, loss_fn, spy.transformation(), name="make_fsdp_step")
+    if not callable(step):
+        raise Mismatch(f"make_fsdp_step(loss_fn, optimizer) returned {describe_tree(step)}; expected the step "
+                       "function, step(my_params, opt_state, batch), that runs on each device.")
+    mesh = Mesh(np.array(mixed_devices(n)), (AXIS,))
+    split = jax.tree.map(lambda _: P(AXIS), params)
+    opt_state = optimizer.init(jax.tree.map(jnp.asarray, params))
+    opt_specs = jax.tree.map(lambda a: P(AXIS) if np.ndim(a) else P(), opt_state)
+    put = lambda tree, specs: jax.device_put(tree, jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
+                                                                is_leaf=lambda s: isinstance(s, P)))
 
-        def body(p, o, b):
-            out = step(p, o, b)
-            if out is None:
-                raise returned_none("step(my_params, opt_state, batch)", step, "the new slices, the new optimizer "
-                                    "state and the loss")
-            if not isinstance(out, (tuple, list)) or len(out) != 3:
-                raise Mismatch(f"step returned {describe_tree(out)}; expected three things: the new slices of the "
-                               "parameters, the new optimizer state and the loss.")
-            return tuple(out)
+    def body(p, o, b):
+        out = step(p, o, b)
+        if out is None:
+            raise returned_none("step(my_params, opt_state, batch)", step, "the new slices, the new optimizer "
+                                "state and the loss")
+        if not isinstance(out, (tuple, list)) or len(out) != 3:
+            raise Mismatch(f"step returned {describe_tree(out)}; expected three things: the new slices of the "
+                           "parameters, the new optimizer state and the loss.")
+        return tuple(out)
 
-        f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(split, opt_specs, P(AXIS)),
-                                  out_specs=(split, opt_specs, P()), check_vma=True))
-        args = (put(params, split), put(opt_state, opt_specs), put(data[0], P(AXIS)))
-        rows = _or_none(lambda: {k: s.shape[0] for k, s in jax.eval_shape(f, *args)[0].items()}) or {}
-        for k, v in params.items():
-            if rows.get(k) == n * v.shape[0]:
-                raise Mismatch(f"each device returned {k} with {v.shape[0]} rows; FSDP keeps only this device's "
-                               f"{v.shape[0] // n} rows of it between steps: return the updated slices, not the "
-                               "gathered parameters.")
-        p, o, losses, first = args[0], args[1], [], None
-        for batch in data:
-            p, o, loss = call(f, p, o, put(batch, P(AXIS)), name="step", hints={
-                **_VMA_HINTS, "dot_general requires contracting dimensions": _NEEDS_WHOLE,
-                "Incompatible shapes for broadcasting": _NEEDS_WHOLE, "add got incompatible shapes": _NEEDS_WHOLE})
-            losses.append(loss)
-            first = {k: np.asarray(p[k]) - params[k] for k in params} if first is None else first
-        if not spy.updates:
-            raise Mismatch("your step never calls the update of the optimizer it was given. Whatever optimizer "
-                           "make_fsdp_step receives (SGD, momentum, Adam) must make the update.")
-        if make is answer:
-            seen[case.label] = (f, args, sum(v.size for v in params.values()))
-        out = {"first update": first, "losses": np.stack(losses), "params after 3 steps": dict(p)}
-        if make is solution_fsdp_step:
-            _FSDP_SOLVED[case.label] = out
-        return out
-    return run
-
-
-_FSDP_SOLVED: dict = {}
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(split, opt_specs, P(AXIS)),
+                              out_specs=(split, opt_specs, P()), check_vma=True))
+    args = (put(params, split), put(opt_state, opt_specs), put(data[0], P(AXIS)))
+    rows = _or_none(lambda: {k: s.shape[0] for k, s in jax.eval_shape(f, *args)[0].items()}) or {}
+    for k, v in params.items():
+        if rows.get(k) == n * v.shape[0]:
+            raise Mismatch(f"each device returned {k} with {v.shape[0]} rows; FSDP keeps only this device's "
+                           f"{v.shape[0] // n} rows of it between steps: return the updated slices, not the "
+                           "gathered parameters.")
+    p, o, losses, first = args[0], args[1], [], None
+    for batch in data:
+        p, o, loss = call(f, p, o, put(batch, P(AXIS)), name="step", hints={
+            **_VMA_HINTS, "dot_general requires contracting dimensions": _NEEDS_WHOLE,
+            "Incompatible shapes for broadcasting": _NEEDS_WHOLE, "add got incompatible shapes": _NEEDS_WHOLE})
+        losses.append(loss)
+        first = {k: np.asarray(p[k]) - params[k] for k in params} if first is None else first
+    if not spy.updates:
+        raise Mismatch("your step never calls the update of the optimizer it was given. Whatever optimizer "
+                       "make_fsdp_step receives (SGD, momentum, Adam) must make the update.")
+    _RAN[make, case.label] = (f, args, sum(v.size for v in params.values()))
+    return {"first update": first, "losses": np.stack(losses), "params after 3 steps": dict(p)}
 
 
 def _fsdp_as(by=lambda n: n, then=lambda g: g):
@@ -601,9 +577,7 @@ MISTAKES_10_4 = [
             "was fed a sum over the devices where it needs the mean. The gradient of a slice gathered inside the "
             "loss arrives summed (the transpose of a gather is a reduce-scatter); one taken through a gather "
             "declared invarying arrives summed already, and a psum_scatter then sums again. Count the sums and "
-            "divide once by the device count. (With Adam this hardly shows, which is why the checker uses SGD "
-            "too.)",
-            _fsdp_as(by=lambda n: 1)),
+            "divide once by the device count.", _fsdp_as(by=lambda n: 1)),
     *[Mistake(name, "Each device's gradient is the mean of all the devices' gradient slices, different rows of each "
               "leaf: a pmean after the reduce-scatter mixes them. The reduce-scatter already summed each slice over "
               "the devices" + (", and dividing by the device count makes that sum the mean." if by else
@@ -623,12 +597,12 @@ def check_fsdp_step(make_fsdp_step):
                                         (4, (12, 8, 5), "optax.adam(0.05)", optax.adam(0.05)),
                                         (2, (6, 10, 4), "optax.sgd(0.3, momentum=0.9)",
                                          optax.sgd(0.3, momentum=0.9))]]
-    seen = {}
+    _RAN.clear()
     try:
-        diagnose(make_fsdp_step, cases, solution=solution_fsdp_step, mistakes=MISTAKES_10_4,
-                 run=_fsdp_runner(make_fsdp_step, seen), name="make_fsdp_step", rtol=1e-4, atol=1e-5)
+        diagnose(make_fsdp_step, cases, solution=solution_fsdp_step, mistakes=MISTAKES_10_4, run=_fsdp_run,
+                 name="make_fsdp_step", rtol=1e-4, atol=1e-5)
     except Mismatch as e:
-        texts = [f.lower(*args).as_text() for f, args, _ in seen.values()]
+        texts = [f.lower(*args).as_text() for (make, _), (f, args, _) in _RAN.items() if make is make_fsdp_step]
         low = {name for name, t in (("bfloat16", "bf16"), ("float16", r"[x<]f16\b")) if re.search(t, " ".join(texts))}
         if low:                   # values that differ, from a half-precision computation
             raise Mismatch(f"{e} Your code computes in {' and '.join(sorted(low))}: with 8 bits of mantissa "
@@ -636,16 +610,15 @@ def check_fsdp_step(make_fsdp_step):
                            "float32.") from None
         raise
     for case in cases:
-        f, args, n_params = seen[case.label]
-        every = _big_collectives(f.lower(*args).compile().as_text(), 1)
+        f, args, n_params = _RAN[make_fsdp_step, case.label]
+        every = _collectives(f, args, 1)
         all_reduces = _gradient_all_reduces(every, 4 * n_params // case.n)
         ops = [c.op for c in every]
         if all_reduces or "all-gather" not in ops or "reduce-scatter" not in ops:
-            raise Mismatch(f"{case.label}: the values are right, but the compiled program's collectives are "
-                           f"{_listed(every)}; FSDP's are an all-gather of the parameters and a reduce-scatter of "
-                           "the gradient, with no gradient-sized all-reduce: each device receives only its slice of "
-                           "the sum. Let jax.grad transpose the gather (section 3); a gather declared the same on "
-                           "every device (invarying) makes jax.grad sum the whole gradient everywhere instead.")
+            raise _not_the_mechanism(case.label, every, "collectives", "FSDP's are an all-gather of the parameters "
+                                     "and a reduce-scatter of the gradient, with no gradient-sized all-reduce. Let "
+                                     "jax.grad transpose the gather (section 3); a gather declared the same on every "
+                                     "device (invarying) makes jax.grad sum the whole gradient everywhere instead.")
     return ("every leaf stays split between steps; the gathers inside the loss make jax.grad return each slice's "
             "reduce-scattered (summed) gradient, divided by n for the mean; the same training as data parallelism, "
             "whatever the model's leaves.")

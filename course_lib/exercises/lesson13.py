@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tpu_pod import BATCH_PER_CHIP, install_hint, measure_state_bytes, tpu_compiler_missing  # noqa: F401
+from ..tpu_pod import install_hint, measure_state_bytes, tpu_compiler_missing
 from . import Case, Mismatch, Mistake, call, diagnose, exercise
 
 HINTS = {
@@ -61,7 +61,6 @@ def _state(per_param, layers_over=lambda n, fsdp: n if fsdp else 1, rest_over=la
     return predict
 
 
-_RIGHT = _state(12)
 MISTAKES_13_1 = [
     Mistake("parameters only", "That is 4 bytes (one float32) per parameter. Adam's state is an argument of the "
             "step too: three float32 per parameter (the parameter, mu and nu).", _state(4)),
@@ -93,8 +92,8 @@ MISTAKES_13_1 = [
     Mistake("pos left out", "That leaves out the position embedding (`pos`, SEQ x D): it is a parameter too, with "
             "Adam state.", _state(12, rest_less=1)),
     Mistake("bits", "That looks like bits (8 times the bytes). Return bytes.", _state(96)),
-    Mistake("GiB", "That looks like GiB. Return bytes.", lambda c, n, fsdp: _RIGHT(c, n, fsdp) / 2**30),
-    Mistake("MiB", "That looks like MiB. Return bytes.", lambda c, n, fsdp: _RIGHT(c, n, fsdp) / 2**20),
+    Mistake("GiB", "That looks like GiB. Return bytes.", _state(12 / 2**30)),
+    Mistake("MiB", "That looks like MiB. Return bytes.", _state(12 / 2**20)),
 ]
 
 
