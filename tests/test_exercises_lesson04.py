@@ -61,7 +61,7 @@ def test_04_3_rotate_right():
 def test_04_4_gather_all():
     assert check("04.4", solution_gather_all)
     builtin = check("04.4", lambda x, a: jax.lax.all_gather(x, a))
-    assert "not all_gather" in builtin.message
+    assert "the program uses all_gather" in builtin.message
 
     def own_first(x, a):
         out, passing = [x], x
@@ -171,8 +171,8 @@ def test_04_5_bandwidth_optimal_ring():
     fb = check("04.5", solution_ring_allreduce_chunked)
     assert fb and "each device sent 168 bytes for a 96-byte x: 2 (N - 1) / N x V" in fb.message
     whole = check("04.5", solution_ring_allreduce)
-    assert not whole and "each device sends 672 bytes in 7 ppermutes" in whole.message
-    assert "That is (N - 1) x V: all of x sent at every hop" in whole.message
+    assert not whole and "ran 7 ppermutes and each device sent 672 bytes for a 96-byte x: (N - 1) x V" in whole.message
+    assert "the bandwidth-optimal ring sends 2 (N - 1) / N x V = 168 bytes in 14 hops of one piece" in whole.message
     builtin = check("04.5", lambda x, a: jax.lax.all_gather(jax.lax.psum_scatter(x, a, tiled=True), a, tiled=True))
     assert not builtin and "uses psum" in builtin.message or "uses reduce_scatter" in builtin.message
     assert "psum" in check("04.5", lambda x, a: jax.lax.psum(x, a)).message

@@ -106,11 +106,10 @@ def _count_ppermutes(jaxpr) -> tuple[int, int]:
         h, b = (max(inner, key=lambda c: c[1], default=(0, 0)) if name == "cond"          # the costlier branch
                 else (sum(c[0] for c in inner), sum(c[1] for c in inner)))
         if h and name == "while":
-            raise Mismatch("the program sends with ppermute inside a lax.while_loop (a lax.fori_loop whose bounds "
-                           "are traced values becomes one), so the checker cannot count how many times it runs, "
-                           "nor the bytes each device sends. Loop a number of times known when the function is "
-                           "traced: a Python for loop, or lax.fori_loop with Python int bounds (jax.lax.axis_size "
-                           "gives one).")
+            raise Mismatch("the program sends with ppermute inside a lax.while_loop (what a lax.fori_loop with "
+                           "traced bounds becomes), so the checker cannot count how many times it runs. Loop a number "
+                           "of times known when the function is traced: a Python for loop, or lax.fori_loop with "
+                           "Python int bounds (jax.lax.axis_size gives one).")
         times = int(e.params["length"]) if name == "scan" else 1
         hops, sent = hops + times * h, sent + times * b
     return hops, sent
@@ -122,17 +121,35 @@ def _jaxpr(fn, xs):
     return jaxpr_of(mapped, jnp.asarray(xs))
 
 
-def _traffic(fn, xs) -> tuple[int, int, int, int, int]:
-    """(n, ppermutes run, bytes one device sends, V = one x's bytes, the optimal ring's
-    2 (n - 1) / n x V) of ``fn`` under pmap over ``xs`` (n, ...)."""
+def _traffic(fn, xs) -> tuple[str, int, int]:
+    """What ``fn`` under pmap over ``xs`` (n, ...) sends, in words ("on 8 devices your ring ran 7 ppermutes and each
+    device sent 112 bytes for a 16-byte x: (N - 1) x V, ..."); the bytes one device sends; the optimal ring's
+    2 (n - 1) / n x V (V: one x's bytes)."""
     n, v = xs.shape[0], xs[0].nbytes
-    return (n, *_count_ppermutes(_jaxpr(fn, xs)), v, 2 * (n - 1) * v // n)
+    (hops, sent), optimal = _count_ppermutes(_jaxpr(fn, xs)), 2 * (n - 1) * v // n
+    how = {(n - 1) * v: "(N - 1) x V, all of x at every hop", optimal: "2 (N - 1) / N x V"}.get(
+        sent, f"{sent / v:g} x V")
+    return (f"on {n} devices your ring ran {hops} ppermutes and each device sent {sent} bytes for a {v}-byte x: "
+            f"{how}"), sent, optimal
 
 
 def _program(fn, xs) -> set:
-    """The primitives of ``fn``'s program under pmap over ``xs``; one that cannot be traced raises
-    ``Mismatch``."""
+    """The primitives of ``fn``'s program under pmap over ``xs`` (``_jaxpr``'s)."""
     return {e.primitive.name for e in _eqns(_jaxpr(fn, xs))}
+
+
+_COLLECTIVES = ("psum", "reduce_scatter", "all_gather", "all_to_all")
+
+
+def _ppermute_only(program, what="the sum", right=False) -> None:
+    """``program`` (``_program``'s primitives; None: unread) uses no collective but ppermute; once the values are
+    ``right``, it must hold a ppermute."""
+    seen = [{"reduce_scatter": "psum_scatter"}.get(name, name) for name in _COLLECTIVES if name in (program or ())]
+    if seen:
+        raise Mismatch(f"the program uses {' and '.join(seen)}: {what} must be built from jax.lax.ppermute alone "
+                       "(no other collective).")
+    if right and "ppermute" not in program:
+        raise Mismatch(f"right values, but the program has no ppermute: build {what} from jax.lax.ppermute.")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -188,14 +205,6 @@ MISTAKES_04_1 = [
     Mistake("adds what it sent", "Each device ends with n = {n} times its own value: at each hop it added what it "
             "sent, not what arrived.", lambda x, a: x * jax.lax.axis_size(a), answer=_sent_added),
 ]
-_COLLECTIVES = ("psum", "all_gather", "reduce_scatter", "all_to_all")
-
-
-def _no_collectives(program, banned=_COLLECTIVES) -> None:
-    seen = [{"reduce_scatter": "psum_scatter"}.get(name, name) for name in banned if name in (program or ())]
-    if seen:
-        raise Mismatch(f"the program uses {' and '.join(seen)}: the sum must be built from jax.lax.ppermute alone "
-                       "(and +).")
 
 
 @exercise("04.1", "Build psum from ppermute (a ring all-reduce)", solution=solution_ring_allreduce,
@@ -211,7 +220,7 @@ def check_ring_allreduce(ring_allreduce):
         program = _program(ring_allreduce, cases[1].args[0])
     except Mismatch:                                    # running it then gives the clearer feedback
         program = None
-    _no_collectives(program)                                            # the mechanism, read first
+    _ppermute_only(program)                                             # the mechanism, read first
     ring = program is None or "ppermute" in program     # every mistake named here is one of a ring
     try:
         diagnose(ring_allreduce, cases, solution=solution_ring_allreduce, mistakes=MISTAKES_04_1 if ring else (),
@@ -220,18 +229,12 @@ def check_ring_allreduce(ring_allreduce):
         if ring or isinstance(e, _NotStarted) or "returned None" in str(e):    # no values to read yet
             raise
         raise Mismatch(f"{e} Its program has no ppermute: nothing travelled round a ring.") from None
-    program = _program(ring_allreduce, cases[-1].args[0])
-    _no_collectives(program)
-    if "ppermute" not in program:
-        raise Mismatch("right values, but the program has no ppermute: build it from jax.lax.ppermute (and +).")
-    xs = np.ones((len(jax.devices()), 4), np.float32)     # report the traffic for every device, 16-byte x
-    try:
-        n, hops, sent, v, optimal = _traffic(ring_allreduce, xs)
+    _ppermute_only(_program(ring_allreduce, cases[-1].args[0]), "the sum", right=True)
+    try:                                                # the traffic on every device, for a 16-byte x
+        said, _, optimal = _traffic(ring_allreduce, np.ones((len(jax.devices()), 4), np.float32))
     except Mismatch as e:
         return f"every device holds the total: an all-reduce. Its traffic is not reported: {e}"
-    how = "(N - 1) x V" if sent == (n - 1) * v else f"{sent / v:g} x V"
-    return (f"every device holds the total: an all-reduce. On {n} devices your ring ran {hops} ppermutes and each "
-            f"device sent {sent} bytes for a {v}-byte x: {how}. Section 4's ring sends 2 (N - 1) / N x V = "
+    return (f"every device holds the total: an all-reduce; {said}. Section 4's ring sends 2 (N - 1) / N x V = "
             f"{optimal} bytes, because it passes pieces of x, not all of it: optional exercise 04.5.")
 
 
@@ -326,10 +329,8 @@ def check_rotate_right(rotate_right):
     cases = _cases([(2,), (2, 3)], seed=3, other_dtype=np.float16)
     diagnose(rotate_right, cases, solution=solution_rotate_right, mistakes=MISTAKES_04_3,
              run=_runner("rotate_right"))
+    _ppermute_only(_program(rotate_right, cases[-1].args[0]), "the rotation", right=True)
     hops, _ = _count_ppermutes(_jaxpr(rotate_right, cases[-1].args[0]))
-    if not hops:
-        raise Mismatch("right values, but the program has no ppermute: the values did not travel between devices "
-                       "as the exercise asks.")
     if hops != 1:
         raise Mismatch(f"right values, but expected 1 ppermute, got {hops}: the exercise asks for one collective, one "
                        f"hop, and this program sends each value {hops} times to arrive at the same place.")
@@ -385,9 +386,7 @@ MISTAKES_04_4 = [
 def check_gather_all(gather_all):
     cases = _cases([(), (2,)], seed=4, other_dtype=np.float16)
     diagnose(gather_all, cases, solution=solution_gather_all, mistakes=MISTAKES_04_4, run=_runner("gather_all"))
-    program = _program(gather_all, cases[-1].args[0])
-    if "all_gather" in program or "ppermute" not in program:
-        raise Mismatch("right values, but it must be built from jax.lax.ppermute, not all_gather.")
+    _ppermute_only(_program(gather_all, cases[-1].args[0]), "the gather", right=True)
     return "every device holds every device's value, in device order: an all-gather."
 
 
@@ -458,18 +457,14 @@ def check_ring_allreduce_chunked(ring_allreduce):
                   f"{3 * n}", n=n) for n in sorted({len(jax.devices()), 4, 2}, reverse=True)]
     diagnose(ring_allreduce, cases, solution=solution_ring_allreduce_chunked, mistakes=MISTAKES_04_5,
              run=_runner("ring_allreduce_chunked"), rtol=1e-5, atol=1e-5)
-    for case in cases:
-        xs = case.args[0]
-        _no_collectives(_program(ring_allreduce, xs), ("psum", "reduce_scatter", "all_gather", "all_to_all"))
-        n, hops, sent, v, optimal = _traffic(ring_allreduce, xs)
+    reports = []
+    for xs in [case.args[0] for case in cases]:         # the first, on every device, is reported
+        _ppermute_only(_program(ring_allreduce, xs), "the sum", right=True)
+        said, sent, optimal = _traffic(ring_allreduce, xs)
         if sent > optimal:
-            whole = " That is (N - 1) x V: all of x sent at every hop, where a piece of x is enough." \
-                if sent == (n - 1) * v else ""
-            raise Mismatch(f"right values, but on {n} devices each device sends {sent} bytes in {hops} ppermutes "
-                           f"for a {v}-byte x; the bandwidth-optimal ring sends 2 (N - 1) / N x V = {optimal} bytes "
-                           f"in {2 * (n - 1)} hops of one piece (V / N = {v // n} bytes) each.{whole}")
-        if n == len(jax.devices()):
-            report = (f"the sum on every device, and on {n} devices each device sent {sent} bytes for a {v}-byte "
-                      "x: 2 (N - 1) / N x V, the ring all-reduce of section 4 (a reduce-scatter, then an "
-                      "all-gather).")
-    return report
+            raise Mismatch(f"right values, but {said}; the bandwidth-optimal ring sends 2 (N - 1) / N x V = "
+                           f"{optimal} bytes in {2 * (len(xs) - 1)} hops of one piece (V / N = "
+                           f"{xs[0].nbytes // len(xs)} bytes) each.")
+        reports.append(said)
+    return (f"the sum on every device, and {reports[0]}, the ring all-reduce of section 4 (a reduce-scatter, then an "
+            "all-gather).")

@@ -17,8 +17,8 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ..hlo import compiled_collectives, gather_axes
-from . import (Case, Mismatch, Mistake, Said, call, describe, describe_tree, diagnose, difference, exercise,
-               returned_none)
+from . import (Case, Mismatch, Mistake, Said, _NotStarted, call, describe, describe_tree, diagnose, difference,
+               exercise, returned_none)
 
 AXIS = "data"
 
@@ -111,22 +111,13 @@ def _cnn_loss(p, x, y, gather=lambda w: w):
 def _jitted_update(case: int, sharded: bool):
     """One jitted step per case (the checker's optimizer; gathered weights when sharded), reused across answers."""
     optimizer = _hybrid_cases()[case][2]
-    if sharded:
-        return jax.jit(_update(optimizer, lambda w: jax.reshard(w, P())), donate_argnums=(0, 1))
-    return jax.jit(_update(optimizer, lambda w: w))
+    gather = (lambda w: jax.reshard(w, P())) if sharded else (lambda w: w)
 
-
-def _update(optimizer, gather):
     def step(params, opt_state, x, y):
         loss, grads = jax.value_and_grad(_cnn_loss)(params, x, y, gather)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
-    return step
-
-
-def _spec_names(spec) -> list[str]:
-    """The mesh axes a PartitionSpec names, in order (one entry may name several)."""
-    return [a for entry in spec if entry is not None for a in (entry if isinstance(entry, (tuple, list)) else [entry])]
+    return jax.jit(step, donate_argnums=(0, 1) if sharded else ())
 
 
 def _kind(name, spec, shape, size) -> Said:
@@ -134,7 +125,8 @@ def _kind(name, spec, shape, size) -> Said:
     leaf = f"params{name} {shape}"
     if not isinstance(spec, P):
         return Said(f"{leaf}: {spec!r:.60}, not a PartitionSpec (P from jax.sharding)")
-    names = _spec_names(spec)
+    names = [a for entry in spec if entry is not None                 # the mesh axes named; an entry may name several
+             for a in (entry if isinstance(entry, (tuple, list)) else [entry])]
     unknown = [a for a in names if a not in MESH_AXES]
     axis = next((i for i, entry in enumerate(spec) if entry is not None), None)
     divisible = [i for i, length in enumerate(shape) if length % size == 0]
@@ -159,8 +151,7 @@ def _specs_runner(fn, case):
     mesh = jax.make_mesh(mesh_shape, MESH_AXES, devices=jax.devices()[:mesh_shape[0] * mesh_shape[1]])
     specs = call(fn, jax.tree.map(jnp.asarray, _cnn_params(shapes, 40 + case.args[0])), mesh, name="fsdp_specs",
                  hints=_NESTED)
-    if any(isinstance(s, NamedSharding) for s in jax.tree.leaves(specs, is_leaf=lambda s: isinstance(
-            s, NamedSharding))):
+    if any(isinstance(s, NamedSharding) for s in jax.tree.leaves(specs)):
         raise Mismatch("fsdp_specs returned NamedShardings; return the PartitionSpecs themselves (the checker places "
                        "the arrays on its meshes with them).")
     if jax.tree.structure(specs, is_leaf=lambda s: isinstance(s, P)) != jax.tree.structure(
@@ -186,8 +177,8 @@ def _specs_as(axis_of, names=lambda mesh, a, i: "fsdp"):
     return fsdp_specs
 
 
-def _first(size):
-    return lambda mesh, a: next((i for i, n in enumerate(a.shape) if n % size(mesh) == 0), None)
+def _first(*sizes):     # the first axis that a size divides, the sizes tried in turn
+    return lambda mesh, a: next((i for size in sizes for i, n in enumerate(a.shape) if n % size(mesh) == 0), None)
 
 
 _HYBRID = ("In hybrid sharding each 'data' group holds a whole copy of the parameters, split only within the group "
@@ -196,9 +187,8 @@ MISTAKES_12_1 = [
     Mistake("over data", "Every array is split over 'data' where it can be. " + _HYBRID,
             _specs_as(_first(lambda m: m.shape["data"]), lambda m, a, i: "data")),
     Mistake("over both axes", "That is plain FSDP over all the devices where it fits. " + _HYBRID, _specs_as(
-        lambda m, a: _first(lambda m: m.size)(m, a) if _first(lambda m: m.size)(m, a) is not None else _first(
-            lambda m: m.shape["fsdp"])(m, a), lambda m, a, i: ("data", "fsdp") if a.shape[i] % m.size == 0
-        else "fsdp")),
+        _first(lambda m: m.size, lambda m: m.shape["fsdp"]),
+        lambda m, a, i: ("data", "fsdp") if a.shape[i] % m.size == 0 else "fsdp")),
     *[Mistake(name, f"Every array is split along its {which} axis, whatever its length. Choose, per array, an "
               "axis the mesh's 'fsdp' size divides (read the size from the mesh you are given).",
               _specs_as(lambda m, a, last=last: (a.ndim - 1 if last else 0) if a.ndim else None))
@@ -232,8 +222,7 @@ def check_fsdp_specs(fsdp_specs):
         y = rng.integers(0, 10, 4 * mesh.size).astype(np.int32)
         want = _jitted_update(case, False)(host, optimizer.init(host), x, y)
         with jax.set_mesh(mesh):
-            params = jax.tree.map(lambda a, s: jax.device_put(a, NamedSharding(mesh, s)), host, specs,
-                                  is_leaf=lambda s: isinstance(s, P))
+            params = jax.device_put(host, specs)
             args = (params, optimizer.init(params), *jax.device_put((x, y), P(MESH_AXES)))
             text = _jitted_update(case, True).lower(*args).compile().as_text()
             got = _jitted_update(case, True)(*args)
@@ -245,9 +234,7 @@ def check_fsdp_specs(fsdp_specs):
         if axes - {"fsdp"}:
             raise Mismatch(f"on a {mesh_shape[0]} x {mesh_shape[1]} mesh: the compiled step gathers over "
                            f"{sorted(axes)}; the parameters should be gathered over 'fsdp' only.")
-        state = sum(int(np.prod(s)) * 4 // (mesh.shape["fsdp"] if _spec_names(spec) else 1) for s, spec in zip(
-            jax.tree.leaves(shapes, is_leaf=lambda s: isinstance(s, tuple)),
-            jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P))))
+        state = sum(int(np.prod(a.sharding.shard_shape(a.shape))) * a.dtype.itemsize for a in jax.tree.leaves(params))
         passed.append(f"{mesh_shape[0]} x {mesh_shape[1]}: {state:,} B of parameters per device, gathers over "
                       f"{sorted(axes) or 'nothing'}")
     return ("every array that can be split over 'fsdp' is, none over 'data', and one step matches a single device "
@@ -262,20 +249,10 @@ LAYERS, D = 3, 16
 SPECS = {"w_in": P(None, None, AXIS), "w_out": P(None, None, AXIS), "b": P(None, AXIS)}
 
 
-def _layer_params(seed: int = 12) -> dict:
-    rng = np.random.default_rng(seed)
-    return {"w_in": (rng.normal(size=(LAYERS, D, 2 * D)) / 4).astype(np.float32),
-            "w_out": (rng.normal(size=(LAYERS, 2 * D, D)) / 6).astype(np.float32),
-            "b": (rng.normal(size=(LAYERS, D)) / 4).astype(np.float32)}
-
-
-def _layer(h, p):
-    return h + jnp.tanh(h @ p["w_in"]) @ p["w_out"] + p["b"]
-
-
 def _stack_loss(params, x, target, gather):
     def one_layer(h, layer):
-        return _layer(h, gather(layer)), None
+        p = gather(layer)
+        return h + jnp.tanh(h @ p["w_in"]) @ p["w_out"] + p["b"], None
 
     h, _ = jax.lax.scan(jax.checkpoint(one_layer), x, params)
     return jnp.mean((h - target) ** 2)
@@ -287,15 +264,14 @@ def solution_gather_layer(layer):
 
 def _fsdp_grads(gather, mesh, specs=SPECS):
     def checked(layer):
-        given = dict(layer)                             # the slices as they came in, kept from an in-place edit
-        out = gather(layer)
-        if out is None:
-            raise returned_none("gather_layer(layer)", gather, "the dict of whole leaves")
-        if not isinstance(layer, dict) or set(layer) != set(given) or any(layer[k] is not given[k] for k in given):
-            raise Mismatch("gather_layer changed the dict it was given in place: leave `layer` as it came and "
-                           "build a new dict of whole leaves to return (the caller, or another transformation, may "
-                           "still read the slices).")
-        layer = given
+        try:
+            out = call(gather, layer, name="gather_layer", hints={
+                "unbound axis name": f"The mesh axis is named {AXIS!r}: use that name in the collective.",
+                "cannot reshape": f"Your gather assumes a number of devices; this run has {jax.lax.axis_size(AXIS)}. "
+                                  "Inside shard_map, jax.lax.axis_size gives it, or let the collective join the "
+                                  "slices itself."})
+        except _NotStarted:         # a placeholder: the words the lesson's stored output shows
+            raise returned_none("gather_layer(layer)", gather, "the dict of whole leaves") from None
         if jax.tree.structure(out) != jax.tree.structure(layer):
             raise Mismatch(f"gather_layer(layer) should return a dict like the layer it was given (keys "
                            f"{sorted(layer)}); got {describe_tree(out)}.")
@@ -304,24 +280,21 @@ def _fsdp_grads(gather, mesh, specs=SPECS):
             if not hasattr(out[key], "shape") or not hasattr(out[key], "dtype"):
                 raise Mismatch(f"{said} as {describe(out[key])}, not an array: each leaf must come back as the "
                                "whole weight array.")
-            shape, came = tuple(out[key].shape), tuple(layer[key].shape)
-            whole = came[:-1] + (came[-1] * jax.lax.axis_size(AXIS),)
-            if shape == came:
-                raise Mismatch(f"{said} with the shape of this device's slice, {came}: it is still split over the "
-                               f"devices. Each leaf must come back whole, {whole}. Inside shard_map each device "
-                               "holds only its slice: a sharding change such as jax.reshard or device_put does "
-                               "nothing there, and returns the slice unchanged.")
+            shape, came, n = tuple(out[key].shape), tuple(layer[key].shape), jax.lax.axis_size(AXIS)
+            whole = came[:-1] + (came[-1] * n,)
+            if shape != whole:
+                stacked = len(shape) == len(whole) + 1 and np.prod(shape) == np.prod(whole)
+                raise Mismatch(f"{said} with shape {shape}; the whole leaf is {whole}: " + (
+                    "this device's slice, still split over the devices. Inside shard_map each device holds only "
+                    "its slice: a sharding change such as jax.reshard or device_put does nothing there, and returns "
+                    "the slice unchanged." if shape == came else
+                    f"the {n} slices came back stacked along a new axis instead of joined. See jax.lax.all_gather's "
+                    "tiled option (lesson section 4, where gather_layer uses it)." if stacked else
+                    "the slices are joined along the last axis, the one that was split."))
             if np.dtype(out[key].dtype) != np.dtype(layer[key].dtype):
                 raise Mismatch(f"{said} as {np.dtype(out[key].dtype).name}; it came in as "
                                f"{np.dtype(layer[key].dtype).name}. A gather moves the numbers as they are: cast "
                                "nothing (a lower precision belongs in the model's compute, not in the gather).")
-            if len(shape) == len(whole) + 1 and np.prod(shape) == np.prod(whole):
-                raise Mismatch(f"{said} with shape {shape}: the {jax.lax.axis_size(AXIS)} slices came back stacked "
-                               f"along a new axis instead of joined into the whole leaf {whole}. See "
-                               "jax.lax.all_gather's tiled option (lesson section 4, where gather_layer uses it).")
-            if shape != whole:
-                raise Mismatch(f"{said} with shape {shape}; the whole leaf is {whole} (the slices are joined along "
-                               "the last axis, the one that was split).")
         return out
 
     def per_device(params, x, target):
@@ -334,23 +307,35 @@ def _fsdp_grads(gather, mesh, specs=SPECS):
 
 
 def _fsdp_inputs(mesh, seed):
-    rng = np.random.default_rng(seed)
+    """The stacked layers (the same weights on every mesh) and a batch (x, target) drawn from ``seed``, on ``mesh``."""
+    w, rng = np.random.default_rng(12), np.random.default_rng(seed)
     put = lambda v, spec: jax.device_put(v, NamedSharding(mesh, spec))
-    return ({k: put(v, SPECS[k]) for k, v in _layer_params().items()},
+    return ({"w_in": put((w.normal(size=(LAYERS, D, 2 * D)) / 4).astype(np.float32), SPECS["w_in"]),
+             "w_out": put((w.normal(size=(LAYERS, 2 * D, D)) / 6).astype(np.float32), SPECS["w_out"]),
+             "b": put((w.normal(size=(LAYERS, D)) / 4).astype(np.float32), SPECS["b"])},
             *(put(rng.normal(size=(32, D)).astype(np.float32), P(AXIS)) for _ in range(2)))
 
 
-def _gather_runner(seen):
-    """(loss, gradients) of the checker's FSDP step with ``fn`` as its gather; its compiled text kept in seen."""
-    def run(fn, case):
-        f, args = _fsdp_grads(fn, _mesh(case.n)), _fsdp_inputs(_mesh(case.n), 200 + case.n)
-        seen[case.label] = _or_none(lambda: f.lower(*args).compile().as_text())
-        loss, grads = call(f, *args, name="the checker's FSDP step with your gather_layer", hints={
-            "unbound axis name": f"The mesh axis is named {AXIS!r}: use that name in the collective.",
-            "cannot reshape": f"Your gather assumes a number of devices; this run has {case.n}. Inside "
-                              "shard_map, jax.lax.axis_size gives it, or let the collective join the slices itself."})
-        return grads, loss                            # the gradients first: a leaf gathered wrongly shows in its own
-    return run
+def _gather_runner(fn, case):
+    """(gradients, loss, what its compiled program holds) of the checker's FSDP step with ``fn`` as its gather."""
+    f, args = _fsdp_grads(fn, _mesh(case.n)), _fsdp_inputs(_mesh(case.n), 200 + case.n)
+    text = _or_none(lambda: f.lower(*args).compile().as_text())
+    loss, grads = call(f, *args, name="the checker's FSDP step with your gather_layer")
+    return grads, loss, _gather_and_transpose(text)    # the gradients first: a leaf gathered wrongly shows in its own
+
+
+def _gather_and_transpose(text) -> Said:
+    """Whether a compiled FSDP step holds an all-gather and its transpose, a reduce-scatter, in words."""
+    found = compiled_collectives(text or "")
+    holds = f"(it holds {', '.join(found) or 'no collectives'})"
+    if "all-gather" not in found:
+        return Said(f"a compiled program with no all-gather {holds}: the slices were combined another way, which "
+                    "moves more data. FSDP gathers each layer's weights with an all-gather")
+    if "reduce-scatter" not in found:
+        return Said(f"a compiled program with no reduce-scatter {holds}: each device receives the whole summed "
+                    "gradient and keeps a slice. A gather declared the same on every device (all_gather with "
+                    "to=\"invarying\") has that transpose; a plain all_gather's is a reduce-scatter")
+    return Said("a compiled program with all-gathers and their transposes, reduce-scatters")
 
 
 MISTAKES_12_2 = [
@@ -367,21 +352,9 @@ MISTAKES_12_2 = [
 @exercise("12.2", "Gather one layer's weights inside the scan (FSDP)", solution=solution_gather_layer,
           returns="a dict like `layer`, each leaf whole (its last axis n_devices times longer)")
 def check_gather_layer(gather_layer):
-    cases, seen = [Case((), f"on {n} devices", n=n) for n in _sizes()], {}
-    diagnose(gather_layer, cases, solution=solution_gather_layer, mistakes=MISTAKES_12_2, run=_gather_runner(seen),
+    cases = [Case((), f"on {n} devices", n=n) for n in _sizes()]
+    diagnose(gather_layer, cases, solution=solution_gather_layer, mistakes=MISTAKES_12_2, run=_gather_runner,
              name="gather_layer", rtol=1e-4, atol=1e-6, names=("the gradient of params", "the loss"))
-    for case in cases:
-        found = compiled_collectives(seen[case.label] or "")
-        if "all-gather" not in found:
-            raise Mismatch(f"{case.label}: loss and gradients are right, but the compiled program has no all-gather "
-                           f"(it holds {', '.join(found) or 'no collectives'}): the slices were combined another "
-                           "way, which moves more data. FSDP gathers each layer's weights with an all-gather.")
-        if "reduce-scatter" not in found:
-            raise Mismatch(f"{case.label}: loss and gradients are right, but the compiled program has no "
-                           f"reduce-scatter (it holds {', '.join(found)}): each device receives the whole summed "
-                           "gradient and keeps a slice. If your gather is declared the same on every device "
-                           "(all_gather with to=\"invarying\"), jax.grad sums its gradient everywhere before each "
-                           "device keeps its slice; a plain all_gather's transpose is a reduce-scatter.")
     return ("each layer is gathered whole inside the scan, the compiled step holds all-gathers and their transposes, "
             "reduce-scatters, and the loss and gradients match the unsharded model.")
 

@@ -24,7 +24,7 @@ WRONG = [
     (lambda x, a: jax.lax.ppermute(x.astype(jnp.float32), a, perm(a, lambda i, n: (i, (i + 1) % n))),
      ["dtype float32 where float16 was expected"]),
     (lambda x, a: jax.lax.all_gather(x, a)[(jax.lax.axis_index(a) - 1) % jax.lax.axis_size(a)],
-     ["the program has no ppermute"]),
+     ["the program uses all_gather", "built from jax.lax.ppermute"]),
     (lambda x, a: jax.lax.ppermute(x, "i", perm(a, lambda i, n: (i, (i + 1) % n))) if a != "i" else
      jax.lax.ppermute(x, "devices", perm(a, lambda i, n: (i, (i + 1) % n))), ["unbound axis name"]),
 ]
