@@ -11,8 +11,8 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ..hlo import compiled_collectives
-from . import (Case, Mismatch, Mistake, call, describe_tree, diagnose, exercise, expect_placed_on, placement,
-               primitives, same)
+from . import (Case, Mismatch, Mistake, _inner, call, describe_tree, diagnose, exercise, expect_placed_on,
+               placement, primitives, same)
 from .lesson06 import AXIS, _mesh, _spec
 
 
@@ -75,13 +75,8 @@ def _compiled_text(step, mesh, *args):
 def _shard_maps(fn, *args, name, mesh):
     """(the shard_map equation, the names of the collectives inside it) for each shard_map in ``fn(*args)``'s
     program (pmap shows as one too: jit(shard_map(..., check_vma=False)) on stacked blocks)."""
-    from . import _eqns
-    found = []
-    for eqn in _mesh_retry(mesh, lambda: primitives(fn, *args, name=name)):
-        if eqn.primitive.name == "shard_map":
-            inner = eqn.params["jaxpr"]
-            found.append((eqn, {e.primitive.name for e in _eqns(getattr(inner, "jaxpr", inner))}))
-    return found
+    return [(eqn, {e.primitive.name for e in _inner(eqn.params)})
+            for eqn in _mesh_retry(mesh, lambda: primitives(fn, *args, name=name)) if eqn.primitive.name == "shard_map"]
 
 
 def _ported_as(reduce=jax.lax.psum, out_specs=(P("i"), P()), axis=0, order=slice(None)):
@@ -391,12 +386,11 @@ def _steps_runner(make, case):
                 raise Mismatch(f"the step {where} never calls the optimizer it was given (its update)"
                                + (f", and fails: {got}" if isinstance(got, Mismatch) else ".") + " make_sharded_step "
                                "must work for any optax optimizer: feed the gradients to that optimizer's update.")
-            if not isinstance(got, (tuple, list)) or len(got) != 3:
-                raise Mismatch(f"step should return a triple (params, opt_state, loss); step {i + 1} {where} "
-                               f"returned {describe_tree(got)}.")
-            if jax.tree.structure(got[2]) == jax.tree.structure(opt_state) != jax.tree.structure(got[1]):
-                raise Mismatch(f"step {i + 1} returned the optimizer state third and something else second: "
-                               "return (params, opt_state, loss), in that order.")
+            swapped = isinstance(got, (tuple, list)) and len(got) == 3 and (
+                jax.tree.structure(got[2]) == jax.tree.structure(opt_state) != jax.tree.structure(got[1]))
+            if swapped or not isinstance(got, (tuple, list)) or len(got) != 3:
+                raise Mismatch(f"step should return a triple (params, opt_state, loss), in that order; step {i + 1} "
+                               f"{where} returned {'the optimizer state third' if swapped else describe_tree(got)}.")
             kept = [name for name, tree in (("parameters", params), ("optimizer state", opt_state))
                     if not all(getattr(a, "is_deleted", lambda: False)() for a in jax.tree.leaves(tree))]
             if i == 0 and kept:
