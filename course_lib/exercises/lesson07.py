@@ -397,8 +397,8 @@ def _steps_runner(make, case):
                 how = "does not donate them" if hasattr(step, "lower") else "is not jitted: nothing donates them"
                 raise Mismatch(f"after step 1 {where}, the {' and the '.join(kept)} passed in still "
                                f"exist{'s' if kept == ['optimizer state'] else ''}: the step {how}, so the devices "
-                               "hold two copies of the state while it runs. Return jax.jit of the shard_map, telling "
-                               "jit which arguments it may reuse (lesson 07, section 2, donation).")
+                               "hold two copies of the state while it runs. Tell jax.jit which arguments it may reuse "
+                               "(lesson 07, section 2, donation).")
             for leaf in jax.tree.leaves(got[:2]):
                 if isinstance(leaf, jax.Array) and (set(leaf.devices()) != set(mesh.devices.flat)
                                                     or not leaf.sharding.is_fully_replicated):
