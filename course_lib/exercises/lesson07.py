@@ -124,7 +124,7 @@ _SPEC_HINTS = {
 # JAX's long message (device ids, a cut-off location) in one sentence
 _OTHER_MESH = {"incompatible devices": "the shard_map runs on another mesh than the one its inputs live on: use the "
                                        "mesh you were given."}
-_W_SPLIT = {**_OTHER_MESH, **dict.fromkeys(("passed args[1] of", "contracting"), "w is split over 'i' too. w is "
+_PORT_SUMMARIES = {**_OTHER_MESH, **dict.fromkeys(("passed args[1] of", "contracting"), "w is split over 'i' too. w is "
             "broadcast in the pmap version (in_axes=None), so every device needs all of it, and its in_specs entry "
             "should split nothing.")}
 _PORT_HINTS = {**_SPEC_HINTS,
@@ -160,7 +160,7 @@ def _vma_unchecked():
 def _port_runner(fn, case):
     x, w, mesh = case.args
     try:
-        return call(fn, x, w, mesh, name="ported", hints=_PORT_HINTS, summaries=_W_SPLIT)
+        return call(fn, x, w, mesh, name="ported", hints=_PORT_HINTS, summaries=_PORT_SUMMARIES)
     except Mismatch as e:
         text = str(e)
         _bare_assertion(fn, text)
