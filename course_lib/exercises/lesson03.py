@@ -68,7 +68,6 @@ def check_scale_on_two(scale_on_two):
                        run=lambda fn, case: call(fn, *case.args, name="scale_on_two", summaries=summaries, hints=hints))
     for case, got in zip(cases, results):
         x, s = case.args    # s a plain number: a static argument (static_broadcasted_argnums) or a closure needs it
-        expect_placed_on(got, two, what=case.label)
         maps = expect_pmapped(lambda x: scale_on_two(x, float(s)), got, (x,), two, what=case.label,
                               name="scale_on_two", how="the scalar broadcast and the blocks reshaped back",
                               work=[({"mul"}, "multiplication")])
