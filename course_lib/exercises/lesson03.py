@@ -276,7 +276,8 @@ def check_smap_predict(smap_predict):
                        atol=1e-5, run=lambda fn, case: call(fn, *case.args, name=name, hints=SMAP_ERRORS))
     for case, got in zip(cases, results):
         x, w, mesh = case.args
-        expect_placed_on(got, mesh.devices.flat, what=f"{case.label}: the result", in_order=True)
+        expect_placed_on(got, mesh.devices.flat, in_order=True,
+                         what=f"{case.label}: the values are right, but the result")
         split = tuple(getattr(got.sharding, "spec", ()))[:1] == ("i",)
         maps = _shard_maps_run(smap_predict, x, w, mesh) if split else None
         on_i = [ops for axes, ops in maps or () if "i" in axes]
