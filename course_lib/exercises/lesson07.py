@@ -393,7 +393,7 @@ def _steps_runner(make, case):
             kept = [name for name, tree in (("parameters", params), ("optimizer state", opt_state))
                     if not all(getattr(a, "is_deleted", lambda: False)() for a in jax.tree.leaves(tree))]
             if i == 0 and kept:
-                how = "does not donate them" if hasattr(step, "lower") else "is not jitted: nothing donates them"
+                how = "does not donate them" if hasattr(step, "lower") else "is not jitted (nothing donates them)"
                 raise Mismatch(f"after step 1 {where}, the {' and the '.join(kept)} passed in still "
                                f"exist{'s' if kept == ['optimizer state'] else ''}: the step {how}, so the devices "
                                "hold two copies of the state while it runs. Tell jax.jit which arguments it may reuse "
