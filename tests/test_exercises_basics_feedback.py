@@ -143,7 +143,7 @@ WRONG = {
          "split a scalar (rank 0)"),
         ("no reshape", lambda x, s: jax.pmap(lambda a, f: a * f, in_axes=(0, None), devices=TWO)(x, s),
          "more slices than devices"),
-        ("no pmap", lambda x, s: x * s, "lives on 1 device(s)"),
+        ("no pmap", lambda x, s: x * s, "lives on one device"),
         ("device numbers", lambda x, s: jax.pmap(lambda a, f: a * f, in_axes=(0, None), devices=[0, 1])(
             x.reshape(2, -1, x.shape[1]), s).reshape(x.shape), "takes Device objects"),
         ("scalar by keyword", lambda x, s: jax.pmap(lambda a, f: a * f, in_axes=(0,), devices=TWO)(

@@ -3,10 +3,8 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import (Case, Mismatch, Mistake, _eqns, call, diagnose, exercise, expect_placed_on, expect_pmapped,
-               placement, pmap_program, watch)
+from . import Case, Mismatch, Mistake, call, diagnose, exercise, expect_placed_on, expect_pmapped, watch
 from .lesson00 import _data
 from .lesson06 import _mesh
 
@@ -68,27 +66,11 @@ def check_scale_on_two(scale_on_two):
     hints = dict([SCALAR_MAPPED, TOO_MANY_SLICES, DEVICE_IDS])
     results = diagnose(scale_on_two, cases, solution=solution_scale_on_two, mistakes=MISTAKES_03_1,
                        run=lambda fn, case: call(fn, *case.args, name="scale_on_two", summaries=summaries, hints=hints))
-    x, s = cases[-1].args
-    # The program with s as a plain number, as a static argument (static_broadcasted_argnums) or a closure needs it
-    eqns = pmap_program(lambda x: scale_on_two(x, float(s)), x, name="scale_on_two")
-    program = {e.primitive.name for e in eqns}
     for case, got in zip(cases, results):
-        try:
-            expect_placed_on(got, two, what=case.label + " (computed with pmap on the first 2 devices)")
-        except Mismatch as e:
-            if "shard_map" not in program or len(got.devices()) != 1:
-                raise
-            how = "concatenating the per-device pieces" if "concatenate" in program else "a step after the pmap"
-            raise Mismatch(f"{e} The program has a pmap, so {how} gathered its blocks onto one device: reshape "
-                           "pmap's output instead, which leaves each block on its device.") from None
-    maps = [e for e in eqns if e.primitive.name == "shard_map"]
-    if not maps:
-        raise Mismatch("scale_on_two has the right values on 2 devices, but its program has no jax.pmap: the "
-                       "exercise is pmap with the scalar broadcast.")
-    if not any(e.primitive.name == "mul" for m in maps for e in _eqns(m.params["jaxpr"])):
-        raise Mismatch("scale_on_two has the right values on 2 devices, but no multiplication runs inside its "
-                       "pmap: x was scaled before (or after) the pmap, which only moved the blocks. Scale the "
-                       "blocks inside the pmapped function.")
+        x, s = case.args    # s a plain number: a static argument (static_broadcasted_argnums) or a closure needs it
+        maps = expect_pmapped(lambda x: scale_on_two(x, float(s)), got, (x,), two, what=case.label,
+                              name="scale_on_two", how="the scalar broadcast and the blocks reshaped back",
+                              work=[({"mul"}, "multiplication")])
     if not any(len(m.params["in_specs"]) == 1 or _unmapped([m]) for m in maps):
         raise Mismatch("scale_on_two has the right values, but the scalar was mapped too (made into an array with "
                        "one copy per device), although it is the same for both devices.")
@@ -294,27 +276,22 @@ def check_smap_predict(smap_predict):
                        atol=1e-5, run=lambda fn, case: call(fn, *case.args, name=name, hints=SMAP_ERRORS))
     for case, got in zip(cases, results):
         x, w, mesh = case.args
-        want = placement(jax.ShapeDtypeStruct(x.shape, w.dtype, sharding=NamedSharding(mesh, P("i"))))
-        if placement(got) != want:
-            raise Mismatch(f"{case.label}: the values are right, but the result lives {placement(got)}; expected "
-                           f"{want}, the {case.n} devices of the mesh given in its order, split over its axis \"i\".")
-        spec = tuple(getattr(got.sharding, "spec", ()))
-        if not spec or spec[0] != "i":
-            raise Mismatch(f"{case.label}: the values are right, but axis 0 is not split over the mesh axis \"i\" "
-                           f"(its sharding: {got.sharding}). smap's result is split over the axis it maps.")
-        maps = _shard_maps_run(smap_predict, x, w, mesh)
-        if maps is None:
-            continue
-        on_i = [ops for axes, ops in maps if "i" in axes]
-        if not on_i:
-            raise Mismatch(f"{case.label}: the values are right, but no smap over the mesh's axis \"i\" ran; "
-                           f"{'shard_maps ran over other meshes' if maps else 'no shard_map ran at all'}.")
+        expect_placed_on(got, mesh.devices.flat, in_order=True,
+                         what=f"{case.label}: the values are right, but the result")
+        split = tuple(getattr(got.sharding, "spec", ()))[:1] == ("i",)
+        maps = _shard_maps_run(smap_predict, x, w, mesh) if split else None
+        on_i = [ops for axes, ops in maps or () if "i" in axes]
         # JAX's own inner maps show too, with 3-D operands: a 2-D operand split over "i" that is not x is w (a spec
         # with any entry, a mesh axis name, splits an axis)
-        if any(any(spec) and len(shape) == 2 and shape != x.shape for ops in on_i for shape, spec in ops):
-            raise Mismatch(f"{case.label}: the values are right, but an operand of shape other than x's was split "
-                           "over \"i\": w is meant to reach every device whole.")
-        if not any(shape == x.shape and spec[:1] == ("i",) for ops in on_i for shape, spec in ops):
-            raise Mismatch(f"{case.label}: the values are right, but x did not reach smap split over \"i\" "
-                           "along its axis 0.")
+        wrong = (f"axis 0 is not split over the mesh axis \"i\" (its sharding: {got.sharding}). smap's result is "
+                 "split over the axis it maps" if not split else
+                 None if maps is None else                      # JAX cannot tell which shard_maps ran
+                 "no smap over the mesh's axis \"i\" ran; "
+                 f"{'shard_maps ran over other meshes' if maps else 'no shard_map ran at all'}" if not on_i else
+                 "an operand of shape other than x's was split over \"i\": w is meant to reach every device whole"
+                 if any(any(spec) and len(shape) == 2 and shape != x.shape for ops in on_i for shape, spec in ops) else
+                 "x did not reach smap split over \"i\" along its axis 0"
+                 if not any(shape == x.shape and spec[:1] == ("i",) for ops in on_i for shape, spec in ops) else None)
+        if wrong:
+            raise Mismatch(f"{case.label}: the values are right, but {wrong}.")
     return 'the batch was split over "i", w went whole to every device, and each device\'s block kept its rank.'

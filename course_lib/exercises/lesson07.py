@@ -11,7 +11,8 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ..hlo import compiled_collectives
-from . import Case, Mismatch, Mistake, call, describe_tree, diagnose, exercise, placement, primitives, same
+from . import (Case, Mismatch, Mistake, _inner, call, describe_tree, diagnose, exercise, expect_placed_on,
+               placement, primitives, same)
 from .lesson06 import AXIS, _mesh, _spec
 
 
@@ -51,43 +52,31 @@ def _set_mesh_allowed(mesh):
         yield
 
 
-def _program(fn, *args, name, mesh):
-    """The equations of ``fn(*args)``'s program (read again with ``_set_mesh_allowed`` if fn enters a mesh)."""
+def _mesh_retry(mesh, build):
+    """``build()``; if JAX refused a set_mesh in it, ``build()`` again inside ``_set_mesh_allowed(mesh)`` (for an
+    answer that enters a mesh itself: JAX refuses set_mesh while a program is traced)."""
     try:
-        return primitives(fn, *args, name=name)
-    except Mismatch as e:
-        if "set_mesh` can only be used outside" not in str(e):
+        return build()
+    except Exception as e:  # noqa: BLE001: the learner's code; the second try raises what it raises
+        if "set_mesh" not in str(e):
             raise
-        first = e
-    try:
         with _set_mesh_allowed(mesh):
-            return primitives(fn, *args, name=name)
-    except Mismatch:
-        raise Mismatch(f"{first} What stopped it is the jax.set_mesh inside your function: JAX refuses it while "
-                       "a program is traced.") from None
+            return build()
 
 
 def _compiled_text(step, mesh, *args):
     """The compiled program of ``step(*args)`` (a jitted function's own, else jit's), or None if it cannot be built."""
-    for allowed in (contextlib.nullcontext(), _set_mesh_allowed(mesh)):
-        try:
-            with allowed:
-                return (step if hasattr(step, "lower") else jax.jit(step)).lower(*args).compile()
-        except Exception:  # noqa: BLE001: the learner's step; its own call reports its error
-            continue
-    return None
+    try:
+        return _mesh_retry(mesh, lambda: (step if hasattr(step, "lower") else jax.jit(step)).lower(*args).compile())
+    except Exception:  # noqa: BLE001: the learner's step; its own call reports its error
+        return None
 
 
 def _shard_maps(fn, *args, name, mesh):
     """(the shard_map equation, the names of the collectives inside it) for each shard_map in ``fn(*args)``'s
     program (pmap shows as one too: jit(shard_map(..., check_vma=False)) on stacked blocks)."""
-    from . import _eqns
-    found = []
-    for eqn in _program(fn, *args, name=name, mesh=mesh):
-        if eqn.primitive.name == "shard_map":
-            inner = eqn.params["jaxpr"]
-            found.append((eqn, {e.primitive.name for e in _eqns(getattr(inner, "jaxpr", inner))}))
-    return found
+    return [(eqn, {e.primitive.name for e in _inner(eqn.params)})
+            for eqn in _mesh_retry(mesh, lambda: primitives(fn, *args, name=name)) if eqn.primitive.name == "shard_map"]
 
 
 def _ported_as(reduce=jax.lax.psum, out_specs=(P("i"), P()), axis=0, order=slice(None)):
@@ -135,6 +124,9 @@ _SPEC_HINTS = {
 # JAX's long message (device ids, a cut-off location) in one sentence
 _OTHER_MESH = {"incompatible devices": "the shard_map runs on another mesh than the one its inputs live on: use the "
                                        "mesh you were given."}
+_PORT_SUMMARIES = {**_OTHER_MESH, **dict.fromkeys(("passed args[1] of", "contracting"), (
+    "w is split over 'i' too. w is broadcast in the pmap version (in_axes=None), so every device needs all of it, "
+    "and its in_specs entry should split nothing."))}
 _PORT_HINTS = {**_SPEC_HINTS,
                "does not match the specs of the input": "in_specs must match how the inputs are placed: x split "
                                                         "over 'i', w whole on every device.",
@@ -165,19 +157,10 @@ def _vma_unchecked():
     return mock.patch.object(jax, "shard_map", lambda *a, **k: real(*a, **{**k, "check_vma": False}))
 
 
-def _full_error(fn, *args) -> str:
-    """The whole text of the error ``fn(*args)`` raises (feedback quotes only its first lines)."""
-    try:
-        fn(*args)
-    except Exception as e:  # noqa: BLE001: the learner's error, read not raised
-        return str(e)
-    return ""
-
-
 def _port_runner(fn, case):
     x, w, mesh = case.args
     try:
-        return call(fn, x, w, mesh, name="ported", hints=_PORT_HINTS, summaries=_OTHER_MESH)
+        return call(fn, x, w, mesh, name="ported", hints=_PORT_HINTS, summaries=_PORT_SUMMARIES)
     except Mismatch as e:
         text = str(e)
         _bare_assertion(fn, text)
@@ -191,10 +174,6 @@ def _port_runner(fn, case):
             raise Mismatch(f"{case.label} raised an error: its shard_map ran on a mesh of {size.group(1)} devices, "
                            f"not on the mesh of {mesh.size} it was given, and x's {x.shape[0]} rows do not split "
                            "over that many. Build the shard_map on the `mesh` argument.") from None
-        if "evenly divi" in text and "args[1]" in _full_error(fn, x, w, mesh) or "contracting" in text:
-            raise Mismatch(f"{case.label} raised an error: w is split over 'i' too. w is broadcast in the pmap "
-                           "version (in_axes=None), so every device needs all of it, and its in_specs entry "
-                           "should split nothing.") from None
         if "can't be statically inferred" in text:
             with _vma_unchecked():   # what it returns unchecked: diagnose then names its mistake or what differs
                 got = call(fn, x, w, mesh, name="ported")
@@ -245,27 +224,20 @@ def check_ported(ported):
     for case, (h, total) in zip(cases, results):
         x, w, mesh = case.args
         (n, b), d, what = (mesh.size, x.shape[0] // mesh.size), x.shape[1], case.label
-        want = placement(jax.ShapeDtypeStruct(x.shape[:1] + w.shape[1:], x.dtype, sharding=x.sharding))
-        if tuple(_spec(h) or ())[:1] != (AXIS,) or placement(h) != want:
-            raise Mismatch(f"{what}: tanh(x @ w) has sharding {_spec(h)}, {placement(h)} (in block order); expected "
-                           f"the rows split over 'i', {want}, as x was: block k on the mesh's k-th device.")
-        if isinstance(total, jax.Array) and set(total.devices()) != set(mesh.devices.flat):
-            raise Mismatch(f"{what}: the column sums live {placement(total)}; as the pmap version's "
-                           f"out_axes=None output, they should be on all {n} devices of the mesh, the same "
-                           "everywhere.")
+        expect_placed_on(h, mesh.devices.flat, what=f"{what}: tanh(x @ w)", in_order=True)
+        if tuple(_spec(h) or ())[:1] != (AXIS,):
+            raise Mismatch(f"{what}: tanh(x @ w) has sharding {_spec(h)}; expected the rows split over 'i', as x was.")
+        if isinstance(total, jax.Array):        # pmap's out_axes=None output: on every device of the mesh
+            expect_placed_on(total, mesh.devices.flat, what=f"{what}: the total of the column sums", split=False)
         maps = _shard_maps(lambda a, c: ported(a, c, mesh), x, w, name="ported", mesh=mesh)
         if not maps:
             raise Mismatch(f"{what} has the right values but does not use jax.shard_map.")
         for eqn, _ in maps:
-            shapes = [tuple(v.aval.shape) for v in eqn.invars if hasattr(v.aval, "shape")]
-            if (n, b, d) in shapes:
-                if not eqn.params.get("check_vma", True):
-                    raise Mismatch(f"{what} has the right values, but its program still runs jax.pmap on stacked "
-                                   f"blocks: x reshaped to ({n}, {b}, {d}), one block per device, and a shard_map "
-                                   "with check_vma off (that is what pmap is now). The exercise is the port "
-                                   "itself.")
-                raise Mismatch(f"{what} has the right values, but its shard_map runs on x reshaped to stacked "
-                               f"blocks ({n}, {b}, {d}), one per device: the pmap layout, kept.")
+            if (n, b, d) in [tuple(v.aval.shape) for v in eqn.invars if hasattr(v.aval, "shape")]:
+                how = "a shard_map" if eqn.params.get("check_vma", True) else "jax.pmap"
+                raise Mismatch(f"{what} has the right values, but its program still runs {how} on stacked blocks: "
+                               f"x reshaped to ({n}, {b}, {d}), one per device, pmap's layout. The exercise is the "
+                               "port itself.")
         if not any(names & set(_SUMS) for _, names in maps):
             raise Mismatch(f"{what} has the right values, but no shard_map in it adds the devices' sums with a "
                            "collective: the total is computed outside the per-device code. Port the pmap "
@@ -406,31 +378,26 @@ def _steps_runner(make, case):
                            summaries=_OTHER_MESH)
             except Mismatch as e:
                 _bare_assertion(make, str(e))
-                if spy.updates == 0 and "State" in str(e) and not any(f in str(e) for f in _STEP_HINTS):
-                    raise Mismatch(f"the step {where} never calls the optimizer it was given (its update), and "
-                                   f"fails: {e} Feed the gradients to the given optimizer's update.") from None
-                raise
+                if spy.updates or "State" not in str(e) or any(f in str(e) for f in _STEP_HINTS):
+                    raise
+                got = e                  # an error from another optimizer's state: said with what comes next
             if spy.updates == 0:
-                raise Mismatch(f"the step {where} never calls the optimizer it was given (its update): "
-                               "make_sharded_step must work for any optax optimizer, so the step feeds the "
-                               "gradients to that optimizer's update.")
-            if not isinstance(got, (tuple, list)) or len(got) != 3:
-                raise Mismatch(f"step should return a triple (params, opt_state, loss); step {i + 1} {where} "
-                               f"returned {describe_tree(got)}.")
-            if jax.tree.structure(got[2]) == jax.tree.structure(opt_state) != jax.tree.structure(got[1]):
-                raise Mismatch(f"step {i + 1} returned the optimizer state third and something else second: "
-                               "return (params, opt_state, loss), in that order.")
+                raise Mismatch(f"the step {where} never calls the optimizer it was given (its update)"
+                               + (f", and fails: {got}" if isinstance(got, Mismatch) else ".") + " make_sharded_step "
+                               "must work for any optax optimizer: feed the gradients to that optimizer's update.")
+            swapped = isinstance(got, (tuple, list)) and len(got) == 3 and (
+                jax.tree.structure(got[2]) == jax.tree.structure(opt_state) != jax.tree.structure(got[1]))
+            if swapped or not isinstance(got, (tuple, list)) or len(got) != 3:
+                raise Mismatch(f"step should return a triple (params, opt_state, loss), in that order; step {i + 1} "
+                               f"{where} returned {'the optimizer state third' if swapped else describe_tree(got)}.")
             kept = [name for name, tree in (("parameters", params), ("optimizer state", opt_state))
                     if not all(getattr(a, "is_deleted", lambda: False)() for a in jax.tree.leaves(tree))]
-            if i == 0 and kept and not hasattr(step, "lower"):
-                raise Mismatch(f"the step {where} is not jitted, so nothing donates the state it is given: return "
-                               "jax.jit of the shard_map, telling jit which arguments it may reuse (lesson 07, "
-                               "section 2, donation).")
             if i == 0 and kept:
+                how = "does not donate them" if hasattr(step, "lower") else "is not jitted (nothing donates them)"
                 raise Mismatch(f"after step 1 {where}, the {' and the '.join(kept)} passed in still "
-                               f"exist{'s' if kept == ['optimizer state'] else ''}: the step does not donate "
-                               "them, so the devices hold two copies of the state while it runs. Tell jax.jit "
-                               "which arguments it may reuse (lesson 07, section 2, donation).")
+                               f"exist{'s' if kept == ['optimizer state'] else ''}: the step {how}, so the devices "
+                               "hold two copies of the state while it runs. Tell jax.jit which arguments it may reuse "
+                               "(lesson 07, section 2, donation).")
             for leaf in jax.tree.leaves(got[:2]):
                 if isinstance(leaf, jax.Array) and (set(leaf.devices()) != set(mesh.devices.flat)
                                                     or not leaf.sharding.is_fully_replicated):
@@ -486,13 +453,12 @@ def check_make_sharded_step(make_sharded_step):
                            "Return a jitted function of (params, opt_state, x, y), called inside the checker's "
                            "jax.set_mesh.")
         counts = compiled_collectives(compiled.as_text())       # {kind: (runs, bytes)}
-        if "all-gather" in counts:
-            raise Mismatch(f"the step's compiled program {where} has {counts['all-gather'][0]} all-gather(s): it "
-                           "gathers the batch (or the gradients) onto every device, so each device computes "
-                           "on more than its own rows. Leave the batch split as it comes in.")
-        if "all-reduce" not in counts and "reduce-scatter" not in counts:
-            raise Mismatch(f"the step's compiled program {where} has no all-reduce: its devices never combine "
-                           "their gradients, so it cannot be data parallel.")
+        wrong = (f"{counts['all-gather'][0]} all-gather(s): it gathers the batch (or the gradients) onto every "
+                 "device, so each device computes on more than its own rows. Leave the batch split as it comes in"
+                 if "all-gather" in counts else "no all-reduce: its devices never combine their gradients, so it "
+                 "cannot be data parallel" if not {"all-reduce", "reduce-scatter"} & set(counts) else None)
+        if wrong:
+            raise Mismatch(f"the step's compiled program {where} has {wrong}.")
     return ("one device's step on the whole batch, reproduced for 3 steps on 8, 4 and 2 devices with SGD, "
             "clipping before Adam and momentum, on three models; the state donated, and the gradients combined "
             "by an all-reduce inside your shard_map.")

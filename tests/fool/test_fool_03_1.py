@@ -22,7 +22,7 @@ WRONG = [
      "more slices than devices"),
     ("not reshaped back", lambda x, s: jax.pmap(lambda a, f: a * f, in_axes=(0, None), devices=TWO)(blocks(x), s),
      "the per-device blocks as pmap stacks them"),
-    ("no pmap", lambda x, s: x * s, "lives on 1 device(s)"),
+    ("no pmap", lambda x, s: x * s, "lives on one device"),
     ("device numbers", lambda x, s: jax.pmap(lambda a, f: a * f, in_axes=(0, None), devices=[0, 1])(
         blocks(x), s).reshape(x.shape), "takes Device objects"),
     ("scalar by keyword", lambda x, s: jax.pmap(lambda a, f: a * f, in_axes=(0,), devices=TWO)(

@@ -86,8 +86,8 @@ def test_the_mesh_given_in_its_order():
         r = jax.sharding.Mesh(np.array(devs[1:] + devs[:1]), ("i",))
         return _port(mesh=r)(jax.device_put(x, NamedSharding(r, P("i"))), jax.device_put(w, NamedSharding(r, P())), r)
     fb = check("07.1", rotated)
-    assert not fb and "on devices [1, 2, 3, 4, 5, 6, 7, 0] (in block order); expected the rows split over 'i', on " \
-        "devices [0, 1" in fb.message
+    assert not fb and "tanh(x @ w) lives on devices [1, 2, 3, 4, 5, 6, 7, 0], in block order; expected block k on " \
+        "the k-th of the devices [0, 1" in fb.message
 
 
 def _psum_rows_then_sum(x, w, m):
