@@ -122,7 +122,7 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
                              if d is not None and c.n != case.n) else case.n
     diff = difference(got, expected, n=n, **opts)
     named = _confirmed(mistakes, rows, run, opts, keys)       # on the cases that ran: their numbers confirm it or not
-    raised = [f" {c.label[:1].upper()}{c.label[1:]}, it raised: {str(e).rstrip()}" for c, e in failed if e is not None]
+    raised = [f" {_capital(c.label)}, it raised: {str(e).rstrip()}" for c, e in failed if e is not None]
     where = "".join(raised[:1]) or where
     shown = f"expected {_show(expected)}, got {_show(got)}"
     if len(shown) > 240 or _show(expected) == _show(got) or _show(expected) == describe_tree(expected):
@@ -163,6 +163,11 @@ def _values(x) -> str:
     return f"{float(a):,.0f}" if a is not None and a.ndim == 0 and abs(float(a)) >= 10_000 else _show(x)
 
 
+def _capital(label: str) -> str:
+    """A case's label at the start of a sentence: "On 4 devices", but a name stays as written ("global_batch(...")."""
+    return label if re.match(r"\w*[_(]", label) else label[:1].upper() + label[1:]
+
+
 def _where(cases, right_on, failed) -> str:
     """Where the answer is right and where it fails; and when that splits by device count, the count (not a cause:
     the cases vary other things with the count)."""
@@ -171,9 +176,11 @@ def _where(cases, right_on, failed) -> str:
     k = len(right_on)
     text = " It is right in the other case" if k == 1 else f" It is right in the other {k} cases"
     text += "." if len(failed) == 1 else f"; wrong also in: {', '.join(c.label for c, _ in failed[1:])}."
-    total = len(jax.devices())
-    if all(c.n == total for c in cases if c.label in right_on) and all(c.n not in (None, total) for c, _ in failed):
-        text += f" It is right only on the cases with all {total} devices and fails on every case with fewer."
+    counts, total = {c.n for c in cases if c.label in right_on}, len(jax.devices())
+    if len(counts) == 1 and None not in counts and all(c.n not in (None, *counts) for c, _ in failed):
+        text += (f" It is right only on the cases with all {total} devices and fails on every case with fewer."
+                 if counts == {total} else f" It is right only on the cases with {counts.pop()} devices and fails "
+                 "on every case with another count.")
     return text
 
 
