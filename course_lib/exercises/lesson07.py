@@ -1,7 +1,6 @@
 """Lesson 07 exercises: porting pmap code to shard_map, and a whole training step to a mesh."""
 
 import contextlib
-import functools
 import re
 from unittest import mock
 
@@ -156,8 +155,8 @@ _REFUSED: list = []    # the cases of the answer being checked that JAX refused 
 
 
 def _unchecked(run, fn, case, solution, refused):
-    """``run(fn, case)`` with check_vma off, for an answer JAX refused (an output declared P() that it types as
-    varying): diagnose then names its mistake or says what differs. Right numbers raise what JAX refused."""
+    """``run(fn, case)`` with check_vma off, for diagnose to name its mistake or say what differs, where JAX refused
+    an output declared P() that it types as varying. Right numbers raise what JAX refused."""
     real = jax.shard_map
     try:
         with mock.patch.object(jax, "shard_map", lambda *a, **k: real(*a, **{**k, "check_vma": False})):
@@ -167,11 +166,10 @@ def _unchecked(run, fn, case, solution, refused):
     _REFUSED.append(case)
     if not same(got, run(solution, case), rtol=1e-4, atol=1e-5):
         return got
-    raise Mismatch("JAX refused an out_specs entry that names no axis (P()): such an entry claims the output is "
-                   "the same on every device, and JAX could not verify it. With check_vma off your numbers are "
-                   "right. JAX knows a value to be the same everywhere only when it came out of a collective over "
-                   "'i' or from replicated inputs alone; one computed after the last collective from a varying value "
-                   "(a device's rows, a pcast copy) is typed varying (lesson 06, section 3).") from None
+    raise Mismatch("JAX refused an out_specs entry P() (the same on every device) for a value it types as varying "
+                   "over 'i'; with check_vma off your numbers are right. A value is typed the same everywhere only "
+                   "when it comes from a collective over 'i' or from replicated inputs alone (lesson 06, section "
+                   "3).") from None
 
 
 def _port_runner(fn, case):
@@ -397,7 +395,7 @@ def _steps_runner(make, case, unchecked=False):
             except Mismatch as e:
                 _bare_assertion(make, str(e))
                 if "can't be statically inferred" in str(e) and not unchecked:
-                    return _unchecked(functools.partial(_steps_runner, unchecked=True), make, case,
+                    return _unchecked(lambda m, c: _steps_runner(m, c, unchecked=True), make, case,
                                       solution_make_sharded_step, e)
                 if spy.updates or "State" not in str(e) or any(f in str(e) for f in _STEP_HINTS):
                     raise
@@ -459,9 +457,8 @@ def check_make_sharded_step(make_sharded_step):
         diagnose(make_sharded_step, cases, solution=solution_make_sharded_step, mistakes=MISTAKES_07_2,
                  run=_steps_runner, name="make_sharded_step", rtol=1e-4, atol=1e-5, names=_STEP_NAMES)
     except Mismatch as e:       # numbers of a step JAX refused: say where they come from
-        raise type(e)(f"{e} (JAX refused your step: an output declared P() is typed varying over 'i'. The numbers "
-                      "shown are what it returns with check_vma off.)" if _REFUSED and "check_vma" not in str(e)
-                      else str(e)) from None
+        raise type(e)(f"{e} (JAX refused your step; the numbers shown are what it returns with check_vma off.)"
+                      if _REFUSED and "check_vma" not in str(e) else str(e)) from None
     for case in cases:                               # the mechanism: shard_map, and an all-reduce of the gradients
         n, loss_fn, params0, batches, tx, label = case.args
         mesh, where = _mesh(n), case.label

@@ -63,11 +63,9 @@ def _state(per_param, layers_over=lambda n, fsdp: n if fsdp else 1, rest_over=la
 
 
 # Questions about the mechanism, each naming no part of the count: put together, they must not spell it out.
-_LEFT_OUT = ("Which arrays does the step receive as arguments besides the parameters? Section 1's abstract_state "
-             "lists every one.")
+_LEFT_OUT = "Which arrays does the step receive as arguments besides the parameters? abstract_state lists them all."
 _DTYPE = "In which dtype does this step keep each array of its state? Each leaf of section 1's abstract_state says."
-_SPLITS = ("Which arrays does data parallelism split over the chips, and which does FSDP? Each leaf's sharding in "
-           "section 1's abstract_state says.")
+_SPLITS = "Which arrays does data parallelism split over the chips, and which does FSDP? Each leaf's sharding says."
 _LEAVES = "Is every parameter of the model in your count? Compare with the leaves of section 1's abstract_state."
 MISTAKES_13_1 = [
     Mistake("parameters only", _LEFT_OUT, _state(4)),

@@ -97,7 +97,7 @@ WRONG = {
     "loss of device 0 only": (_sm(average_loss=False, check_vma=False), ["device 0's rows only"]),
     "no gradient averaging, check off": (_sm(reduce=None, check_vma=False), ["never averaged"]),
     "no gradient averaging, refused by JAX": (_sm(reduce=None), ["never averaged", "JAX refuses"]),
-    "update applied to the pcast copy": (_update_on_copy, ["JAX refused", "With check_vma off your numbers are right"]),
+    "update applied to the pcast copy": (_update_on_copy, ["JAX refused", "with check_vma off your numbers are right"]),
     "update without params": (_no_params, ["requires the current value of parameters"]),
     "hard-coded 8-device mesh": (_sm(fixed_mesh=jax.make_mesh((8,), ("i",))), ["was built on another mesh"]),
 }

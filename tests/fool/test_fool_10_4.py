@@ -167,8 +167,8 @@ FRESH = [
      "a pmean after the reduce-scatter mixes them"),
     ("returns None", lambda l, o: None, "returned None: did it forget"),
     ("(params, loss, opt_state)", _outputs("params", "loss", "opt_state"),
-     "structures of (params, loss, opt_state); expected (params, opt_state, loss)"),
-    ("None for the loss", _outputs("params", "opt_state", None), "its loss (output [2]) is None"),
+     "shaped like (params, loss, opt_state); expected (params, opt_state, loss)"),
+    ("None for the loss", _outputs("params", "opt_state", None), "shaped like (params, opt_state, None)"),
     ("update without params", _no_params, "requires the current value of parameters"),
 ]
 
