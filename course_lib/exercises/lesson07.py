@@ -236,13 +236,7 @@ def check_ported(ported):
     for case, (h, total) in zip(cases, results):
         x, w, mesh = case.args
         (n, b), d, what = (mesh.size, x.shape[0] // mesh.size), x.shape[1], case.label
-        for m in {getattr(getattr(a, "sharding", None), "mesh", mesh) for a in (h, total)} - {mesh}:
-            raise Mismatch(f"{what}: the results live on {m} (devices {[d.id for d in m.devices.flat]}), another "
-                           f"mesh than the one given, {mesh} (devices {[d.id for d in mesh.devices.flat]}). The port "
-                           "runs on the mesh it is given: build on the `mesh` argument.")
         expect_placed_on(h, mesh.devices.flat, what=f"{what}: tanh(x @ w)", in_order=True)
-        if tuple(_spec(h) or ())[:1] != (AXIS,):
-            raise Mismatch(f"{what}: tanh(x @ w) has sharding {_spec(h)}; expected the rows split over 'i', as x was.")
         if isinstance(total, jax.Array):        # pmap's out_axes=None output: on every device of the mesh
             expect_placed_on(total, mesh.devices.flat, what=f"{what}: the total of the column sums", split=False)
         maps = _shard_maps(lambda a, c: ported(a, c, mesh), x, w, name="ported", mesh=mesh)
@@ -254,6 +248,12 @@ def check_ported(ported):
                 raise Mismatch(f"{what} has the right values, but its program still runs {how} on stacked blocks: "
                                f"x reshaped to ({n}, {b}, {d}), one per device, pmap's layout. The exercise is the "
                                "port itself.")
+        for m in {getattr(getattr(a, "sharding", None), "mesh", mesh) for a in (h, total)} - {mesh}:
+            raise Mismatch(f"{what}: the results live on {m} (devices {[d.id for d in m.devices.flat]}), another "
+                           f"mesh than the one given, {mesh} (devices {[d.id for d in mesh.devices.flat]}). The port "
+                           "runs on the mesh it is given: build on the `mesh` argument.")
+        if tuple(_spec(h) or ())[:1] != (AXIS,):
+            raise Mismatch(f"{what}: tanh(x @ w) has sharding {_spec(h)}; expected the rows split over 'i', as x was.")
         if not any(names & set(_SUMS) for _, names in maps):
             raise Mismatch(f"{what} has the right values, but no shard_map in it adds the devices' sums with a "
                            "collective: the total is computed outside the per-device code. Port the pmap "
