@@ -13,7 +13,7 @@ import numpy as np
 
 from ..tpu_pod import install_hint, measure_state_bytes, tpu_compiler_missing
 from . import Case, Mismatch, Mistake, call, diagnose, exercise
-from ._diagnose import _values
+from ._diagnose import _numbers, _values
 
 HINTS = {
     "13.1": ["Before the step runs, a chip holds only what the step receives as arguments. Which of the training "
@@ -141,9 +141,7 @@ def _ignores_chips(predict, cases) -> str:
 
 
 def _positive(got):
-    """``got`` as a positive finite float when it is one number (any Python, NumPy or JAX form), else None."""
-    try:
-        value = float(np.asarray(got)) if np.ndim(got) == 0 and not isinstance(got, (bool, str)) else None
-    except (TypeError, ValueError):
-        return None
-    return value if value is not None and np.isfinite(value) and value > 0 else None
+    """``got`` as a positive finite float when it is one real number (any Python, NumPy or JAX form), else None."""
+    a = _numbers(got)
+    ok = a is not None and a.ndim == 0 and a.dtype != bool and np.isrealobj(a) and np.isfinite(a) and a > 0
+    return float(a) if ok else None
