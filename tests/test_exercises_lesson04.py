@@ -57,11 +57,21 @@ def test_04_3_rotate_right():
     not_a_perm = check("04.3", lambda x, a: jax.lax.ppermute(x, a, [(0, 1), (1, 1)]))
     assert "must be unique" in not_a_perm.message
 
+    def by_pmax(x, a):                  # right values through another collective: that collective is named
+        n, me = jax.lax.axis_size(a), jax.lax.axis_index(a)
+        return jax.lax.pmax(jnp.full((n,) + x.shape, -jnp.inf, x.dtype).at[(me + 1) % n].set(x), a)[me]
+
+    maxed = check("04.3", by_pmax)
+    assert "the program uses pmax: the rotation must be built from jax.lax.ppermute" in maxed.message, maxed.message
+
 
 def test_04_4_gather_all():
     assert check("04.4", solution_gather_all)
     builtin = check("04.4", lambda x, a: jax.lax.all_gather(x, a))
     assert "the program uses all_gather" in builtin.message
+    summed = check("04.4", lambda x, a: jax.lax.psum(                 # the collective it has is named, not another
+        jnp.zeros((jax.lax.axis_size(a),) + x.shape, x.dtype).at[jax.lax.axis_index(a)].set(x), a))
+    assert "the program uses psum:" in summed.message, summed.message
 
     def own_first(x, a):
         out, passing = [x], x

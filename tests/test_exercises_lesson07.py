@@ -41,6 +41,22 @@ def test_07_1_shard_map_on_another_mesh_than_its_inputs_is_said_in_one_sentence(
         fb.message) and "device ids" not in fb.message
 
 
+def test_07_1_a_mesh_the_answer_built_is_refused_and_said():
+    def own_mesh(x, w, mesh, placed=True):
+        def body(a, b):
+            h = jax.numpy.tanh(a @ b)
+            return h, jax.lax.psum(h.sum(axis=0), "data")
+
+        m = jax.sharding.Mesh(mesh.devices, ("data",))
+        x, w = jax.device_put((x, w), (NamedSharding(m, P("data")), NamedSharding(m, P()))) if placed else (x, w)
+        return jax.shard_map(body, mesh=m, in_specs=(P("data"), P()), out_specs=(P("data"), P()))(x, w)
+
+    fb = check("07.1", own_mesh)
+    assert not fb and "another mesh than the one given" in fb.message and "'data'" in fb.message, fb.message
+    fb = check("07.1", lambda x, w, mesh: own_mesh(x, w, mesh, placed=False))
+    assert not fb and "did not find it where your code ran" in fb.message and "pmap" not in fb.message, fb.message
+
+
 def test_07_2_checker_cases_vary_devices_models_and_optimizers():
     cases = lesson07._cases(np.random.default_rng(0))
     assert [c[0] for c in cases] == [len(jax.devices()), 4, 2]
@@ -49,7 +65,7 @@ def test_07_2_checker_cases_vary_devices_models_and_optimizers():
 
 def test_07_2_solution_is_one_device_on_the_whole_batch():
     # What the checker compares with: the solution's steps on the mesh, which must be one device's on the whole batch.
-    case = lesson07._cases(np.random.default_rng(3))[1]                 # 4 devices, clipping before Adam
+    case = lesson07._cases(np.random.default_rng(3))[1]                 # 4 devices, clipping before AdamW
     n, loss_fn, params0, batches, tx, label = case
     got = lesson07._steps_runner(lambda *a: solution_make_sharded_step(*a), lesson07.Case(case, label, n=n))
     params, state = params0, tx.init(params0)

@@ -134,11 +134,13 @@ def _traffic(fn, xs) -> tuple[str, int, int]:
 
 
 def _program(fn, xs) -> set:
-    """The primitives of ``fn``'s program under pmap over ``xs`` (``_jaxpr``'s)."""
-    return {e.primitive.name for e in _eqns(_jaxpr(fn, xs))}
+    """The primitives of ``fn``'s program under pmap over ``xs`` (``_jaxpr``'s), less collectives of scalars only (a
+    count, such as psum(jnp.int32(1)))."""
+    return {e.primitive.name for e in _eqns(_jaxpr(fn, xs))
+            if e.primitive.name not in _COLLECTIVES or any(getattr(v.aval, "shape", ()) for v in e.invars)}
 
 
-_COLLECTIVES = ("psum", "reduce_scatter", "all_gather", "all_to_all")
+_COLLECTIVES = ("psum", "pmax", "pmin", "reduce_scatter", "all_gather", "all_to_all")
 
 
 def _ppermute_only(program, what="the sum", right=False) -> None:

@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from ..hlo import compiled_collectives
 from . import (Case, Mismatch, Mistake, _inner, call, describe_tree, diagnose, exercise, expect_placed_on,
-               placement, primitives, same)
+               placement, primitives, same, watch)
 from .lesson06 import AXIS, _mesh, _spec
 
 
@@ -151,10 +151,25 @@ def _bare_assertion(fn, text: str):
     raise Mismatch(f"JAX raised a bare AssertionError while tracing your per-device code: {said}.") from None
 
 
-def _vma_unchecked():
-    """``jax.shard_map`` with check_vma=False inside: what an answer JAX refused would have returned."""
+_REFUSED: list = []    # the cases of the answer being checked that JAX refused and that ran with check_vma off
+
+
+def _unchecked(run, fn, case, solution, refused):
+    """``run(fn, case)`` with check_vma off, for diagnose to name its mistake or say what differs, where JAX refused
+    an output declared P() that it types as varying. Right numbers raise what JAX refused."""
     real = jax.shard_map
-    return mock.patch.object(jax, "shard_map", lambda *a, **k: real(*a, **{**k, "check_vma": False}))
+    try:
+        with mock.patch.object(jax, "shard_map", lambda *a, **k: real(*a, **{**k, "check_vma": False})):
+            got = run(fn, case)
+    except Mismatch:
+        raise refused from None
+    _REFUSED.append(case)
+    if not same(got, run(solution, case), rtol=1e-4, atol=1e-5):
+        return got
+    raise Mismatch("JAX refused an out_specs entry P() (the same on every device) for a value it types as varying "
+                   "over 'i'; with check_vma off your numbers are right. A value is typed the same everywhere only "
+                   "when it comes from a collective over 'i' or from replicated inputs alone (lesson 06, section "
+                   "3).") from None
 
 
 def _port_runner(fn, case):
@@ -165,24 +180,21 @@ def _port_runner(fn, case):
         text = str(e)
         _bare_assertion(fn, text)
         if "raised KeyError: 'i'" in text:
-            raise Mismatch(f"{case.label} raised KeyError: 'i'. That is what jax.pmap does with arrays already "
-                           "placed on a mesh with an Explicit axis, as x and w are here. The port replaces "
-                           "pmap: the per-device function runs under jax.shard_map on the given mesh, on the "
-                           "global x with no reshape (lesson 07, migration table).") from None
+            pmapped, real = [], jax.pmap
+            watch(fn, case.args, [(jax, "pmap", lambda *a, **k: pmapped.append(1) or real(*a, **k))])
+            raise Mismatch("the port raised KeyError: 'i'. " + (
+                "That is what jax.pmap does with arrays already placed on a mesh with an Explicit axis, as x and w "
+                "are here. The port replaces pmap: the per-device function runs under jax.shard_map on the given "
+                "mesh, on the global x with no reshape (lesson 07, migration table)." if pmapped else "JAX looked "
+                "for the axis 'i' of the mesh x and w are placed on, and did not find it where your code ran them: "
+                "build the shard_map on the `mesh` argument.")) from None
         size = re.search(r"mesh given has shape \((\d+),\)", text)
         if size and int(size.group(1)) != mesh.size:
             raise Mismatch(f"{case.label} raised an error: its shard_map ran on a mesh of {size.group(1)} devices, "
                            f"not on the mesh of {mesh.size} it was given, and x's {x.shape[0]} rows do not split "
                            "over that many. Build the shard_map on the `mesh` argument.") from None
         if "can't be statically inferred" in text:
-            with _vma_unchecked():   # what it returns unchecked: diagnose then names its mistake or what differs
-                got = call(fn, x, w, mesh, name="ported")
-            if not same(got, solution_ported(x, w, mesh), rtol=1e-4, atol=1e-5):
-                return got
-            raise Mismatch(f"{case.label}: JAX refused an out_specs entry that names no axis (P()): such an entry "
-                           "claims the output is the same on every device, and JAX could not verify it. Only a "
-                           "value that came out of a collective over 'i' is known to be the same everywhere; a "
-                           "value computed from one device's rows alone differs per device.") from None
+            return _unchecked(lambda f, c: call(f, *c.args, name="ported"), fn, case, solution_ported, e)
         raise
 
 
@@ -225,8 +237,6 @@ def check_ported(ported):
         x, w, mesh = case.args
         (n, b), d, what = (mesh.size, x.shape[0] // mesh.size), x.shape[1], case.label
         expect_placed_on(h, mesh.devices.flat, what=f"{what}: tanh(x @ w)", in_order=True)
-        if tuple(_spec(h) or ())[:1] != (AXIS,):
-            raise Mismatch(f"{what}: tanh(x @ w) has sharding {_spec(h)}; expected the rows split over 'i', as x was.")
         if isinstance(total, jax.Array):        # pmap's out_axes=None output: on every device of the mesh
             expect_placed_on(total, mesh.devices.flat, what=f"{what}: the total of the column sums", split=False)
         maps = _shard_maps(lambda a, c: ported(a, c, mesh), x, w, name="ported", mesh=mesh)
@@ -238,6 +248,12 @@ def check_ported(ported):
                 raise Mismatch(f"{what} has the right values, but its program still runs {how} on stacked blocks: "
                                f"x reshaped to ({n}, {b}, {d}), one per device, pmap's layout. The exercise is the "
                                "port itself.")
+        for m in {getattr(getattr(a, "sharding", None), "mesh", mesh) for a in (h, total)} - {mesh}:
+            raise Mismatch(f"{what}: the results live on {m} (devices {[d.id for d in m.devices.flat]}), another "
+                           f"mesh than the one given, {mesh} (devices {[d.id for d in mesh.devices.flat]}). The port "
+                           "runs on the mesh it is given: build on the `mesh` argument.")
+        if tuple(_spec(h) or ())[:1] != (AXIS,):
+            raise Mismatch(f"{what}: tanh(x @ w) has sharding {_spec(h)}; expected the rows split over 'i', as x was.")
         if not any(names & set(_SUMS) for _, names in maps):
             raise Mismatch(f"{what} has the right values, but no shard_map in it adds the devices' sums with a "
                            "collective: the total is computed outside the per-device code. Port the pmap "
@@ -305,8 +321,8 @@ def _cases(rng):
     cases.append((4, mlp_loss, {"w1": f32(5, 8) * 0.5, "b1": f32(8) * 0.1, "w2": f32(8, 3) * 0.5,
                                 "b2": np.zeros(3, np.float32)},
                   [(f32(rows, 5), rng.integers(0, 3, size=rows).astype(np.int32)) for _ in range(3)],
-                  optax.chain(optax.clip_by_global_norm(0.5), optax.adam(0.05)),
-                  "gradient clipping (global norm 0.5) before Adam"))
+                  optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(0.05, weight_decay=0.1)),
+                  "gradient clipping (global norm 0.5) before AdamW (weight decay 0.1)"))
     rows = 2 * 5
     cases.append((2, image_loss, {"dense": {"kernel": f32(6, 4) * 0.3, "bias": np.zeros(4, np.float32)}},
                   [(f32(rows, 2, 3), rng.integers(0, 4, size=rows).astype(np.int32)) for _ in range(3)],
@@ -343,9 +359,9 @@ MISTAKES_07_2 = [
     Mistake("summed twice", "The optimizer was fed the gradient summed twice over the devices ({n} x {n} times "
             "the mean). " + _SUMMED + ", and a psum sums too: count the sums your step makes.",
             _step_as(pcast=False, reduce=jax.lax.psum)),
-    Mistake("own gradient", "The optimizer was fed device 0's own gradient, from its rows only: the devices' "
-            "gradients were never averaged, and the output returned one device's parameters (nothing checks a "
-            "P() output when check_vma is off).", _step_as(reduce=None, check_vma=False)),
+    Mistake("own gradient", "The devices' gradients were never averaged: each device fed its optimizer its own "
+            "gradient, from its rows only. JAX refuses to return such parameters as P() (they differ per device); "
+            "with check_vma off the output is device 0's, the numbers shown.", _step_as(reduce=None, check_vma=False)),
     Mistake("loss of device 0", "The loss is that of device 0's rows only: average the loss over the devices "
             "too, not only the gradients.", _step_as(loss_reduce=None, check_vma=False)),
     Mistake("gradient and loss summed", "The optimizer was fed {n} times the mean gradient, and the loss is {n} "
@@ -360,7 +376,7 @@ MISTAKES_07_2 = [
 ]
 
 
-def _steps_runner(make, case):
+def _steps_runner(make, case, unchecked=False):
     """Run ``make(loss, optimizer, mesh)``'s step for 3 steps: [(params, opt_state, loss) after each]; mechanism
     facts (the step, the optimizer calls, donation, placement) raise here."""
     n, loss_fn, params0, batches, tx, label = case.args
@@ -378,6 +394,9 @@ def _steps_runner(make, case):
                            summaries=_OTHER_MESH)
             except Mismatch as e:
                 _bare_assertion(make, str(e))
+                if "can't be statically inferred" in str(e) and not unchecked:
+                    return _unchecked(lambda m, c: _steps_runner(m, c, unchecked=True), make, case,
+                                      solution_make_sharded_step, e)
                 if spy.updates or "State" not in str(e) or any(f in str(e) for f in _STEP_HINTS):
                     raise
                 got = e                  # an error from another optimizer's state: said with what comes next
@@ -433,8 +452,13 @@ _STEP_NAMES = ("step 1's update (new params - params)", *(f"step {i}'s {what}" f
 def check_make_sharded_step(make_sharded_step):
     cases = [Case(c, f"on {c[0]} devices with {c[5]} ({c[1].__name__}), 3 steps", n=c[0])
              for c in _cases(np.random.default_rng(7))]
-    diagnose(make_sharded_step, cases, solution=solution_make_sharded_step, mistakes=MISTAKES_07_2,
-             run=_steps_runner, name="make_sharded_step", rtol=1e-4, atol=1e-5, names=_STEP_NAMES)
+    _REFUSED.clear()
+    try:
+        diagnose(make_sharded_step, cases, solution=solution_make_sharded_step, mistakes=MISTAKES_07_2,
+                 run=_steps_runner, name="make_sharded_step", rtol=1e-4, atol=1e-5, names=_STEP_NAMES)
+    except Mismatch as e:       # numbers of a step JAX refused: say where they come from
+        raise type(e)(f"{e} (JAX refused your step; the numbers shown are what it returns with check_vma off.)"
+                      if _REFUSED and "check_vma" not in str(e) else str(e)) from None
     for case in cases:                               # the mechanism: shard_map, and an all-reduce of the gradients
         n, loss_fn, params0, batches, tx, label = case.args
         mesh, where = _mesh(n), case.label
@@ -460,7 +484,7 @@ def check_make_sharded_step(make_sharded_step):
         if wrong:
             raise Mismatch(f"the step's compiled program {where} has {wrong}.")
     return ("one device's step on the whole batch, reproduced for 3 steps on 8, 4 and 2 devices with SGD, "
-            "clipping before Adam and momentum, on three models; the state donated, and the gradients combined "
+            "clipping before AdamW and momentum, on three models; the state donated, and the gradients combined "
             "by an all-reduce inside your shard_map.")
 
 
@@ -468,9 +492,9 @@ _STEP_HINTS = {
     **_SPEC_HINTS,
     "not evenly divisible": "Build nothing for a fixed device count: use the mesh make_sharded_step was given.",
     "can't be statically inferred": "shard_map refuses an output declared P() (the same on every device) that "
-                                    "JAX types as varying over 'i': the new parameters are, when the update is "
-                                    "applied to the pcast (varying) copy instead of the params that came in; "
-                                    "the loss is, until a collective averages it (lesson 06, section 3).",
+                                    "JAX types as varying over 'i': which of your outputs is computed from a "
+                                    "varying value (a device's rows, a pcast copy) after the last collective over "
+                                    "'i'? (lesson 06, section 3)",
     "unbound axis name": "A collective (pmean, psum) names a mesh axis, and only per-device code under "
                          "shard_map has one.",
     "too long to be compatible": "An out_specs entry splits an axis that its output does not have: the loss is "

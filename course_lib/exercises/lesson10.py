@@ -534,6 +534,12 @@ def _fsdp_run(make, case):
         if not isinstance(out, (tuple, list)) or len(out) != 3:
             raise Mismatch(f"step returned {describe_tree(out)}; expected three things: the new slices of the "
                            "parameters, the new optimizer state and the loss.")
+        kinds = {jax.tree.structure(t): k for t, k in ((p, "params"), (o, "opt_state"), (0., "loss"), (None, "None"))}
+        order = tuple(kinds.get(jax.tree.structure(v), "something else") for v in out)
+        if order != ("params", "opt_state", "loss"):            # the order, or a None, said before any value
+            raise Mismatch(f"step returned {describe_tree(tuple(out))}: shaped like ({', '.join(order)}); expected "
+                           "(params, opt_state, loss): the new slices of the parameters, the new optimizer state and "
+                           "the loss.")
         return tuple(out)
 
     f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(split, opt_specs, P(AXIS)),
@@ -594,7 +600,8 @@ def check_fsdp_step(make_fsdp_step):
     cases = [Case((n, dims, name, opt), f"your FSDP step on {n} devices with {name}, leaves w1 {dims[:2]}, b1 "
                   f"({dims[1]},), w2 {dims[1:]}, each split along its first axis", n=n)
              for n, dims, name, opt in [(len(jax.devices()), (8, 16, 3), "optax.sgd(0.5)", optax.sgd(0.5)),
-                                        (4, (12, 8, 5), "optax.adam(0.05)", optax.adam(0.05)),
+                                        (4, (12, 8, 5), "optax.adamw(0.05, weight_decay=0.1)",
+                                         optax.adamw(0.05, weight_decay=0.1)),
                                         (2, (6, 10, 4), "optax.sgd(0.3, momentum=0.9)",
                                          optax.sgd(0.3, momentum=0.9))]]
     _RAN.clear()

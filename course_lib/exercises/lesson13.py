@@ -13,6 +13,7 @@ import numpy as np
 
 from ..tpu_pod import install_hint, measure_state_bytes, tpu_compiler_missing
 from . import Case, Mismatch, Mistake, call, diagnose, exercise
+from ._diagnose import _numbers, _values
 
 HINTS = {
     "13.1": ["Before the step runs, a chip holds only what the step receives as arguments. Which of the training "
@@ -61,36 +62,26 @@ def _state(per_param, layers_over=lambda n, fsdp: n if fsdp else 1, rest_over=la
     return predict
 
 
+# Questions about the mechanism, each naming no part of the count: put together, they must not spell it out.
+_LEFT_OUT = "Which arrays does the step receive as arguments besides the parameters? abstract_state lists them all."
+_DTYPE = "In which dtype does this step keep each array of its state? Each leaf of section 1's abstract_state says."
+_SPLITS = "Which arrays does data parallelism split over the chips, and which does FSDP? Each leaf's sharding says."
+_LEAVES = "Is every parameter of the model in your count? Compare with the leaves of section 1's abstract_state."
 MISTAKES_13_1 = [
-    Mistake("parameters only", "That is 4 bytes (one float32) per parameter. Adam's state is an argument of the "
-            "step too: three float32 per parameter (the parameter, mu and nu).", _state(4)),
-    Mistake("two of three", "That is 8 bytes (two float32) per parameter; the step keeps three per parameter: the "
-            "parameter and Adam's two moments, mu and nu.", _state(8)),
-    Mistake("gradients counted", "That counts the gradients too. The gradients are computed inside the step and "
-            "freed there: they are temporaries, not arguments, so a chip does not hold them between steps.",
-            _state(16)),
-    Mistake("bfloat16", "That prices every number at 2 bytes (bfloat16); this step keeps the parameters and "
-            "Adam's state in float32.", _state(6)),
-    Mistake("bfloat16 parameters", "That prices the parameters at 2 bytes (bfloat16) and Adam's moments at 4; "
-            "this step keeps the parameters in float32 too.", _state(10)),
-    Mistake("everything divided", "That divides the whole state by the number of chips. Data parallelism keeps "
-            "a whole copy on every chip, and FSDP here splits only the stacked layers' weights; the embeddings, the "
-            "final norm and the unembedding stay whole on every chip.",
-            _state(12, lambda n, fsdp: n, rest_over=lambda n, fsdp: n)),
-    Mistake("replicated leaves split under FSDP", "Under FSDP that divides every array by the number of chips, "
-            "but FSDP here splits only the stacked layers' weights: the embeddings, the position embedding, the "
-            "final norm and the unembedding are replicated, whole on every chip.",
-            _state(12, rest_over=lambda n, fsdp: n if fsdp else 1)),
-    Mistake("DP split like FSDP", "That splits the stacked layers over the chips as FSDP does, but data "
-            "parallelism keeps a whole copy of every array on every chip.", _state(12, lambda n, fsdp: n)),
-    Mistake("FSDP not split", "That is the whole state on every chip, but FSDP splits the stacked layers' weights "
-            "over the chips.", _state(12, lambda n, fsdp: 1)),
-    Mistake("FSDP over 8 chips", "That splits the stacked layers over 8 chips whatever the mesh: use n_chips, "
-            "the chips of this call's mesh.", _state(12, lambda n, fsdp: 8 if fsdp else 1)),
-    Mistake("only the layers", "That leaves out the arrays outside the layers (embeddings, positions, final norm, "
-            "unembedding).", lambda c, n, fsdp: 12 * _counts(c)[0] / (n if fsdp else 1)),
-    Mistake("pos left out", "That leaves out the position embedding (`pos`, SEQ x D): it is a parameter too, with "
-            "Adam state.", _state(12, rest_less=1)),
+    Mistake("parameters only", _LEFT_OUT, _state(4)),
+    Mistake("two of three", _LEFT_OUT, _state(8)),
+    Mistake("gradients counted", "Which arrays does the step receive as arguments, and which does it compute "
+            "inside itself and free before it returns?", _state(16)),
+    Mistake("bfloat16", _DTYPE, _state(6)),
+    Mistake("bfloat16 parameters", _DTYPE, _state(10)),
+    Mistake("everything divided", _SPLITS, _state(12, lambda n, fsdp: n, rest_over=lambda n, fsdp: n)),
+    Mistake("replicated leaves split under FSDP", _SPLITS, _state(12, rest_over=lambda n, fsdp: n if fsdp else 1)),
+    Mistake("DP split like FSDP", _SPLITS, _state(12, lambda n, fsdp: n)),
+    Mistake("FSDP not split", _SPLITS, _state(12, lambda n, fsdp: 1)),
+    Mistake("FSDP over 8 chips", "Your FSDP count divides by a fixed number of chips: how many does this call's "
+            "mesh have?", _state(12, lambda n, fsdp: 8 if fsdp else 1)),
+    Mistake("only the layers", _LEAVES, lambda c, n, fsdp: 12 * _counts(c)[0] / (n if fsdp else 1)),
+    Mistake("pos left out", _LEAVES, _state(12, rest_less=1)),
     Mistake("bits", "That looks like bits (8 times the bytes). Return bytes.", _state(96)),
     Mistake("GiB", "That looks like GiB. Return bytes.", _state(12 / 2**30)),
     Mistake("MiB", "That looks like MiB. Return bytes.", _state(12 / 2**20)),
@@ -112,15 +103,15 @@ def check_predict_state_bytes(predict_state_bytes):
         # n=None: these chips are TPU chips of a compiled topology, not this machine's devices
         case = Case((dict(c), n, fsdp), f"{'FSDP' if fsdp else 'data parallelism'} on {n} chips ({sizes})")
         got = call(predict_state_bytes, *case.args, name="predict_state_bytes")
-        if _positive(got) is None:
+        if (value := _positive(got)) is None:
             raise Mismatch(f"{case.label}: predict_state_bytes returned {got!r:.80}; expected one number: the "
                            "bytes per chip, positive (an int or a float).")
         measured = measure_state_bytes(tuple(sorted(c.items())), topology, fsdp)
         cases.append(case)
-        if abs(_positive(got) - measured) > TOLERANCE * measured:
-            off.append(f"(On {case.label}, a TPU {topology}, your {_positive(got):,.0f} bytes per chip is more than "
-                       f"3% {'above' if _positive(got) > measured else 'below'} what the TPU compiler's step holds "
-                       "per chip: its parameters and Adam state. Within 3% passes.)")
+        if abs(value - measured) > TOLERANCE * measured:
+            off.append(f"(On {case.label}, a TPU {topology}, your {_values(value)} bytes per chip is more than 3% "
+                       f"{'above' if value > measured else 'below'} what the TPU compiler's step holds per chip: its "
+                       "parameters and Adam state. Within 3% passes.)")
     if not off:
         return ("right within 3% for every configuration, data parallelism and FSDP on 4, 8 and 16 TPU v5e chips: "
                 "the compiler's arguments are the float32 parameters and Adam's two moments (plus its step "
@@ -150,9 +141,7 @@ def _ignores_chips(predict, cases) -> str:
 
 
 def _positive(got):
-    """``got`` as a positive finite float when it is one number (any Python, NumPy or JAX form), else None."""
-    try:
-        value = float(np.asarray(got)) if np.ndim(got) == 0 and not isinstance(got, (bool, str)) else None
-    except (TypeError, ValueError):
-        return None
-    return value if value is not None and np.isfinite(value) and value > 0 else None
+    """``got`` as a positive finite float when it is one real number (any Python, NumPy or JAX form), else None."""
+    a = _numbers(got)
+    ok = a is not None and a.ndim == 0 and a.dtype != bool and np.isrealobj(a) and np.isfinite(a) and a > 0
+    return float(a) if ok else None

@@ -66,6 +66,20 @@ def _sharded_jit(loss_fn, optimizer, mesh):                      # right values,
     return jax.jit(step, donate_argnums=(0, 1))
 
 
+def _update_on_copy(loss_fn, optimizer, mesh):                   # right numbers; the update goes to the pcast copy
+    def body(params, opt_state, x, y):
+        local = jax.tree.map(lambda p: jax.lax.pcast(p, "i", to="varying"), params)
+        loss, grads = jax.value_and_grad(loss_fn)(local, x, y)
+        updates, opt_state = optimizer.update(jax.lax.pmean(grads, "i"), opt_state, local)
+        return optax.apply_updates(local, updates), opt_state, jax.lax.pmean(loss, "i")
+    return jax.jit(jax.shard_map(body, mesh=mesh, **SPECS), donate_argnums=(0, 1))
+
+
+def _no_params(loss_fn, optimizer, mesh):                       # optimizer.update(grads, state): AdamW needs params
+    tx = optax.GradientTransformation(optimizer.init, lambda g, s, p=None: optimizer.update(g, s))
+    return _sm()(loss_fn, tx, mesh)
+
+
 def _own_adam(loss_fn, optimizer, mesh):                         # the lesson's Adam, whatever it is given
     return _sm()(loss_fn, optax.adam(0.05), mesh)
 
@@ -81,7 +95,10 @@ WRONG = {
     "per-device loss, split": (_loss_split, ["the loss is a scalar"]),
     "the lesson's axis name": (_lesson_axis, ["its only axis is 'i'"]),
     "loss of device 0 only": (_sm(average_loss=False, check_vma=False), ["device 0's rows only"]),
-    "no gradient averaging, check off": (_sm(reduce=None, check_vma=False), ["device 0's own gradient"]),
+    "no gradient averaging, check off": (_sm(reduce=None, check_vma=False), ["never averaged"]),
+    "no gradient averaging, refused by JAX": (_sm(reduce=None), ["never averaged", "JAX refuses"]),
+    "update applied to the pcast copy": (_update_on_copy, ["JAX refused", "with check_vma off your numbers are right"]),
+    "update without params": (_no_params, ["requires the current value of parameters"]),
     "hard-coded 8-device mesh": (_sm(fixed_mesh=jax.make_mesh((8,), ("i",))), ["was built on another mesh"]),
 }
 

@@ -144,6 +144,21 @@ def _extra_pmean(loss_fn, optimizer):                        # the scattered sli
     return step
 
 
+def _outputs(*order):                                        # the right step's outputs, in another order
+    def make(loss_fn, optimizer):
+        step = fsdp(loss_fn, optimizer)
+
+        def reordered(*args):
+            new, state, loss = step(*args)
+            return tuple({"params": new, "opt_state": state, "loss": loss, None: None}[k] for k in order)
+        return reordered
+    return make
+
+
+def _no_params(loss_fn, optimizer):                          # optimizer.update(grads, state): AdamW needs params
+    return fsdp(loss_fn, optax.GradientTransformation(optimizer.init, lambda g, s, p=None: optimizer.update(g, s)))
+
+
 FRESH = [
     ("divided by jax.device_count()", lambda l, o: fsdp(l, o, divide=lambda n: jax.device_count()),
      "4x too small, a factor 2/8"),
@@ -151,6 +166,10 @@ FRESH = [
     ("an extra pmean of the slices", _extra_pmean,
      "a pmean after the reduce-scatter mixes them"),
     ("returns None", lambda l, o: None, "returned None: did it forget"),
+    ("(params, loss, opt_state)", _outputs("params", "loss", "opt_state"),
+     "shaped like (params, loss, opt_state); expected (params, opt_state, loss)"),
+    ("None for the loss", _outputs("params", "opt_state", None), "shaped like (params, opt_state, None)"),
+    ("update without params", _no_params, "requires the current value of parameters"),
 ]
 
 
