@@ -70,7 +70,7 @@ def check_scale_on_two(scale_on_two):
         x, s = case.args    # s a plain number: a static argument (static_broadcasted_argnums) or a closure needs it
         maps = expect_pmapped(lambda x: scale_on_two(x, float(s)), got, (x,), two, what=case.label,
                               name="scale_on_two", how="the scalar broadcast and the blocks reshaped back",
-                              work=[({"mul"}, "multiplication")])
+                              work=[({"mul"}, "multiplication")], in_order=True)   # the text: jax.devices()[:2]
     if not any(len(m.params["in_specs"]) == 1 or _unmapped([m]) for m in maps):
         raise Mismatch("scale_on_two has the right values, but the scalar was mapped too (made into an array with "
                        "one copy per device), although it is the same for both devices.")
