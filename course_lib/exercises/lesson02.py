@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import Case, Mismatch, Mistake, Said, call, diagnose, exercise, expect_pmapped, placement
-from .lesson00 import _data
+from .lesson00 import _array, _data
 
 
 # ----------------------------------------------------------------------------------------------
@@ -128,7 +128,7 @@ def _y(shape):
 def _block_and_place(fn, case):
     """What reading a block gives: its values, where it lives, and whether building it moved data."""
     shape, i = case.args
-    got = call(fn, _y(shape), i, name="block_on")
+    got = _array(call(fn, _y(shape), i, name="block_on"), "block_on", "02.3")
     moved = _moves_data(fn, _y(shape), i)
     return got, placement(got), Said("building it moved data" if moved else "building it moved no data")
 
