@@ -36,8 +36,7 @@ def _values_and_place(fn, case, name="on_device_3"):
 
 
 def _array(got, name: str, id_: str):
-    """``got`` if it is an array; else what came back against what exercise ``id_`` returns, in words (not as the
-    pair of values and placement that the checker compares)."""
+    """``got`` if it is an array; else what came back against what exercise ``id_`` returns (not the checker's pair)."""
     if isinstance(got, (jax.Array, np.ndarray)):
         return got
     raise Mismatch(f"{name} returned {describe_tree(got)}; expected {_REGISTRY[id_].returns}.")

@@ -38,8 +38,7 @@ def _pieces_and_places(fn, case):
         "incompatible devices": "The pieces already live on different devices, so one operation (a stack, a "
                                 "concatenate) cannot combine them: return them as they are, in a list."})
     if not isinstance(pieces, (list, tuple)) or len(pieces) != case.n:
-        got = (f"a {type(pieces).__name__} of {len(pieces)} items" if isinstance(pieces, (list, tuple))
-               else describe_tree(pieces))
+        got = f"{len(pieces)} items" if isinstance(pieces, (list, tuple)) else describe_tree(pieces)
         raise Mismatch(f"split_across returned {got}; expected a list of {case.n} jax.Arrays, one per device "
                        "given: piece i on devices[i].")
     return list(pieces), Said("pieces on: " + ", ".join(placement(p).removeprefix("on ") for p in pieces))

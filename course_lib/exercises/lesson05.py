@@ -363,17 +363,10 @@ def check_masked_mse(masked_mse):
     cases = []
     # The real rows come first in data.batches, but a mask may mark any rows: the last case scatters them, so an
     # answer that assumes the first k rows are the real ones gives another number.
-    for b, real, scattered in [(8, 5, False), (16, 16, False), (4, 1, False), (10, 4, True)]:
-        pred = jnp.asarray(rng.normal(size=b), jnp.float32)
-        mask_np = np.zeros(b, bool)
-        mask_np[rng.choice(b, real, replace=False) if scattered else np.arange(real)] = True
-        if scattered:
-            mask_np[0] = False                      # not a prefix
-            mask_np[np.flatnonzero(~mask_np)[-1]] = True
-        y = jnp.asarray(rng.normal(size=b), jnp.float32)     # padding rows too: the mask must weight y's term
-        label = f"masked_mse with {int(mask_np.sum())} real rows of {b}" + (
-            f" (mask {mask_np.astype(int)})" if scattered else "")
-        cases.append(Case((pred, y, jnp.asarray(mask_np)), label))
+    for mask in [np.arange(8) < 5, np.ones(16, bool), np.arange(4) < 1, np.array([0, 0, 0, 1, 0, 1, 0, 1, 1, 1], bool)]:
+        pred, y = jnp.asarray(rng.normal(size=(2, mask.size)), jnp.float32)   # y in the padding rows too: not 0
+        cases.append(Case((pred, y, jnp.asarray(mask)), f"masked_mse with {mask.sum()} real rows of {mask.size}"
+                          + ("" if mask[0] else f" (mask {mask.astype(int)})")))
     cases.append(Case((jnp.ones(4), jnp.zeros(4), jnp.zeros(4, bool)), "masked_mse with no real rows at all (a "
                       "device that got only padding)"))
     engine = dict(solution=solution_masked_mse, mistakes=MISTAKES_05_3, name="masked_mse")

@@ -53,15 +53,12 @@ def _leaves(tree):
 
 def _layout(leaf, mesh) -> str:
     """How ``leaf`` is laid out, in words: ``on the host``, ``whole on devices [0, 1]``, ``in blocks of (3, 2) on
-    devices [7, 6, 5, 4]`` (in block order: ``placement``); and the mesh it names, if not ``mesh`` (its devices
-    in order and its axis names: code that uses ``mesh`` would not take the array as it is)."""
+    devices [7, 6, 5, 4]`` (in block order: ``placement``); and its mesh's axes and devices, if not ``mesh``'s."""
     if not isinstance(leaf, jax.Array):
         return "on the host"
-    own = getattr(leaf.sharding, "mesh", mesh)
-    other = "" if not isinstance(own, jax.sharding.Mesh) or (own.axis_names, own.devices.tolist()) == (
-        mesh.axis_names, mesh.devices.tolist()) else (
-        f", on a mesh of its own (axes {own.axis_names}, devices {own.device_ids.tolist()}; the mesh given: "
-        f"{mesh.axis_names}, {mesh.device_ids.tolist()})")
+    own, given = ((m.axis_names, m.device_ids.tolist()) for m in (getattr(leaf.sharding, "mesh", mesh), mesh))
+    other = "" if own == given else (f", on a mesh of its own (axes {own[0]}, devices {own[1]}; the mesh given: "
+                                     f"{given[0]}, {given[1]})")
     blocks = sorted({s.data.shape for s in leaf.addressable_shards})
     how = "whole" if leaf.sharding.is_fully_replicated else f"in blocks of {blocks[0] if len(blocks) == 1 else blocks}"
     return f"{how} {placement(leaf)}{other}"

@@ -17,7 +17,7 @@ def pieces(x, devices, rows):
 WRONG = [
     ("one piece short", lambda x, devs: [jax.device_put(x[i * (len(x) // len(devs)):(i + 1) * (len(x) // len(devs))],
                                                         devs[i]) for i in range(len(devs) - 1)],
-     "returned a list of 7 items; expected a list of 8"),
+     "returned 7 items; expected a list of 8"),
     ("every device JAX has", lambda x, devs: pieces(x, jax.devices(), np.split(np.arange(len(x)), len(jax.devices()))),
      "fails on every case with fewer."),
     ("interleaved rows", lambda x, devs: [jax.device_put(x[i::len(devs)], d) for i, d in enumerate(devs)],
