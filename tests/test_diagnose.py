@@ -94,6 +94,21 @@ def test_a_mistake_that_raises_is_not_named_and_an_answer_that_raises_says_where
     assert "It is right only on the cases with all 8 devices" in str(e.value)
 
 
+def test_an_answer_right_only_on_one_smaller_device_count_is_told_that_count_and_no_cause():
+    with pytest.raises(Mismatch) as e:       # a 4 written in where the device count belongs
+        run(lambda x, a: jax.lax.psum(jnp.mean(x), a) / 4)
+    text = str(e.value)
+    assert "It is right only on the cases with 4 devices and fails on every case with another count." in text
+    assert "written" not in text and "fixed" not in text
+
+
+def test_a_label_that_starts_with_a_name_keeps_its_case():
+    from course_lib.exercises._diagnose import _capital
+    assert _capital("on 4 devices") == "On 4 devices"
+    assert _capital("global_batch(x) on 2 devices") == "global_batch(x) on 2 devices"
+    assert _capital("ported(x (8, 3))") == "ported(x (8, 3))"
+
+
 @pytest.mark.parametrize("got, expected, words", [
     (np.arange(6.0).reshape(2, 3) * 4, np.arange(6.0).reshape(2, 3), "4x too large"),
     (np.arange(1.0, 7.0) / 4, np.arange(1.0, 7.0), "4x too small"),

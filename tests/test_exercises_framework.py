@@ -213,8 +213,6 @@ def test_every_exercise_says_what_it_returns(id_):
 
 
 def test_progress_counts_attempts_and_passes_per_lesson(monkeypatch):
-    monkeypatch.setattr(ex, "_attempts", ex.collections.Counter())
-    monkeypatch.setattr(ex, "_passed", set())
     monkeypatch.setattr(ex, "_hints_shown", ex.collections.Counter())
     def unwritten(dispatch_ms, step_ms, k):
         ...

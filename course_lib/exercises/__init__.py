@@ -97,12 +97,8 @@ _shown_in_cell: dict[int, int | None] = {}
 
 def _cell_number() -> int | None:
     """The number of the IPython cell that is running, or None outside IPython."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return None
-    shell = get_ipython()
-    return None if shell is None else shell.execution_count
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()  # a running IPython imported it
+    return getattr(shell, "execution_count", None)
 
 
 class Mismatch(Exception):
@@ -155,10 +151,7 @@ class Exercise:
         if answer is None or answer is Ellipsis:
             return Feedback(self.id, False, NO_ANSWER, started=False)
         if not callable(answer) and callable(self.solution):
-            try:
-                params = ", ".join(inspect.signature(self.solution).parameters)
-            except (TypeError, ValueError):
-                params = "..."
+            params = ", ".join(_arg_names(self.solution))
             return Feedback(self.id, False, f"expected a function, your_function({params}), passed to check itself "
                                             f"(not its result); got {describe_tree(answer)}.")
         _last_call.clear()
@@ -172,10 +165,8 @@ class Exercise:
                 verdict = self.checker(answer)
             print(printed.getvalue(), end="")
             return Feedback(self.id, True, verdict)
-        except _NotStarted as e:
-            return Feedback(self.id, False, str(e), started=False)
         except Mismatch as e:               # a placeholder is not started, whatever wrapper reported it
-            return Feedback(self.id, False, str(e), started=not _answer_is_stub[0])
+            return Feedback(self.id, False, str(e), started=not (isinstance(e, _NotStarted) or _answer_is_stub[0]))
         except Exception as e:  # a safety net: the answer broke the checker itself
             return Feedback(self.id, False, self._could_not_use(e))
         finally:
@@ -245,10 +236,8 @@ def _get(id: str) -> Exercise:
     return all_[id]
 
 
-# This kernel's record: attempts and passes per exercise, and how many hints were shown (the hint ladder's place).
-# What lasts is in the progress file (course_lib/progress.py), which ``progress()`` reads.
-_attempts: collections.Counter = collections.Counter()
-_passed: set[str] = set()
+# How many hints this kernel has shown per exercise (the hint ladder's place). Attempts and passes are in the
+# progress file (course_lib/progress.py), which ``progress()`` reads.
 _hints_shown: collections.Counter = collections.Counter()
 
 
@@ -261,13 +250,8 @@ def check(id: str, answer) -> Feedback:
     """
     feedback = _get(id).check(answer)
     if feedback.started:
-        _attempts[id] += 1
-        if feedback.passed:
-            _passed.add(id)
         _record(id, "check", feedback.passed)  # course_lib/progress.py: the file every kernel shares
-    # Printed here, in a notebook and in a plain script alike. In IPython the cell's last value is displayed
-    # too: ``Feedback._ipython_display_`` skips a verdict already printed in the same cell.
-    print(feedback.wrapped())
+    print(feedback.wrapped())   # and as a cell's last value: ``Feedback._ipython_display_`` shows it once
     number = _cell_number()
     if number is not None:
         _shown_in_cell.clear()  # only the newest verdicts matter; ids of freed objects may be reused
@@ -360,18 +344,18 @@ def describe_tree(x, depth: int = 0) -> str:
         inner = ", ".join(describe_tree(v, depth + 1) for v in x[:6]) + (", ..." if len(x) > 6 else "")
         return f"{type(x).__name__}({inner})" if isinstance(x, tuple) else f"list[{inner}]"
     if isinstance(x, dict):
-        items = list(x.items())
-        inner = ", ".join(f"{k!r}: {describe_tree(v, depth + 1)}" for k, v in items[:6])
-        return "dict{" + inner + (", ..." if len(items) > 6 else "") + "}"
+        inner = ", ".join(f"{k!r}: {describe_tree(v, depth + 1)}" for k, v in list(x.items())[:6])
+        return "dict{" + inner + (", ..." if len(x) > 6 else "") + "}"
     return describe(x)
 
 
-def _arg_names(fn, n: int) -> list[str]:
+def _arg_names(fn, n: int | None = None) -> list[str]:
+    """``fn``'s first ``n`` parameter names, "argument 3" where it has none; all of them with no ``n`` ("...")."""
     try:
-        names = [p for p in inspect.signature(fn).parameters][:n]
+        names = list(inspect.signature(fn).parameters)[:n]
     except (TypeError, ValueError):
-        names = []
-    return names + [f"argument {i + 1}" for i in range(len(names), n)]
+        names = ["..."] if n is None else []
+    return names + [f"argument {i + 1}" for i in range(len(names), n or 0)]
 
 
 def _snapshot(args):
@@ -556,17 +540,15 @@ def watch(fn, args, patches, *, again=None) -> bool:
     originals put back afterwards. When ``again()`` is true after the run (nothing seen: a jit cache may have
     skipped the tracing), JAX's caches are cleared and ``fn`` runs once more. False if ``fn`` raised: the
     checker's own call of ``fn`` says how."""
-    def run():
-        with contextlib.ExitStack() as stack:
-            for owner, name, value in patches:
-                stack.enter_context(mock.patch.object(owner, name, value, create=True))
-            fn(*args)
-
     try:
-        run()
-        if again is not None and again():
+        for attempt in range(2):
+            with contextlib.ExitStack() as stack:
+                for owner, name, value in patches:
+                    stack.enter_context(mock.patch.object(owner, name, value, create=True))
+                fn(*args)
+            if attempt or again is None or not again():
+                break
             jax.clear_caches()
-            run()
     except Exception:
         return False
     return True
@@ -598,8 +580,7 @@ def vmap_calls(fn, *args, inside: set | None = None) -> int | None:
     patches = [(batching.BatchTrace, "__init__", counting_init)]
     if inside is not None:
         patches.append((batching.BatchTrace, "process_primitive", seen))
-    ran = watch(fn, args, patches, again=lambda: count[0] == 0)
-    return count[0] if ran else None
+    return count[0] if watch(fn, args, patches, again=lambda: count[0] == 0) else None
 
 
 from ._diagnose import Case, Mistake, Said, diagnose, difference, placement, relation, same  # noqa: E402  (uses the names above)

@@ -1,12 +1,8 @@
 """One diagnosis engine for every checker: run the answer on varied cases, name a mistake only when the
 answer's own numbers confirm it, and otherwise say what differs.
 
-An exercise declares its known mistakes as data. A ``Mistake`` is a name, the feedback to give, and a function
-that does what that mistake does: it takes the same inputs as the answer, so it runs through the same runner (an
-example: the package's docstring, "Writing a checker").
-
-``diagnose`` runs the solution and the answer on every case. When they agree everywhere it returns the
-answer's results (for mechanism checks that follow). Otherwise it raises ``Mismatch``:
+An exercise declares its known mistakes as data (``Mistake``; an example: the package's docstring, "Writing a
+checker"). Where ``diagnose`` finds the answer and the solution disagree, it raises ``Mismatch``:
 
 * naming a mistake only when the answer matches that mistake's result on EVERY case, the mistake's result
   differs from the right one on at least one, and no other mistake matches too, e.g.
@@ -99,27 +95,20 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
     if run is None:
         run = lambda fn, case: call(fn, *case.args, name=name)  # noqa: E731
     opts = dict(rtol=rtol, atol=atol, dtype=True, strict=False, names=names)
-    rows, results, right_on, failed, keys = [], [], [], [], {}
+    rows, failed, keys = [], [], {}
     for case in cases:
-        saved = dict(_last_call)
         expected = _known(run, solution, case, keys)
-        _last_call.clear()
-        _last_call.update(saved)
         try:
             got = run(answer, case)
         except Mismatch as e:               # the other cases still run: where it fails is evidence too
             failed.append((case, e))
             continue
-        diff = difference(got, expected, n=case.n, **opts)
-        rows.append((case, expected, got, diff))
-        results.append(got)
-        if diff is None:
-            right_on.append(case.label)
-        else:
+        rows.append((case, expected, got, difference(got, expected, n=case.n, **opts)))
+        if rows[-1][3] is not None:
             failed.append((case, None))
     if not failed:
-        return results
-    where = _where(cases, right_on, failed)
+        return [got for _, _, got, _ in rows]
+    where = _where(cases, [c.label for c, _, _, d in rows if d is None], failed)
     case, error = failed[0]
     if isinstance(error, _NotStarted):
         raise error                         # a placeholder: the same 'no answer yet' words everywhere
@@ -133,7 +122,7 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
                              if d is not None and c.n != case.n) else case.n
     diff = difference(got, expected, n=n, **opts)
     named = _confirmed(mistakes, rows, run, opts, keys)       # on the cases that ran: their numbers confirm it or not
-    raised = [f" {c.label[:1].upper()}{c.label[1:]}, it raised: {str(e).rstrip()}" for c, e in failed if e is not None]
+    raised = [f" {_capital(c.label)}, it raised: {str(e).rstrip()}" for c, e in failed if e is not None]
     where = "".join(raised[:1]) or where
     shown = f"expected {_show(expected)}, got {_show(got)}"
     if len(shown) > 240 or _show(expected) == _show(got) or _show(expected) == describe_tree(expected):
@@ -141,13 +130,11 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
     if not reveal:
         shown = diff = (f"you predicted {_values(got)}: {_off(got, expected, opts)} (the right values are not shown: "
                         "the compiled program gives them)")
-    evidence = f"{case.label}: {shown}"
     if len(named) == 1:
         feedback = named[0].feedback.replace("{n}", str(case.n)).replace("{label}", case.label)
-        raise Mismatch(f"{evidence}. {feedback}{''.join(raised[:1])}")
-    if diff.startswith("expected ") or shown == diff:   # the diff says both sides
-        raise Mismatch(f"{case.label}: {diff}.{where}")
-    raise Mismatch(f"{evidence}: {diff}.{where}")
+        raise Mismatch(f"{case.label}: {shown}. {feedback}{''.join(raised[:1])}")
+    both = diff.startswith("expected ") or shown == diff    # the diff says both sides
+    raise Mismatch(f"{case.label}: {diff if both else f'{shown}: {diff}'}.{where}")
 
 
 def _off(got, expected, opts) -> str:
@@ -176,6 +163,11 @@ def _values(x) -> str:
     return f"{float(a):,.0f}" if a is not None and a.ndim == 0 and abs(float(a)) >= 10_000 else _show(x)
 
 
+def _capital(label: str) -> str:
+    """A case's label at the start of a sentence: "On 4 devices", but a name stays as written ("global_batch(...")."""
+    return label if re.match(r"\w*[_(]", label) else label[:1].upper() + label[1:]
+
+
 def _where(cases, right_on, failed) -> str:
     """Where the answer is right and where it fails; and when that splits by device count, the count (not a cause:
     the cases vary other things with the count)."""
@@ -184,17 +176,16 @@ def _where(cases, right_on, failed) -> str:
     k = len(right_on)
     text = " It is right in the other case" if k == 1 else f" It is right in the other {k} cases"
     text += "." if len(failed) == 1 else f"; wrong also in: {', '.join(c.label for c, _ in failed[1:])}."
-    total = len(jax.devices())
-    good = [c.n for c in cases if c.label in right_on]
-    bad = [c.n for c, _ in failed]
-    if all(n == total for n in good) and all(n is not None and n != total for n in bad):
-        text += f" It is right only on the cases with all {total} devices and fails on every case with fewer."
+    counts, total = {c.n for c in cases if c.label in right_on}, len(jax.devices())
+    if len(counts) == 1 and None not in counts and all(c.n not in (None, *counts) for c, _ in failed):
+        text += (f" It is right only on the cases with all {total} devices and fails on every case with fewer."
+                 if counts == {total} else f" It is right only on the cases with {counts.pop()} devices and fails "
+                 "on every case with another count.")
     return text
 
 
 def _confirmed(mistakes, rows, run, opts, keys) -> list[Mistake]:
     """The mistakes whose results equal the answer's on every case and differ from the right one somewhere."""
-    saved = dict(_last_call)
     named = []
     for m in mistakes:
         differs = False
@@ -209,8 +200,6 @@ def _confirmed(mistakes, rows, run, opts, keys) -> list[Mistake]:
         else:
             if differs:
                 named.append(m)
-    _last_call.clear()
-    _last_call.update(saved)
     return named
 
 
@@ -225,9 +214,13 @@ def _known(run, fn, case, keys: dict):
     if id(case) not in keys:
         keys[id(case)] = _key_or_none((run, case.label, case.n, case.args, jax.config.jax_enable_x64,
                                        str(jax.sharding.get_abstract_mesh())))
-    # NumPy results are copied: a view of an input would change with an answer that writes to that input
-    owned = lambda: jax.tree.map(  # noqa: E731
-        lambda v: v.copy() if isinstance(v, np.ndarray) else v, run(fn, case))
+    def owned():    # NumPy results are copied: a view of an input would change with an answer that writes to it
+        saved = dict(_last_call)        # and the answer's last call stays the one feedback quotes
+        try:
+            return jax.tree.map(lambda v: v.copy() if isinstance(v, np.ndarray) else v, run(fn, case))
+        finally:
+            _last_call.clear()
+            _last_call.update(saved)
     key = keys[id(case)] and _key_or_none(fn)
     if key is None:
         return owned()
@@ -288,9 +281,7 @@ def _leaf(x) -> bool:
 
 def _pairs(got, expected, strict: bool, path: tuple = ()):
     """(path, got leaf, expected leaf) pairs, or a ``str`` saying how the structures differ."""
-    if isinstance(expected, dict):
-        if not isinstance(got, dict) or set(got) != set(expected):
-            return f"expected {describe_tree(expected)}, got {describe_tree(got)}"
+    if isinstance(expected, dict) and isinstance(got, dict) and set(got) == set(expected):
         children = [(k, got[k], expected[k]) for k in expected]
     elif isinstance(expected, (tuple, list)):
         items = got
@@ -309,7 +300,7 @@ def _pairs(got, expected, strict: bool, path: tuple = ()):
             return (f"expected {_kind(expected)} of {len(expected)}, {describe_tree(expected)}; "
                     f"got {describe_tree(got)}")
         children = list(zip(range(len(expected)), items, expected))
-    elif not _leaf(got):
+    elif isinstance(expected, dict) or not _leaf(got):
         return f"expected {describe_tree(expected)}, got {describe_tree(got)}"
     else:
         return [(path, got, expected)]
@@ -334,9 +325,7 @@ def _numbers(x):
         a = np.asarray(x)
     except Exception:
         return None
-    if a.dtype == object or not (jax.numpy.issubdtype(a.dtype, np.number) or a.dtype == bool):
-        return None
-    return a
+    return a if jax.numpy.issubdtype(a.dtype, np.number) or a.dtype == bool else None
 
 
 def same(got, expected, *, rtol: float = 1e-5, atol: float = 1e-6, dtype: bool = True,
@@ -422,25 +411,19 @@ def _shape_relation(g: np.ndarray, e: np.ndarray, n: int | None) -> str:
         return f"one number where shape {e.shape} was expected"
     if g.ndim == 2 and g.shape == e.shape[::-1] and np.allclose(g.T, e, rtol=1e-4, atol=1e-5):
         return text + ": the expected values, transposed"
-    if g.size == e.size and np.allclose(g.reshape(e.shape), e, rtol=1e-4, atol=1e-5):
-        return text + ": the expected values in another shape"
     if g.size == e.size:
-        return text + " (the same number of values)"
+        held = np.allclose(g.reshape(e.shape), e, rtol=1e-4, atol=1e-5)
+        return text + (": the expected values in another shape" if held else " (the same number of values)")
     if g.ndim == e.ndim:
         for axis, (a, b) in enumerate(zip(g.shape, e.shape)):
             if a != b and a and b:
-                k = a / b if a > b else 1 / (a / b)
-                way = "long" if a > b else "short"
-                return text + f": axis {axis} is {_x(k)} too {way}{_factor(k, n)}"
+                k = max(a, b) / min(a, b)
+                return text + f": axis {axis} is {k:.3g}x too {'long' if a > b else 'short'}{_factor(k, n)}"
     if g.ndim == e.ndim + 1 and g.shape[1:] == e.shape:
         return text + f": an extra leading axis of {g.shape[0]}" + _factor(g.shape[0], n)
     if e.ndim == g.ndim + 1 and e.shape[1:] == g.shape:
         return text + f": the leading axis of {e.shape[0]} is missing"
     return text
-
-
-def _x(k: float) -> str:
-    return f"{k:.3g}x"
 
 
 def _factor(k: float, n: int | None) -> str:
@@ -464,10 +447,8 @@ def relation(g: np.ndarray, e: np.ndarray, *, n: int | None = None, rtol: float 
     """How two same-shaped arrays of numbers differ, measured: a constant factor, an offset, a rounding, an
     order, a transpose; or how many values differ, and the largest difference."""
     g64, e64 = g.astype(np.float64), e.astype(np.float64)
-
-    def close(a, b):
-        return a.shape == b.shape and np.allclose(a, b, rtol=max(rtol, 1e-4), atol=max(atol, 1e-6))
-
+    rtol, atol = max(rtol, 1e-4), max(atol, 1e-6)      # a relation holds to four digits
+    close = lambda a, b: a.shape == b.shape and np.allclose(a, b, rtol=rtol, atol=atol)  # noqa: E731
     if np.isnan(g64).any() and not np.isnan(e64).any():
         return f"NaN in {int(np.isnan(g64).sum())} of {g64.size} values, where numbers were expected"
     nonzero = np.abs(e64) > 1e-9
@@ -477,14 +458,13 @@ def relation(g: np.ndarray, e: np.ndarray, *, n: int | None = None, rtol: float 
             if math.isclose(k, -1, rel_tol=1e-4):
                 return "the expected values negated (sign flipped)"
             sign = "" if k > 0 else "negated and "
-            big = abs(k) >= 1
-            size = abs(k) if big else 1 / abs(k)
-            return f"{sign}{_x(size)} too {'large' if big else 'small'}{_factor(size, n)}"
+            size = max(abs(k), 1 / abs(k))
+            return f"{sign}{size:.3g}x too {'large' if abs(k) >= 1 else 'small'}{_factor(size, n)}"
         if np.all(np.abs(g64) < 1e-12) and not np.all(nonzero == 0):
             return "got 0" if g64.ndim == 0 else "all zeros"
     offset = g64 - e64
     shift = (f"every value off by {float(offset.flat[0]):+.4g}" if g64.size > 1 and
-             np.allclose(offset, offset.flat[0], atol=max(atol, 1e-6), rtol=0) else "")
+             np.allclose(offset, offset.flat[0], atol=atol, rtol=0) else "")
     with np.errstate(over="ignore", invalid="ignore"):  # byte counts beyond float16's range are simply not equal
         halves = [h for h in ("float16", "bfloat16") if e.dtype != jax.numpy.dtype(h)
                   and np.array_equal(g64, e64.astype(jax.numpy.dtype(h)).astype(np.float64))]
@@ -505,7 +485,7 @@ def relation(g: np.ndarray, e: np.ndarray, *, n: int | None = None, rtol: float 
         if rel <= 8 * eps and held:
             return (f"the largest difference is {100 * rel:.2g}% of the largest value, within a few roundings "
                     f"to {half} (one rounding: {100 * eps:.2g}%)")
-    wrong = ~np.isclose(g64, e64, rtol=max(rtol, 1e-4), atol=max(atol, 1e-6), equal_nan=True)
+    wrong = ~np.isclose(g64, e64, rtol=rtol, atol=atol, equal_nan=True)
     if 0 < rel <= 0.05:                                 # close, but not by any rounding named above
         count = f"{int(wrong.sum())} of {wrong.size} values differ; " if g.size > 1 else ""
         return f"{count}the largest difference is {100 * rel:.2g}% of the largest value"
@@ -521,9 +501,8 @@ def relation(g: np.ndarray, e: np.ndarray, *, n: int | None = None, rtol: float 
         return "the expected values, in another order"
     if g.ndim == 0:
         return f"off by {float(g64 - e64):+.4g}"
-    worst = float(np.max(np.abs(g64 - e64)))
     return (f"{int(wrong.sum())} of {wrong.size} values differ; {_first_difference(g, e, rtol, atol)}; the largest "
-            f"difference is {worst:.4g}")
+            f"difference is {float(np.max(np.abs(g64 - e64))):.4g}")
 
 
 def _first_difference(g, e, rtol: float, atol: float) -> str:

@@ -304,8 +304,8 @@ def _batch_as(spec=P(DATA), rows=lambda r: r.shape[0] * jax.process_count()):
 
 
 MISTAKES_08_3 = [
-    Mistake("local shape", "The global_shape asked for is the shape of this process's own rows (or its rows times "
-            "a process count of 1). The global shape holds every process's rows: jax.process_count() counts the "
+    Mistake("local shape", "The global_shape you passed is the shape of this process's own rows, as if the job "
+            "had one process. The global shape holds every process's rows: jax.process_count() counts the "
             "processes, 2 in the checker's simulated job.", _batch_as(rows=lambda r: r.shape[0])),
     Mistake("replicated", "The array is not split: expected axis 0 split over the mesh axis 'data' of the mesh you "
             "were given, the other axes whole.", _batch_as(spec=P())),
