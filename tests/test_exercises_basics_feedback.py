@@ -84,7 +84,7 @@ WRONG = {
          "every n-th row"),
         ("jax.devices() instead of the list given",
          lambda x, ds: [jax.device_put(p, jax.devices()[i]) for i, p in enumerate(np.split(x, len(ds)))],
-         "expected on device 4, got on device 0"),
+         "expected pieces on: device 5, device 2, device 6, device 1, got pieces on: device 0"),
         ("n from jax.devices()", lambda x, ds: [jax.device_put(x[i * (len(x) // 8):(i + 1) * (len(x) // 8)], d)
                                                 for i, d in enumerate(jax.devices())],
          "It is right only on the cases with all 8 devices"),

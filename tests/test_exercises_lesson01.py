@@ -15,7 +15,11 @@ def test_01_1_split_across():
     on_host = check("01.1", lambda x, ds: list(np.split(x, len(ds))))
     assert "The pieces are NumPy arrays in host memory" in on_host.message
     all_on_one = check("01.1", lambda x, ds: [jax.device_put(p, ds[0]) for p in np.split(x, len(ds))])
-    assert "split_across(x (16, 3), devices with ids [0, 1, 2, 3, 4, 5, 6, 7]): expected on device 1, got on device 0" in all_on_one.message
+    assert "expected pieces on: device 0, device 1, device 2, device 3, device 4, device 5, device 6, device 7, " \
+        "got pieces on: device 0, device 0" in all_on_one.message
+    in_id_order = check("01.1", lambda x, ds: solution_split_across(x, sorted(ds, key=lambda d: d.id)))
+    assert "devices with ids [5, 2, 6, 1]): expected pieces on: device 5, device 2, device 6, device 1, got pieces " \
+        "on: device 1, device 2, device 5, device 6" in in_id_order.message
     too_few = check("01.1", lambda x, ds: [jax.device_put(x, ds[0])])
     assert "expected a list of 8" in too_few.message
     hard_coded = check("01.1", lambda x, ds: [jax.device_put(x[2 * i:2 * i + 2], d) for i, d in enumerate(ds)])
@@ -44,7 +48,10 @@ def test_01_1_raises_or_wrong_structure():
     fb = check("01.1", lambda x, ds: [jax.device_put(x[i], d) for i, d in enumerate(ds[:100])][len(ds)])
     assert not fb and "split_across(ndarray float32[16, 3], list) raised IndexError" in fb.message
     fb = check("01.1", lambda x, ds: {d.id: x for d in ds})
-    assert not fb and "got dict{" in fb.message
+    assert not fb and "split_across returned dict{" in fb.message
+    fb = check("01.1", lambda x, ds: iter(solution_split_across(x, ds)))
+    assert not fb and "returned list_iterator; expected a list of 8 jax.Arrays, one per device given: piece i on " \
+        "devices[i]." in fb.message and "'on device" not in fb.message
     fb = check("01.1", lambda x, ds: [(p, d) for p, d in zip(np.split(x, len(ds)), ds)])
     assert not fb and "expected Array float32[2, 3], got tuple(ndarray float32[2, 3], Device)" in fb.message
 

@@ -100,4 +100,4 @@ def test_02_3_raises_or_wrong_structure():
     fb = check("02.3", lambda y, i: y.addressable_shards[i + 8].data[0])
     assert not fb and "block_on(Array float32[8, 3], 0) raised IndexError" in fb.message
     fb = check("02.3", lambda y, i: y.addressable_shards[i])
-    assert not fb and "the block: expected an array of shape (3,), got Shard" in fb.message
+    assert not fb and "block_on returned Shard; expected a jax.Array of shape y.shape[1:]" in fb.message

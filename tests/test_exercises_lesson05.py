@@ -20,7 +20,7 @@ def update(optimizer, grads, opt_state, params):
 
 def test_05_1_dp_step():
     fb = check("05.1", solution_dp_step)
-    assert fb and "with SGD, momentum, Adam and RMSprop" in fb.message
+    assert fb and "with SGD, momentum, AdamW and RMSprop" in fb.message
 
     def no_pmean(loss_fn, optimizer, params, opt_state, batch):
         loss, grads = jax.value_and_grad(loss_fn)(params, batch)

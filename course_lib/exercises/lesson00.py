@@ -8,7 +8,7 @@ import numpy as np
 
 from jax.sharding import PartitionSpec as P
 
-from . import Case, Mismatch, Mistake, call, describe_tree, diagnose, exercise, placement
+from . import _REGISTRY, Case, Mismatch, Mistake, call, describe_tree, diagnose, exercise, placement
 
 
 def _data(shape, seed):
@@ -32,7 +32,14 @@ def _values_and_place(fn, case, name="on_device_3"):
                                                "Device; a.devices() is the set of devices for any array.",
                       "single device": "a.device works only for an array on one device; a.devices() works for "
                                        "any array."})
-    return (got, placement(got)) if name == "on_device_3" else got
+    return (_array(got, name, "00.1"), placement(got)) if name == "on_device_3" else got
+
+
+def _array(got, name: str, id_: str):
+    """``got`` if it is an array; else what came back against what exercise ``id_`` returns (not the checker's pair)."""
+    if isinstance(got, (jax.Array, np.ndarray)):
+        return got
+    raise Mismatch(f"{name} returned {describe_tree(got)}; expected {_REGISTRY[id_].returns}.")
 
 
 MISTAKES_00_1 = [

@@ -4,8 +4,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import Case, Mismatch, Mistake, call, diagnose, exercise, expect_pmapped, placement, vmap_calls
+from . import (Case, Mismatch, Mistake, Said, call, describe_tree, diagnose, exercise, expect_pmapped, placement,
+               vmap_calls)
 from .lesson00 import _data
+from .lesson08 import mixed_devices
 
 
 # A row's norm reduces it: one of these must run inside the vmap/pmap, not only around it
@@ -31,10 +33,15 @@ def solution_split_across(x, devices):
 
 
 def _pieces_and_places(fn, case):
+    """The pieces, and where each lives in words: ``pieces on: device 5, device 2, ...`` (piece 0 first)."""
     pieces = call(fn, *case.args, name="split_across", hints={
         "incompatible devices": "The pieces already live on different devices, so one operation (a stack, a "
                                 "concatenate) cannot combine them: return them as they are, in a list."})
-    return [(p, placement(p)) for p in pieces] if isinstance(pieces, (list, tuple)) else pieces
+    if not isinstance(pieces, (list, tuple)) or len(pieces) != case.n:
+        got = f"{len(pieces)} items" if isinstance(pieces, (list, tuple)) else describe_tree(pieces)
+        raise Mismatch(f"split_across returned {got}; expected a list of {case.n} jax.Arrays, one per device "
+                       "given: piece i on devices[i].")
+    return list(pieces), Said("pieces on: " + ", ".join(placement(p).removeprefix("on ") for p in pieces))
 
 
 MISTAKES_01_1 = [
@@ -54,15 +61,13 @@ MISTAKES_01_1 = [
                  "Section 2 of the lesson does it in two steps, Split and Place: read its cells, and what "
                  "`jax.device_put` takes as a target."])
 def check_split_across(split_across):
-    devices = jax.devices()
-    n_all = len(devices)
-    cases = []
-    for devs, b, d in [(devices, 2 * n_all, 3), (devices[:4], 12, 2), (devices[:2], 2, 5),
-                       (devices[n_all // 2:], 2 * (n_all - n_all // 2), 2)]:
-        x = _data((b, d), seed=len(devs) + b)
-        cases.append(Case((x, list(devs)), f"split_across(x {x.shape}, devices with ids {[v.id for v in devs]})",
-                          n=len(devs)))
-    diagnose(split_across, cases, solution=solution_split_across, mistakes=MISTAKES_01_1, run=_pieces_and_places)
+    devices = jax.devices()         # the last case's devices are out of id order: piece i goes to devices[i]
+    cases = [Case((_data((b, d), seed=len(devs) + b), list(devs)),
+                  f"split_across(x {(b, d)}, devices with ids {[v.id for v in devs]})", n=len(devs))
+             for devs, b, d in [(devices, 2 * len(devices), 3), (devices[:4], 12, 2), (devices[:2], 2, 5),
+                                (mixed_devices(4), 8, 2)]]
+    diagnose(split_across, cases, solution=solution_split_across, mistakes=MISTAKES_01_1, run=_pieces_and_places,
+             names=("piece", "placement"))
     return "each device holds its own consecutive slice of the batch."
 
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import Case, Mismatch, Mistake, Said, call, diagnose, exercise, expect_pmapped, placement
-from .lesson00 import _data
+from .lesson00 import _array, _data
 
 
 # ----------------------------------------------------------------------------------------------
@@ -36,12 +36,10 @@ MISTAKES_02_1 = [
                  "may have any number of axes after the batch axis.",
                  "Section 5, \"By hand\": one `reshape`; x's `shape` attribute holds the sizes of its axes."])
 def check_split_batch(split_batch):
-    cases = []
-    for shape, n in [((16, 3), 8), ((12, 2, 2), 4), ((6,), 3), ((8, 5), 1), ((10, 3, 1), 5)]:
-        x = _data(shape, seed=sum(shape) + n)
-        if len(shape) == 3 and shape[-1] == 1:                 # integers too: an answer must not cast them
-            x = (np.arange(np.prod(shape), dtype=np.int32).reshape(shape) * 7) % 11
-        cases.append(Case((x, n), f"split_batch(x {shape} {x.dtype.name}, n={n})", n=n))
+    ints = (np.arange(30, dtype=np.int32).reshape(10, 3, 1) * 7) % 11      # integers too: an answer must not cast them
+    cases = [Case((x, n), f"split_batch(x {x.shape} {x.dtype.name}, n={n})", n=n) for x, n in [
+        (_data((16, 3), seed=27), 8), (_data((12, 2, 2), seed=20), 4), (_data((6,), seed=9), 3),
+        (_data((8, 5), seed=14), 1), (ints, 5)]]
     hints = {"cannot be interpreted as an integer": "A shape needs whole numbers, and B / n is a float even when n "
                                                     "divides B: divide with integer division."}
     diagnose(split_batch, cases, solution=solution_split_batch, mistakes=MISTAKES_02_1,
@@ -128,7 +126,7 @@ def _y(shape):
 def _block_and_place(fn, case):
     """What reading a block gives: its values, where it lives, and whether building it moved data."""
     shape, i = case.args
-    got = call(fn, _y(shape), i, name="block_on")
+    got = _array(call(fn, _y(shape), i, name="block_on"), "block_on", "02.3")
     moved = _moves_data(fn, _y(shape), i)
     return got, placement(got), Said("building it moved data" if moved else "building it moved no data")
 

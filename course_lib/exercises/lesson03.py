@@ -41,8 +41,7 @@ def _unmapped(maps) -> int:
 
 MISTAKES_03_1 = [
     Mistake("blocks not put back", "That is the per-device blocks as pmap stacks them, shape (2, B // 2, ...): x "
-            "had shape (B, ...).",
-            lambda x, s: solution_scale_on_two(x, s).reshape(2, -1, *x.shape[1:])),
+            "had shape (B, ...).", lambda x, s: solution_scale_on_two(x, s).reshape(2, -1, *x.shape[1:])),
     Mistake("rows interleaved", "The rows are out of order: rows 0, 2, 4, ... first, then 1, 3, ...: the rows were "
             "interleaved over the two devices (every second row to a device, a swap of axes as in exercise 02.1) "
             "and never put back in order.",
@@ -70,7 +69,7 @@ def check_scale_on_two(scale_on_two):
         x, s = case.args    # s a plain number: a static argument (static_broadcasted_argnums) or a closure needs it
         maps = expect_pmapped(lambda x: scale_on_two(x, float(s)), got, (x,), two, what=case.label,
                               name="scale_on_two", how="the scalar broadcast and the blocks reshaped back",
-                              work=[({"mul"}, "multiplication")])
+                              work=[({"mul"}, "multiplication")], in_order=True)   # the text: jax.devices()[:2]
     if not any(len(m.params["in_specs"]) == 1 or _unmapped([m]) for m in maps):
         raise Mismatch("scale_on_two has the right values, but the scalar was mapped too (made into an array with "
                        "one copy per device), although it is the same for both devices.")
@@ -107,11 +106,9 @@ MISTAKES_03_2 = [
 def check_predict(predict):
     devices = jax.devices()
     name = getattr(predict, "__name__", "predict")
-    cases = []
-    for n, b, d, k in [(len(devices), 2, 3, 2), (4, 3, 2, 5), (2, 4, 5, 3)]:
-        params = {"w": jnp.asarray(_data((d, k), seed=d * k)), "b": jnp.asarray(_data((k,), seed=k))}
-        xs = jnp.asarray(_data((n, b, d), seed=n * b))
-        cases.append(Case((params, xs), f"{name}(params w {(d, k)} b {(k,)}, xs {(n, b, d)})", n=n))
+    cases = [Case(({"w": jnp.asarray(_data((d, k), seed=d * k)), "b": jnp.asarray(_data((k,), seed=k))},
+                   jnp.asarray(_data((n, b, d), seed=n * b))), f"{name}(params w {(d, k)} b {(k,)}, xs {(n, b, d)})",
+                  n=n) for n, b, d, k in [(len(devices), 2, 3, 2), (4, 3, 2, 5), (2, 4, 5, 3)]]
 
     def run(fn, case):
         params, xs = case.args
@@ -266,12 +263,10 @@ SMAP_ERRORS = {
                  "mesh you were given, not one of your own."])
 def check_smap_predict(smap_predict):
     name = getattr(smap_predict, "__name__", "smap_predict")
-    cases = []
-    for n, B, d, k, host in [(len(jax.devices()), 16, 3, 2, True), (4, 12, 5, 3, False), (2, 10, 4, 3, True)]:
-        x = _data((B, d), seed=B * d)
-        cases.append(Case((x if host else jnp.asarray(x), jnp.asarray(_data((d, k), seed=d + k + n)),
-                           _mesh(n)),
-                          f"{name}(x {(B, d)}, w {(d, k)}, a mesh of {n} devices)", n=n))
+    cases = [Case((put(_data((B, d), seed=B * d)), jnp.asarray(_data((d, k), seed=d + k + n)), _mesh(n)),
+                  f"{name}(x {(B, d)}, w {(d, k)}, a mesh of {n} devices)", n=n)     # x on the host, or on a device
+             for n, B, d, k, put in [(len(jax.devices()), 16, 3, 2, np.asarray), (4, 12, 5, 3, jnp.asarray),
+                                     (2, 10, 4, 3, np.asarray)]]
     results = diagnose(smap_predict, cases, solution=solution_smap_predict, mistakes=MISTAKES_03_4, rtol=1e-4,
                        atol=1e-5, run=lambda fn, case: call(fn, *case.args, name=name, hints=SMAP_ERRORS))
     for case, got in zip(cases, results):

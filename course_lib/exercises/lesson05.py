@@ -147,11 +147,11 @@ MISTAKES_05_1 = [
                  "jax.lax.pmean over the 'devices' axis (lesson 04, section 3) averages a pytree over the devices. "
                  "psum would add n gradients, n times too large."])
 def check_dp_step(dp_step):
-    # Device counts, feature counts, rows per device and optimizers vary, so that an answer that fixes any of
-    # them (8 devices, the lesson's optimizer, a batch of 16 per device) gives another number somewhere.
+    # Device counts, feature counts, rows per device and optimizers (AdamW's weight decay reads the parameters)
+    # vary, so that an answer that fixes any of them, or leaves one out, gives another number somewhere.
     cases = []
     for n, d, rows, name, optimizer in [(len(jax.devices()), 3, 16, "SGD", optax.sgd(0.1)),
-                                        (len(jax.devices()), 3, 16, "Adam", optax.adam(0.1)),
+                                        (len(jax.devices()), 3, 16, "AdamW", optax.adamw(0.1, weight_decay=0.5)),
                                         (4, 4, 10, "SGD with momentum", optax.sgd(0.05, momentum=0.9)),
                                         (2, 5, 8, "RMSprop", optax.rmsprop(0.01))]:
         x, y, _ = data.regression_data(n=rows * n, d=d, seed=n + d)
@@ -159,7 +159,7 @@ def check_dp_step(dp_step):
         cases.append(Case((optimizer, params, x, y, rows), f"on {n} devices with {name}", n=n))
     diagnose(dp_step, cases, solution=solution_dp_step, mistakes=MISTAKES_05_1, run=_stepped, rtol=1e-4,
              atol=1e-6, names=("copies", "state copies", "new_params", "new_opt_state", "loss"))
-    return ("gradients averaged with pmean before the update, on 8, 4 and 2 devices with SGD, momentum, Adam and "
+    return ("gradients averaged with pmean before the update, on 8, 4 and 2 devices with SGD, momentum, AdamW and "
             "RMSprop: the same update and the same optimizer state everywhere, so the copies stay identical.")
 
 
@@ -363,17 +363,10 @@ def check_masked_mse(masked_mse):
     cases = []
     # The real rows come first in data.batches, but a mask may mark any rows: the last case scatters them, so an
     # answer that assumes the first k rows are the real ones gives another number.
-    for b, real, scattered in [(8, 5, False), (16, 16, False), (4, 1, False), (10, 4, True)]:
-        pred = jnp.asarray(rng.normal(size=b), jnp.float32)
-        mask_np = np.zeros(b, bool)
-        mask_np[rng.choice(b, real, replace=False) if scattered else np.arange(real)] = True
-        if scattered:
-            mask_np[0] = False                      # not a prefix
-            mask_np[np.flatnonzero(~mask_np)[-1]] = True
-        y = jnp.asarray(np.where(mask_np, rng.normal(size=b), 0.0), jnp.float32)
-        label = f"masked_mse with {int(mask_np.sum())} real rows of {b}" + (
-            f" (mask {mask_np.astype(int)})" if scattered else "")
-        cases.append(Case((pred, y, jnp.asarray(mask_np)), label))
+    for mask in [np.arange(8) < 5, np.ones(16, bool), np.arange(4) < 1, np.array([0, 0, 0, 1, 0, 1, 0, 1, 1, 1], bool)]:
+        pred, y = jnp.asarray(rng.normal(size=(2, mask.size)), jnp.float32)   # y in the padding rows too: not 0
+        cases.append(Case((pred, y, jnp.asarray(mask)), f"masked_mse with {mask.sum()} real rows of {mask.size}"
+                          + ("" if mask[0] else f" (mask {mask.astype(int)})")))
     cases.append(Case((jnp.ones(4), jnp.zeros(4), jnp.zeros(4, bool)), "masked_mse with no real rows at all (a "
                       "device that got only padding)"))
     engine = dict(solution=solution_masked_mse, mistakes=MISTAKES_05_3, name="masked_mse")

@@ -51,15 +51,17 @@ def _leaves(tree):
     return [(jax.tree_util.keystr(path), leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
-def _layout(leaf) -> str:
+def _layout(leaf, mesh) -> str:
     """How ``leaf`` is laid out, in words: ``on the host``, ``whole on devices [0, 1]``, ``in blocks of (3, 2) on
-    devices [7, 6, 5, 4]`` (in block order: ``placement``)."""
+    devices [7, 6, 5, 4]`` (in block order: ``placement``); and its mesh's axes and devices, if not ``mesh``'s."""
     if not isinstance(leaf, jax.Array):
         return "on the host"
-    if leaf.sharding.is_fully_replicated:
-        return f"whole {placement(leaf)}"
+    own, given = ((m.axis_names, m.device_ids.tolist()) for m in (getattr(leaf.sharding, "mesh", mesh), mesh))
+    other = "" if own == given else (f", on a mesh of its own (axes {own[0]}, devices {own[1]}; the mesh given: "
+                                     f"{given[0]}, {given[1]})")
     blocks = sorted({s.data.shape for s in leaf.addressable_shards})
-    return f"in blocks of {blocks[0] if len(blocks) == 1 else blocks} {placement(leaf)}"
+    how = "whole" if leaf.sharding.is_fully_replicated else f"in blocks of {blocks[0] if len(blocks) == 1 else blocks}"
+    return f"{how} {placement(leaf)}{other}"
 
 
 _PLACE_HINTS = {
@@ -91,8 +93,8 @@ def _placed(fn, case):
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise Mismatch(f"place should return a pair (params, batch); got {describe_tree(out)}.")
     values = tuple(jax.tree.map(lambda v: np.asarray(v) if hasattr(v, "shape") else v, part) for part in out)
-    return values + ([Said(f"{root}{name} {_layout(leaf)}") for root, part in zip(("params", "batch"), out)
-                      for name, leaf in _leaves(part)],)
+    return values + ([Said(f"{root}{name} {_layout(leaf, case.args[2])}") for root, part in
+                      zip(("params", "batch"), out) for name, leaf in _leaves(part)],)
 
 
 def _to_f32(tree):

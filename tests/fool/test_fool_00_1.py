@@ -15,7 +15,7 @@ WRONG = [
     ("default device", lambda x: jnp.asarray(x), "The result lives where converting an array leaves it"),
     ("device number", lambda x: jax.device_put(x, 3), "wants a Device object"),
     ("off by one", lambda x: jax.device_put(x, jax.devices()[2]), "expected on device 3, got on device 2"),
-    ("the device itself", lambda x: D3, "got Device"),
+    ("the device itself", lambda x: D3, "on_device_3 returned Device"),
     ("left on the host", lambda x: np.asarray(x), "The result is a NumPy array in host memory"),
     ("cast to float32", lambda x: jax.device_put(jnp.asarray(x, jnp.float32), D3), "dtype float32 where int32 was expected"),
     ("on every device", lambda x: jax.device_put(x, NamedSharding(Mesh(np.array(jax.devices()), "d"), P())),

@@ -17,7 +17,7 @@ def pieces(x, devices, rows):
 WRONG = [
     ("one piece short", lambda x, devs: [jax.device_put(x[i * (len(x) // len(devs)):(i + 1) * (len(x) // len(devs))],
                                                         devs[i]) for i in range(len(devs) - 1)],
-     "expected a list of 8 items, got a list of 7"),
+     "returned 7 items; expected a list of 8"),
     ("every device JAX has", lambda x, devs: pieces(x, jax.devices(), np.split(np.arange(len(x)), len(jax.devices()))),
      "fails on every case with fewer."),
     ("interleaved rows", lambda x, devs: [jax.device_put(x[i::len(devs)], d) for i, d in enumerate(devs)],
@@ -25,7 +25,7 @@ WRONG = [
     ("not placed", lambda x, devs: list(np.split(x, len(devs))), "The pieces are NumPy arrays in host memory"),
     ("device by position in jax.devices()",
      lambda x, devs: [jax.device_put(p, jax.devices()[i]) for i, p in enumerate(np.split(x, len(devs)))],
-     "expected on device 4, got on device 0"),
+     "expected pieces on: device 5, device 2, device 6, device 1, got pieces on: device 0, device 1"),
     ("stacked", lambda x, devs: jnp.stack(np.split(x, len(devs))), "expected a list of 8"),
     ("cast to half precision", lambda x, devs: [jax.device_put(p.astype(np.float16), d)
                                                 for p, d in zip(np.split(x, len(devs)), devs)], "dtype float16"),
@@ -33,7 +33,7 @@ WRONG = [
         jax.device_put(x[i * (len(x) // len(jax.devices())):(i + 1) * (len(x) // len(jax.devices()))], d)
         for i, d in enumerate(devs)], "where (3, 2) was expected"),
     ("all on the first device", lambda x, devs: [jax.device_put(p, devs[0]) for p in np.split(x, len(devs))],
-     "expected on device 1, got on device 0"),
+     "got pieces on: device 0, device 0"),
 ]
 RIGHT = [
     ("np.split", lambda x, devs: [jax.device_put(p, d) for p, d in zip(np.split(x, len(devs)), devs)]),

@@ -31,6 +31,8 @@ WRONG = [
         blocks(x), jnp.full((2,), s)).reshape(x.shape), "the scalar was mapped too"),
     ("the wrong two devices", lambda x, s: jax.pmap(lambda a, f: a * f, in_axes=(0, None), devices=jax.devices()[2:4])(
         blocks(x), s).reshape(x.shape), "expected the 2 devices with ids [0, 1]"),
+    ("the two devices reversed", lambda x, s: jax.pmap(lambda a, f: a * f, in_axes=(0, None), devices=TWO[::-1])(
+        blocks(x), s).reshape(x.shape), "lives on devices [1, 0], in block order"),
     ("interleaved, never put back", lambda x, s: jax.pmap(lambda a, f: a * f, in_axes=(0, None), devices=TWO)(
         x.reshape(-1, 2, *x.shape[1:]).swapaxes(0, 1), s).reshape(x.shape), "never put back in order"),
     ("the scalar fixed", lambda x, s: jax.pmap(lambda a: a * 2.0, devices=TWO)(blocks(x)).reshape(x.shape),

@@ -65,6 +65,12 @@ def stale_state(loss_fn, optimizer, params, opt_state, batch):
     return new_params, opt_state, jax.lax.pmean(loss, "devices")
 
 
+def no_params(loss_fn, optimizer, params, opt_state, batch):    # AdamW's weight decay reads the params
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+    updates, opt_state = optimizer.update(jax.lax.pmean(grads, "devices"), opt_state)
+    return optax.apply_updates(params, updates), opt_state, jax.lax.pmean(loss, "devices")
+
+
 def old_tree_map(loss_fn, optimizer, params, opt_state, batch):
     loss, grads = jax.value_and_grad(loss_fn)(params, batch)
     grads = jax.tree_map(lambda g: jax.lax.pmean(g, "devices"), grads)
@@ -87,6 +93,7 @@ WRONG = [
     (params_averaged, ["the average was taken AFTER the optimizer"]),
     (updates_averaged, ["the average was taken AFTER the optimizer", "of its updates, or of the new parameters"]),
     (stale_state, ["the one dp_step was given, unchanged"]),
+    (no_params, ["on 8 devices with AdamW", "not passing `params` when calling `update`"]),
     (old_tree_map, ["jax.tree_map was removed"]),
     (wrong_axis_name, ["raised NameError: Found an unbound axis name: batch. The axis is named 'devices'"]),
 ]
