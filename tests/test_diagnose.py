@@ -102,6 +102,12 @@ def test_an_answer_right_only_on_one_smaller_device_count_is_told_that_count_and
     assert "written" not in text and "fixed" not in text
 
 
+def test_a_zero_where_a_number_was_expected_is_said_once():
+    with pytest.raises(Mismatch) as e:
+        diagnose(lambda x: jnp.float32(0.0), [Case((np.float32(2.0),), "on 8 devices", n=8)], solution=lambda x: x / 2)
+    assert str(e.value) == "on 8 devices: expected 1, got 0."
+
+
 def test_a_label_that_starts_with_a_name_keeps_its_case():
     from course_lib.exercises._diagnose import _capital
     assert _capital("on 4 devices") == "On 4 devices"

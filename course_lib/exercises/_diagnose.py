@@ -134,7 +134,7 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
         feedback = named[0].feedback.replace("{n}", str(case.n)).replace("{label}", case.label)
         raise Mismatch(f"{case.label}: {shown}. {feedback}{''.join(raised[:1])}")
     both = diff.startswith("expected ") or shown == diff    # the diff says both sides
-    raise Mismatch(f"{case.label}: {diff if both else f'{shown}: {diff}'}.{where}")
+    raise Mismatch(f"{case.label}: {diff if both else shown if shown.endswith(diff) else f'{shown}: {diff}'}.{where}")
 
 
 def _off(got, expected, opts) -> str:
@@ -351,7 +351,7 @@ def difference(got, expected, *, n: int | None = None, rtol: float = 1e-5, atol:
             if _show(g) == _show(e):        # the values shown would agree: say where they differ instead
                 text += "" if "first at index" in text else f"; {_first_difference(g, e, rtol, atol)}"
             elif len(_show(g) + _show(e)) <= 160:                  # values, where a relation of values is told
-                text = f"expected {_show(e)}, got {_show(g)}: {text}"
+                text = f"expected {_show(e)}, got {_show(g)}" + ("" if text == f"got {_show(g)}" else f": {text}")
         if text is not None:
             return f"{_readable(path, names)}: {text}" if path and not isinstance(e, Said) else text
     return None
