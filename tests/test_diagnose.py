@@ -108,6 +108,13 @@ def test_a_zero_where_a_number_was_expected_is_said_once():
     assert str(e.value) == "on 8 devices: expected 1, got 0."
 
 
+def test_a_none_where_a_structure_was_expected_is_named_by_its_path():
+    with pytest.raises(Mismatch) as e:
+        diagnose(lambda x: (x, None), [Case((np.float32(2.0),), "on 8 devices", n=8)],
+                 solution=lambda x: (x, (x, x)), names=("params", "opt_state"))
+    assert "opt_state is None, where tuple(" in str(e.value)
+
+
 def test_a_label_that_starts_with_a_name_keeps_its_case():
     from course_lib.exercises._diagnose import _capital
     assert _capital("on 4 devices") == "On 4 devices"

@@ -347,3 +347,17 @@ def test_04_findings_of_the_learner_runs():
 
     fb = check("04.1", line_of_seven)
     assert "the ring is not closed" in fb.message and "names device 7" in fb.message
+
+
+def test_04_4_a_gather_that_runs_a_written_in_seven_hops_is_told_its_traffic():
+    def seven_hops(x, a):            # right values on every count (extra hops resend), 7 x V on 4 devices
+        n, me = jax.lax.axis_size(a), jax.lax.axis_index(a)
+        out, passing, owner = jnp.zeros((n,) + x.shape, x.dtype).at[me].set(x), x, me
+        for _ in range(7):
+            passing = jax.lax.ppermute(passing, a, [(i, (i + 1) % n) for i in range(n)])
+            owner = (owner - 1) % n
+            out = out.at[owner].set(passing)
+        return out
+
+    fb = check("04.4", seven_hops)
+    assert not fb and "on 4 devices your ring ran 7 ppermutes" in fb.message and "(N - 1) x V" in fb.message

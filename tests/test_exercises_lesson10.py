@@ -107,3 +107,16 @@ def test_no_hint_and_no_feedback_holds_the_solutions_code(id_):
     assert_hints_are_a_ladder(id_)
     feedback = check(id_, WRONG_ANSWERS[id_])
     assert not feedback and not code_from_solution(id_, feedback.message), feedback.message
+
+
+def test_10_2_an_untiled_scatter_and_gather_with_reshapes_passes():
+    from jax import lax
+
+    def untiled(params, grads, lr):
+        n, i, (r, c) = lax.axis_size("data"), lax.axis_index("data"), params.shape
+        g = lax.psum_scatter(grads.reshape(r, n, c // n).transpose(1, 0, 2), "data", tiled=False) / n
+        mine = params.reshape(r, n, c // n)[:, i, :] - lr * g
+        return lax.all_gather(mine, "data", to="invarying").transpose(1, 0, 2).reshape(r, c)
+
+    fb = check("10.2", untiled)
+    assert fb, fb.message

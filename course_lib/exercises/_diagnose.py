@@ -281,6 +281,8 @@ def _leaf(x) -> bool:
 
 def _pairs(got, expected, strict: bool, path: tuple = ()):
     """(path, got leaf, expected leaf) pairs, or a ``str`` saying how the structures differ."""
+    if got is None and not _leaf(expected) and path:       # a None where a structure was expected: named by its path
+        return [(path, got, expected)]
     if isinstance(expected, dict) and isinstance(got, dict) and set(got) == set(expected):
         children = [(k, got[k], expected[k]) for k in expected]
     elif isinstance(expected, (tuple, list)):
@@ -344,8 +346,8 @@ def difference(got, expected, *, n: int | None = None, rtol: float = 1e-5, atol:
         return pairs
     for path, g, e in sorted(pairs, key=lambda p: p[1] is not None):   # a None output first, by name
         if g is None and e is not None and path:
-            return f"{_readable(path, names)} is None, where {_describe_leaf(e) if _numbers(e) is not None else
-                                                              describe_tree(e)} was expected"
+            want = _describe_leaf(e) if _leaf(e) and _numbers(e) is not None else describe_tree(e)
+            return f"{_readable(path, names)} is None, where {want} was expected"
         text = _leaf_difference(g, e, n, rtol, atol, dtype)
         if text is not None and values and not text.startswith(("expected", "shape", "dtype", "one number")):
             if _show(g) == _show(e):        # the values shown would agree: say where they differ instead

@@ -285,8 +285,8 @@ def check_zero2_sgd(zero2_sgd):
         # The mechanism, read from the compiled program: each device must receive its block of the summed gradient.
         found = _collectives(_zero2_program(zero2_sgd, mesh, lr), (whole, grads), 4 * rows * c)
         ops = [x.op for x in found]
-        blocks = [x for x in found if x.op == "reduce-scatter" and len(x.shape) == 2
-                  and np.prod(x.shape) == rows * cols]
+        blocks = [x for x in found if x.op == "reduce-scatter"           # axes of size 1 aside (an untiled scatter)
+                  and sorted(d for d in x.shape if d != 1) == sorted((rows, cols))]
         if len(blocks) != ops.count("reduce-scatter") or not blocks or "all-reduce" in ops or "all-gather" not in ops:
             raise _not_the_mechanism(what, found, "gradient-sized collectives", f"ZeRO's are a reduce-scatter that "
                                      f"hands each device its ({rows}, {cols}) block of columns of the summed gradient, "

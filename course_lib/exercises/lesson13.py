@@ -20,10 +20,8 @@ HINTS = {
              "state's parts are arguments, and which are made inside the step and freed again?",
              "Lesson 10 counts the bytes per parameter that Adam's training state needs; section 1 of this lesson "
              "(abstract_state) shows which arrays FSDP splits over the chips and which stay whole on every chip.",
-             "Read it from a compile: section 1's abstract_state gives the step's arguments as ShapeDtypeStructs "
-             "(jax.tree.leaves and each leaf's .size and .dtype.itemsize count them, and each leaf's sharding names "
-             "what is split), and a compiled step's memory_analysis().argument_size_in_bytes is what the checker "
-             "compares with."],
+             "Section 1's abstract_state: the step's arguments, each a ShapeDtypeStruct with its sharding. A "
+             "compiled step's memory_analysis().argument_size_in_bytes is the number the checker compares with."],
 }
 
 # The checker's configurations: none is one the lesson shows. Shapes are multiples of the TPU's tiles (8 x 128)
