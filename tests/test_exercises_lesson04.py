@@ -361,3 +361,17 @@ def test_04_4_a_gather_that_runs_a_written_in_seven_hops_is_told_its_traffic():
 
     fb = check("04.4", seven_hops)
     assert not fb and "on 4 devices your ring ran 7 ppermutes" in fb.message and "(N - 1) x V" in fb.message
+
+
+def test_04_4_a_gather_that_sends_each_value_with_its_source_index_passes():
+    def with_index(x, a):            # two ppermutes a hop: the value, and the id of the device it came from
+        n, src, buf = jax.lax.axis_size(a), jax.lax.axis_index(a), x
+        out = jnp.zeros((n,) + x.shape, x.dtype).at[src].set(x)
+        for _ in range(n - 1):
+            left = [(j, (j - 1) % n) for j in range(n)]
+            buf, src = jax.lax.ppermute(buf, a, left), jax.lax.ppermute(src, a, left)
+            out = out.at[src].set(buf)
+        return out
+
+    fb = check("04.4", with_index)
+    assert fb, fb.message
