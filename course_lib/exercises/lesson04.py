@@ -390,11 +390,12 @@ def check_gather_all(gather_all):
     diagnose(gather_all, cases, solution=solution_gather_all, mistakes=MISTAKES_04_4, run=_runner("gather_all"))
     _ppermute_only(_program(gather_all, cases[-1].args[0]), "the gather", right=True)
     for n in sorted({c.n for c in cases}, reverse=True):     # extra hops change no value: read the traffic
-        try:                                                 # of a 256-byte x (an index sent along costs little)
-            said, sent, _ = _traffic(gather_all, np.ones((n, 64), np.float32))
+        xs = np.ones((n, 64), np.float32)                    # a 256-byte x: an index sent along costs little
+        try:
+            said, sent, _ = _traffic(gather_all, xs)
         except Mismatch:                                     # a loop the checker cannot count: not refused for it
             break
-        if sent >= n * 256:                                  # at least one whole x sent again
+        if sent >= n * xs[0].nbytes:                         # at least one whole x sent again
             raise Mismatch(f"right values, but {said}. A gather needs (N - 1) x V: each device receives the n - 1 "
                            "other values once, and the extra hops send values already there.")
     return "every device holds every device's value, in device order: an all-gather."
