@@ -200,7 +200,7 @@ def test_05_1_an_average_fixed_to_8_devices_fails_on_4_with_the_reason():
         return *update(optimizer, grads, opt_state, params), jax.lax.pmean(loss, "devices")
 
     fb = check("05.1", divide_by_8)
-    assert not fb and "on 4 devices with SGD with momentum: " in fb.message
+    assert not fb and "on 4 devices with SGD with momentum and a Huber loss: " in fb.message
     assert "divides by a fixed count, all the devices" in fb.message
 
 

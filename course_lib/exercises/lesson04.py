@@ -22,8 +22,9 @@ _ERRORS = {
     "unbound axis name": "Use the axis_name argument your function receives for every collective.",
     "not a valid JAX type": "A function run under pmap returns arrays (or tuples of them), not strings or other "
                             "Python objects: return the jax.numpy result itself.",
-    "Abstract tracer value": "Under pmap, jax.lax.axis_index is a traced value with no Python number yet: int() "
-                             "or an if on it fails. Keep it in JAX: index an array with it, or use .at[...].set.",
+    "Abstract tracer value": "Under pmap, x, what is computed from it, and jax.lax.axis_index are traced values with no "
+                             "Python number yet: float(), int() or an if on one fails. Keep them in JAX (jnp.where "
+                             "for an if; an array indexed with a traced index, or .at[...].set).",
     "perm was not hashable": "The perm of jax.lax.ppermute is one static Python list of every (source, destination) "
                              "pair, fixed when the function is traced; jax.lax.axis_index is a traced value and cannot "
                              "be in it. List the pairs of all n devices, with n = jax.lax.axis_size(axis_name).",
@@ -31,16 +32,16 @@ _ERRORS = {
 
 
 def _runner(name, pair=False):
-    """``run(fn, case)``: the per-device ``fn(x, "i")`` under pmap over the case's ``xs`` (n, ...). With ``pair``,
+    """``run(fn, case)``: the per-device ``fn(x, axis)`` under pmap over the case's ``(xs, axis)``. With ``pair``,
     a per-device array of shape (2, ...) stands for the pair it stacks."""
 
-    def per_device(x, fn):
-        out = fn(x, AXIS)
+    def per_device(x, fn, axis):
+        out = fn(x, axis)
         return (out[0], out[1]) if pair and getattr(out, "shape", ())[:1] == (2,) else out
 
     def run(fn, case):
-        (xs,), n = case.args, case.n
-        mapped = jax.pmap(lambda x: per_device(x, fn), axis_name=AXIS, devices=jax.devices()[:n])
+        (xs, axis), n = case.args, case.n
+        mapped = jax.pmap(lambda x: per_device(x, fn, axis), axis_name=axis, devices=jax.devices()[:n])
         try:
             return call(mapped, jnp.asarray(xs), name=f"pmap({name})", hints=_ERRORS)
         except Mismatch as e:
@@ -67,17 +68,18 @@ def _names_absent_devices(message: str, n: int) -> str:
 
 def _cases(shapes, seed=0, other_dtype=None, spread=0.0):
     """Per-device values that differ per device and per element (not exact in bfloat16), on 8, 4 and 2 devices,
-    for each shape; then, with ``other_dtype``, one more case on 4 devices in that dtype. ``spread`` shifts
-    device j's values by ``spread * j`` (shards with different means)."""
+    for each shape (the second's axis named "batch", not "i"); then, with ``other_dtype``, one more case on 4 devices
+    in that dtype. ``spread`` shifts device j's values by ``spread * j`` (shards with different means)."""
     rng = np.random.default_rng(seed)
     out = []
     for n in sorted({len(jax.devices()), 4, 2}, reverse=True):
-        for shape in shapes:
+        for k, shape in enumerate(shapes):
             xs = (rng.normal(size=(n,) + shape) * 3 + spread * np.arange(n).reshape((n,) + (1,) * len(shape)))
-            out.append(Case((xs.astype(np.float32),), f"on {n} devices, per-device shape {shape}", n=n))
+            out.append(Case((xs.astype(np.float32), "batch" if k == 1 else AXIS), f"on {n} devices, per-device "
+                            f"shape {shape}{", axis_name 'batch'" * (k == 1)}", n=n))
     if other_dtype is not None:
         xs = rng.integers(-9, 10, size=(4,) + shapes[-1]).astype(other_dtype)
-        out.append(Case((xs,), f"on 4 devices, per-device {np.dtype(other_dtype).name} values", n=4))
+        out.append(Case((xs, AXIS), f"on 4 devices, per-device {np.dtype(other_dtype).name} values", n=4))
     return out
 
 
@@ -396,8 +398,8 @@ def check_gather_all(gather_all):
         except Mismatch:                                     # a loop the checker cannot count: not refused for it
             break
         if sent >= n * xs[0].nbytes:                         # at least one whole x sent again
-            raise Mismatch(f"right values, but {said}. A gather needs (N - 1) x V: each device receives the n - 1 "
-                           "other values once, and the extra hops send values already there.")
+            raise Mismatch(f"right values, but {said}. A gather needs (N - 1) x V: each device receives each of the "
+                           "n - 1 other values once, one x per hop.")
     return "every device holds every device's value, in device order: an all-gather."
 
 
@@ -464,8 +466,9 @@ MISTAKES_04_5 = [
                  "jax.lax.all_gather (section 2) are the two phases you are rebuilding."])
 def check_ring_allreduce_chunked(ring_allreduce):
     rng = np.random.default_rng(5)
-    cases = [Case(((rng.normal(size=(n, 3 * n)) * 3).astype(np.float32),), f"on {n} devices, each x a vector of "
-                  f"{3 * n}", n=n) for n in sorted({len(jax.devices()), 4, 2}, reverse=True)]
+    cases = [Case(((rng.normal(size=(n, 3 * n)) * 3).astype(np.float32), "batch" if n == 4 else AXIS), f"on {n} "
+                  f"devices, each x a vector of {3 * n}{", axis_name 'batch'" * (n == 4)}", n=n)
+             for n in sorted({len(jax.devices()), 4, 2}, reverse=True)]
     diagnose(ring_allreduce, cases, solution=solution_ring_allreduce_chunked, mistakes=MISTAKES_04_5,
              run=_runner("ring_allreduce_chunked"), rtol=1e-5, atol=1e-5)
     reports = []

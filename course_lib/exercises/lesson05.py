@@ -50,6 +50,13 @@ def _first_copy(tree):   # a pmap result: every leaf a jax.Array with the device
     return jax.tree.map(lambda leaf: np.asarray(leaf.addressable_shards[0].data[0]), tree)
 
 
+def _moved(new, old):   # the update, new - old, where the structures match (a factor then reads as the update's)
+    try:
+        return jax.tree.map(lambda a, b: (a - np.asarray(b)).astype(a.dtype), _first_copy(new), old)
+    except (ValueError, TypeError):
+        return _first_copy(new)
+
+
 _STEP_HINTS = {"has no attribute 'tree_map'": "jax.tree_map was removed from JAX: use jax.tree.map.",
                "unbound axis name": f"The axis is named {AXIS!r}: use that name in the collective.",
                "not a valid JAX type": "A function run under pmap returns arrays (or pytrees of them), not strings "
@@ -58,13 +65,13 @@ _STEP_HINTS = {"has no attribute 'tree_map'": "jax.tree_map was removed from JAX
 
 def _stepped(fn, case):
     """One pmapped step of ``fn`` on the case: (do the copies agree, new params, new state (device 0's copies),
-    each device's loss). The loss function records the rows it sees: a gathered batch shows."""
-    optimizer, params, x, y, rows = case.args
+    each device's loss). The case's loss function records the rows it sees: a gathered batch shows."""
+    optimizer, params, x, y, rows, loss = case.args
     devs, seen, spy = jax.devices()[:case.n], [], _Spy(optimizer)
 
     def loss_fn(p, b):
         seen.append(np.shape(jax.tree.leaves(b)[0])[0] if jax.tree.leaves(b) else 0)
-        return regression_loss(p, b)
+        return loss(p, b)
 
     step = jax.pmap(functools.partial(fn, loss_fn, spy.transformation()), axis_name=AXIS, devices=devs)
     out = call(step, sharding.replicate(params, devs), sharding.replicate(optimizer.init(params), devs),
@@ -82,8 +89,10 @@ def _stepped(fn, case):
         raise Mismatch(f"dp_step should return a triple (new_params, new_opt_state, loss), as single_step does; got "
                        f"{describe_tree(out)}.")
     new_params, new_state, loss = out       # any order compares (a swapped triple is a mistake below)
+    if new_params is None:
+        raise Mismatch(f"new_params is None, where {describe_tree(params)} was expected.")
     return (_agree(new_params, "the parameters"), _agree(new_state, "the optimizer state"),
-            _first_copy(new_params), _first_copy(new_state), jax.tree.map(np.asarray, loss))
+            _moved(new_params, params), _first_copy(new_state), jax.tree.map(np.asarray, loss))
 
 
 def _step_with(grads_of=lambda g: jax.lax.pmean(g, AXIS), loss_of=lambda v: jax.lax.pmean(v, AXIS),
@@ -118,6 +127,9 @@ MISTAKES_05_1 = [
             "given: the step ignored its optimizer argument.",
             lambda lf, opt, p, s, b: _step_with()(lf, optax.sgd(0.1), p, optax.sgd(0.1).init(p), b)[:1]
             + _step_with()(lf, opt, p, s, b)[1:]),
+    Mistake("loss ignored", "The update is the one a mean squared error gives, not the one of the loss_fn dp_step "
+            "was given: the step ignored its loss_fn argument.",
+            lambda lf, *args: solution_dp_step(regression_loss, *args)),
     Mistake("own loss", "Each device returned the loss of its own shard, not the loss of the global batch: the "
             "loss needs the same average over the devices as the gradients.", _step_with(loss_of=lambda v: v)),
     Mistake("summed loss", "The loss returned is {n} times the loss of the global batch: the {n} per-device "
@@ -150,15 +162,17 @@ def check_dp_step(dp_step):
     # Device counts, feature counts, rows per device and optimizers (AdamW's weight decay reads the parameters)
     # vary, so that an answer that fixes any of them, or leaves one out, gives another number somewhere.
     cases = []
-    for n, d, rows, name, optimizer in [(len(jax.devices()), 3, 16, "SGD", optax.sgd(0.1)),
-                                        (len(jax.devices()), 3, 16, "AdamW", optax.adamw(0.1, weight_decay=0.5)),
-                                        (4, 4, 10, "SGD with momentum", optax.sgd(0.05, momentum=0.9)),
-                                        (2, 5, 8, "RMSprop", optax.rmsprop(0.01))]:
+    huber = lambda p, b: jnp.mean(optax.huber_loss(b["x"] @ p["w"] + p["b"], b["y"], delta=0.5))  # noqa: E731
+    for n, d, rows, name, optimizer, loss in [
+            (len(jax.devices()), 3, 16, "SGD", optax.sgd(0.1), regression_loss),
+            (len(jax.devices()), 3, 16, "AdamW", optax.adamw(0.1, weight_decay=0.5), regression_loss),
+            (4, 4, 10, "SGD with momentum and a Huber loss", optax.sgd(0.05, momentum=0.9), huber),
+            (2, 5, 8, "RMSprop", optax.rmsprop(0.01), regression_loss)]:
         x, y, _ = data.regression_data(n=rows * n, d=d, seed=n + d)
         params = {"w": jnp.asarray(np.linspace(-1, 1, d), jnp.float32), "b": jnp.float32(0.3)}
-        cases.append(Case((optimizer, params, x, y, rows), f"on {n} devices with {name}", n=n))
+        cases.append(Case((optimizer, params, x, y, rows, loss), f"on {n} devices with {name}", n=n))
     diagnose(dp_step, cases, solution=solution_dp_step, mistakes=MISTAKES_05_1, run=_stepped, rtol=1e-4,
-             atol=1e-6, names=("copies", "state copies", "new_params", "new_opt_state", "loss"))
+             atol=1e-6, names=("copies", "state copies", "the update of params", "new_opt_state", "loss"))
     return ("gradients averaged with pmean before the update, on 8, 4 and 2 devices with SGD, momentum, AdamW and "
             "RMSprop: the same update and the same optimizer state everywhere, so the copies stay identical.")
 
