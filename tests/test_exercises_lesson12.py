@@ -63,7 +63,7 @@ def _psum_gather(layer):
 
 
 @pytest.mark.parametrize("answer, expected", [
-    (lambda layer: layer, "still split over the devices"),
+    (lambda layer: layer, "the shape of this device's slice"),
     (lambda layer: jax.tree.map(lambda w: jax.lax.all_gather(w, "data", axis=0, tiled=True), layer), "whole leaf"),
     (lambda layer: jax.tree.map(lambda w: jax.lax.all_gather(w, "data", axis=w.ndim - 1), layer), "whole leaf"),
     (lambda layer: {**layer, "w_in": jax.lax.all_gather(layer["w_in"], "data", axis=1, tiled=True),

@@ -151,8 +151,9 @@ def check_local_part(local_part):
     reference = np.arange(8 * 3 * 2).reshape(8, 3, 2)  # private: each call gets its own copy
     cases = [Case((reference, devices, pid), f"local_part for process {pid} ({name})")
              for name, devices in layouts.items() for pid in sorted({d.process_index for d in devices})]
-    hints = {"out of bounds": "A device's id is a label, not its position: here process 1's devices have ids from "
-                              "2048 on (lesson 08, section 3). Use each device's position in the list."}
+    hints = {f"index {d.id} is out of bounds": "A device's id is a label, not its position: here process 1's devices "
+             "have ids from 2048 on (lesson 08, section 3). Use each device's position in the list."
+             for ds in layouts.values() for d in ds if d.id >= 8}       # an id used as an index, not any bad index
     try:
         diagnose(local_part, cases, solution=solution_local_part, mistakes=MISTAKES_08_2, name="local_part",
                  run=lambda fn, c: _stacked(call(fn, c.args[0].copy(), list(c.args[1]), c.args[2], name="local_part",

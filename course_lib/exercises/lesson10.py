@@ -261,14 +261,14 @@ _SCATTER_HINTS = {
 def check_zero2_sgd(zero2_sgd):
     rng = np.random.default_rng(10)
     cases = []
-    for n, rows, cols, lr in [(len(jax.devices()), 3, 2, 0.1), (4, 5, 3, 0.5), (2, 7, 5, 0.25)]:
+    for n, rows, cols, lr in [(len(jax.devices()), 3, 2, 0.1), (4, 5, 3, 0.5), (2, 7, 5, 0.1)]:
         mesh = Mesh(np.array(mixed_devices(n)), (AXIS,))
         params = rng.normal(size=(rows, n * cols)).astype(np.float32)
         local = rng.normal(size=(n, rows, n * cols)).astype(np.float32)    # device i's own gradient: local[i]
         grads = jax.device_put(local.reshape(n * rows, n * cols), NamedSharding(mesh, P(AXIS)))
         cases.append(Case((jax.device_put(params, NamedSharding(mesh, P())), grads, lr, mesh),
-                          f"zero2_sgd on {n} devices, a ({rows}, {n * cols}) matrix ({cols} columns per device), "
-                          "each device's update (its result - params)", n=n))
+                          f"zero2_sgd on {n} devices, lr {lr}, a ({rows}, {n * cols}) matrix ({cols} columns per "
+                          "device), each device's update (its result - params)", n=n))
     _RAN.clear()
     try:
         diagnose(zero2_sgd, cases, solution=solution_zero2_sgd, mistakes=MISTAKES_10_2, run=_zero2_run,

@@ -285,9 +285,9 @@ def _fsdp_grads(gather, mesh, specs=SPECS):
             if shape != whole:
                 stacked = len(shape) == len(whole) + 1 and np.prod(shape) == np.prod(whole)
                 raise Mismatch(f"{said} with shape {shape}; the whole leaf is {whole}: " + (
-                    "this device's slice, still split over the devices. Inside shard_map each device holds only "
-                    "its slice: a sharding change such as jax.reshard or device_put does nothing there, and returns "
-                    "the slice unchanged." if shape == came else
+                    "the shape of this device's slice. Inside shard_map every leaf, vectors too, arrives as a slice, "
+                    "and only a collective that joins the slices makes it whole (a sharding change such as "
+                    "jax.reshard or device_put does not, there)." if shape == came else
                     f"the {n} slices came back stacked along a new axis instead of joined. See jax.lax.all_gather's "
                     "tiled option (lesson section 4, where gather_layer uses it)." if stacked else
                     "the slices are joined along the last axis, the one that was split."))
