@@ -230,10 +230,13 @@ def exercises() -> dict[str, Exercise]:
 
 
 def _get(id: str) -> Exercise:
-    all_ = exercises()
-    if id not in all_:
+    all_, key = exercises(), re.sub(r"^(\d)\.", r"0\1.", str(id).strip())    # " 7.1" is "07.1"
+    if callable(id):
+        raise TypeError(f"the exercise id comes first: check(\"NN.k\", your_function), hint(\"NN.k\"); got "
+                        f"{getattr(id, '__name__', 'a function')} as the id.")
+    if key not in all_:
         raise KeyError(f"there is no exercise {id!r}; the exercises are {', '.join(all_)}")
-    return all_[id]
+    return all_[key]
 
 
 # How many hints this kernel has shown per exercise (the hint ladder's place). Attempts and passes are in the

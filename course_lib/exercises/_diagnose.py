@@ -117,11 +117,11 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
         raise type(error)(f"{case.label}: {text}{'' if text.endswith(('.', '?', '!')) else '.'}{where}") from None
     _, expected, got, diff = next(r for r in rows if r[0] is case)
     # a factor is the device count's only if it follows n: not if a case with another count shows the same factor
-    size = re.search(r"(?<![\d.])[\d.]+x too \w+", diff or "")
-    n = None if size and any(re.search(rf"(?<![\d.]){re.escape(size[0])}", d) for c, _, _, d in rows
-                             if d is not None and c.n != case.n) else case.n
-    diff = difference(got, expected, n=n, **opts)
     named = _confirmed(mistakes, rows, run, opts, keys)       # on the cases that ran: their numbers confirm it or not
+    size = re.search(r"(?<![\d.])[\d.]+x too \w+", diff or "")    # a named mistake says its own cause
+    n = None if len(named) == 1 or size and any(re.search(rf"(?<![\d.]){re.escape(size[0])}", d) for c, _, _, d
+                                                in rows if d is not None and c.n != case.n) else case.n
+    diff = difference(got, expected, n=n, **opts)
     raised = [f" {_capital(c.label)}, it raised: {str(e).rstrip()}" for c, e in failed if e is not None]
     where = "".join(raised[:1]) or where
     shown = f"expected {_show(expected)}, got {_show(got)}"

@@ -83,6 +83,8 @@ def _ids_and_set(fn, case):
         raise Mismatch("device_ids changed the set that a.devices() returns (a set's pop or remove takes the "
                        "element out): JAX keeps that set with the array's sharding, so later code would see a "
                        "device missing. Read the set without changing it.")
+    if isinstance(got, (jax.Array, np.ndarray)) and got.ndim == 1 and np.issubdtype(got.dtype, np.integer):
+        got = [int(i) for i in np.asarray(got)]      # ids in an integer array (int32 in JAX): the same ids
     ints = isinstance(got, (list, tuple, set, frozenset)) and all(
         isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in got)
     if isinstance(got, (set, frozenset)):           # what came back against what is asked, no guessed cause
@@ -92,6 +94,8 @@ def _ids_and_set(fn, case):
         shown = f"a {type(got).__name__}, which gives its items one at a time when looped over"
     elif isinstance(got, (list, tuple)) and got and all(isinstance(i, str) for i in got):
         shown = f"{list(got)!r}, ids as strings"
+    elif isinstance(got, (list, tuple)) and any(i is None or isinstance(i, float) for i in got):
+        shown = repr(list(got))
     else:                                           # ids as one array: an order or a count shows as such
         return np.array(got, dtype=np.int64) if ints and got else got
     raise Mismatch(f"returned {shown}; expected a list of ints in ascending order, {solution_device_ids(a)}.")

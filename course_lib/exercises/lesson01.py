@@ -50,6 +50,9 @@ MISTAKES_01_1 = [
             lambda x, devs: [jax.device_put(x[i::len(devs)], d) for i, d in enumerate(devs)]),
     Mistake("left on the host", "The pieces are NumPy arrays in host memory: they never reached a device.",
             lambda x, devs: np.split(x, len(devs))),
+    Mistake("columns split", "Each piece holds every row and some of the columns: x was split along axis 1, where "
+            "each device takes a run of rows (axis 0).",
+            lambda x, devs: [jax.device_put(p, d) for p, d in zip(np.array_split(x, len(devs), axis=1), devs)]),
 ]
 
 
@@ -141,5 +144,6 @@ def check_norms_on_devices(norms_on_devices):
                            "is partitioned": rows, "squeeze out": rows}))
     for case, got in zip(cases, results):
         expect_pmapped(norms_on_devices, got, case.args, devices[:case.n], what=case.label, name="norms_on_devices",
-                       how=f"so that each of the {case.n} rows is computed on its own device", work=[NORM])
+                       how=f"so that each of the {case.n} rows is computed on its own device", work=[NORM],
+                       in_order=True)
     return "one program, one row per device, the results spread over the devices."

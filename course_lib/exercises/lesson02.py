@@ -86,7 +86,7 @@ def check_sum_of_squares(sum_of_squares):
                        name="sum_of_squares", rtol=1e-4)
     for case, got in zip(cases, results):
         maps = expect_pmapped(sum_of_squares, got, case.args, devices[:case.n], what=case.label,
-                              name="sum_of_squares", how="each device summing its own block")
+                              name="sum_of_squares", how="each device summing its own block", in_order=True)
         shapes = [tuple(v.aval.shape) for e in maps for v in e.outvars]
         if (case.n,) not in shapes:
             raise Mismatch(f"{case.label} has the right values, but the pmap returned shape "

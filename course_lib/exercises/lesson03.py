@@ -175,7 +175,7 @@ def check_device_axis_last(device_axis_last):
     for case, got in zip(cases, results):
         maps = expect_pmapped(device_axis_last, got, case.args, devices[:case.n], what=case.label,
                               name="device_axis_last", how="putting the device axis last itself",
-                              work=[({"mul", "add"}, "doubling")])
+                              work=[({"mul", "add"}, "doubling")], in_order=True)
         if not any(len(tuple(s)) >= 2 and tuple(s)[0] is None and tuple(s)[1] is not None
                    for m in maps for s in m.params["out_specs"]):
             raise Mismatch(f"{case.label} has the right values, but pmap stacked the results along axis 0 and the axes "

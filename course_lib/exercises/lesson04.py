@@ -22,8 +22,8 @@ _ERRORS = {
     "unbound axis name": "Use the axis_name argument your function receives for every collective.",
     "not a valid JAX type": "A function run under pmap returns arrays (or tuples of them), not strings or other "
                             "Python objects: return the jax.numpy result itself.",
-    "Abstract tracer value": "Under pmap, x, what is computed from it, and jax.lax.axis_index are traced values with no "
-                             "Python number yet: float(), int() or an if on one fails. Keep them in JAX (jnp.where "
+    "Abstract tracer value": "Under pmap, x, what is computed from it, and jax.lax.axis_index are traced values with "
+                             "no Python number yet: float(), int() or an if on one fails. Keep them in JAX (jnp.where "
                              "for an if; an array indexed with a traced index, or .at[...].set).",
     "perm was not hashable": "The perm of jax.lax.ppermute is one static Python list of every (source, destination) "
                              "pair, fixed when the function is traced; jax.lax.axis_index is a traced value and cannot "

@@ -92,6 +92,9 @@ def _placed(fn, case):
                        "whole on every device.") from None
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         raise Mismatch(f"place should return a pair (params, batch); got {describe_tree(out)}.")
+    for name, part, given in zip(("params", "batch"), out, case.args):
+        if part is None:
+            raise Mismatch(f"{name} is None, where {describe_tree(given)} was expected.")
     values = tuple(jax.tree.map(lambda v: np.asarray(v) if hasattr(v, "shape") else v, part) for part in out)
     return values + ([Said(f"{root}{name} {_layout(leaf, case.args[2])}") for root, part in
                       zip(("params", "batch"), out) for name, leaf in _leaves(part)],)

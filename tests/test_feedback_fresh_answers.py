@@ -1,0 +1,94 @@
+"""Answers from the seventh and eighth hidden testers' sets: each once passed falsely, was refused, or was told a
+cause it did not make."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from course_lib.exercises import check
+from course_lib.exercises.lesson05 import solution_dp_step
+from course_lib.exercises.lesson10 import solution_zero2_sgd
+
+
+def test_a_lesson04_answer_that_writes_the_axis_name_i_fails_and_is_told_to_use_its_argument():
+    def rotate_right(x, axis_name):
+        n = jax.lax.axis_size("i")
+        return jax.lax.ppermute(x, "i", [(j, (j + 1) % n) for j in range(n)])
+
+    fb = check("04.3", rotate_right)
+    assert not fb and "axis_name 'batch'" in fb.message and "Use the axis_name argument" in fb.message
+
+
+def test_a_traced_value_used_as_a_number_is_not_blamed_on_axis_index_alone():
+    fb = check("04.1", lambda x, axis_name: float(x))
+    assert not fb and "x, what is computed from it, and jax.lax.axis_index" in fb.message
+
+
+def test_05_1_an_answer_that_ignores_loss_fn_is_named_and_a_factor_is_the_updates():
+    def own_mse(loss_fn, optimizer, params, opt_state, batch):
+        mse = lambda p, b: jnp.mean((b["x"] @ p["w"] + p["b"] - b["y"]) ** 2)  # noqa: E731
+        return solution_dp_step(mse, optimizer, params, opt_state, batch)
+
+    fb = check("05.1", own_mse)
+    assert not fb and "Huber loss" in fb.message and "ignored its loss_fn argument" in fb.message
+
+    fb = check("05.1", lambda lf, *args: solution_dp_step(lambda p, b: 2 * lf(p, b), *args))
+    assert not fb and "the update of params" in fb.message and "2x too large" in fb.message    # SGD, 8 devices
+    fb = check("05.1", lambda lf, opt, p, s, b: (None,) + solution_dp_step(lf, opt, p, s, b)[1:])
+    assert not fb and "new_params is None, where dict" in fb.message
+
+
+@pytest.mark.parametrize("id, fn", [
+    ("01.3", lambda x: jax.pmap(lambda r: jnp.linalg.norm(r), devices=jax.devices()[:x.shape[0]][::-1])(x)),
+    ("02.2", lambda xs: jax.pmap(lambda b: jnp.sum(b ** 2), devices=jax.devices()[:xs.shape[0]][::-1])(xs)),
+    ("03.3", lambda xs: jax.pmap(lambda r: 2 * r, out_axes=1, devices=jax.devices()[:xs.shape[0]][::-1])(xs)),
+])
+def test_pmap_on_the_devices_reversed_is_refused_where_block_k_belongs_on_device_k(id, fn):
+    fb = check(id, fn)
+    assert not fb and "expected block k on the k-th of the devices [0, 1" in fb.message
+
+
+def test_00_2_ids_in_a_jax_array_pass_and_a_none_among_them_is_shown():
+    assert check("00.2", lambda a: jnp.array(sorted(d.id for d in a.devices())))
+    fb = check("00.2", lambda a: sorted(d.id for d in a.devices())[:1] + [None])
+    assert not fb and "returned [3, None]; expected a list of ints" in fb.message
+
+
+def test_01_1_columns_split_is_named_without_the_device_count():
+    fb = check("01.1", lambda x, ds: [jax.device_put(p, d) for p, d in zip(np.array_split(x, len(ds), axis=1), ds)])
+    assert not fb and "split along axis 1" in fb.message and "device count" not in fb.message
+
+
+@pytest.mark.parametrize("k, name", [(0, "params"), (1, "batch")])
+def test_06_1_a_pair_with_one_none_names_it(k, name):
+    def place(params, batch, mesh):
+        out = [jax.device_put(params, jax.NamedSharding(mesh, jax.P())),
+               jax.device_put(batch, jax.NamedSharding(mesh, jax.P("i")))]
+        out[k] = None
+        return tuple(out)
+
+    fb = check("06.1", place)
+    assert not fb and f"{name} is None, where dict" in fb.message
+
+
+def test_08_2_a_bad_position_is_not_explained_as_a_device_id():
+    def by_position(batch, devices, process_index):
+        return batch[:, [i for i, d in enumerate(devices) if d.process_index == process_index]]
+
+    fb = check("08.2", by_position)
+    assert not fb and "out of bounds for axis 1" in fb.message and "label, not its position" not in fb.message
+    fb = check("08.2", lambda batch, devices, p: np.stack([batch[d.id] for d in devices if d.process_index == p]))
+    assert not fb and "label, not its position" in fb.message
+
+
+def test_10_2_a_fixed_lr_is_not_put_down_to_the_device_count():
+    fb = check("10.2", lambda params, grads, lr: solution_zero2_sgd(params, grads, 0.1))
+    assert not fb and "lr 0.5" in fb.message and "right only on" not in fb.message
+
+
+def test_check_names_swapped_arguments_and_reads_a_short_id():
+    with pytest.raises(TypeError, match="the exercise id comes first"):
+        check(lambda x: x, "00.1")
+    assert check(" 7.1", None).exercise == "07.1"
