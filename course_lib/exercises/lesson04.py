@@ -76,7 +76,7 @@ def _cases(shapes, seed=0, other_dtype=None, spread=0.0):
         for k, shape in enumerate(shapes):
             xs = (rng.normal(size=(n,) + shape) * 3 + spread * np.arange(n).reshape((n,) + (1,) * len(shape)))
             out.append(Case((xs.astype(np.float32), "batch" if k == 1 else AXIS), f"on {n} devices, per-device "
-                            f"shape {shape}{", axis_name 'batch'" * (k == 1)}", n=n))
+                            f"shape {shape}" + ", axis_name 'batch'" * (k == 1), n=n))
     if other_dtype is not None:
         xs = rng.integers(-9, 10, size=(4,) + shapes[-1]).astype(other_dtype)
         out.append(Case((xs, AXIS), f"on 4 devices, per-device {np.dtype(other_dtype).name} values", n=4))
@@ -467,7 +467,7 @@ MISTAKES_04_5 = [
 def check_ring_allreduce_chunked(ring_allreduce):
     rng = np.random.default_rng(5)
     cases = [Case(((rng.normal(size=(n, 3 * n)) * 3).astype(np.float32), "batch" if n == 4 else AXIS), f"on {n} "
-                  f"devices, each x a vector of {3 * n}{", axis_name 'batch'" * (n == 4)}", n=n)
+                  f"devices, each x a vector of {3 * n}" + ", axis_name 'batch'" * (n == 4), n=n)
              for n in sorted({len(jax.devices()), 4, 2}, reverse=True)]
     diagnose(ring_allreduce, cases, solution=solution_ring_allreduce_chunked, mistakes=MISTAKES_04_5,
              run=_runner("ring_allreduce_chunked"), rtol=1e-5, atol=1e-5)
