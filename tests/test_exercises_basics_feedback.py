@@ -87,14 +87,14 @@ WRONG = {
          "expected pieces on: device 5, device 2, device 6, device 1, got pieces on: device 0"),
         ("n from jax.devices()", lambda x, ds: [jax.device_put(x[i * (len(x) // 8):(i + 1) * (len(x) // 8)], d)
                                                 for i, d in enumerate(jax.devices())],
-         "It is right only on the cases with all 8 devices"),
+         "It is right in the other case; wrong also in"),
         ("not placed", lambda x, ds: np.split(x, len(ds)), "The pieces are NumPy arrays in host memory"),
         ("float16", lambda x, ds: [jax.device_put(p.astype(np.float16), d) for p, d in zip(np.split(x, len(ds)), ds)],
          "dtype float16"),
         ("pieces stacked", lambda x, ds: jnp.stack([jax.device_put(p, d) for p, d in zip(np.split(x, len(ds)), ds)]),
          "cannot combine them: return them as they are, in a list"),
         ("8 pieces hard-coded", lambda x, ds: [jax.device_put(p, d) for p, d in zip(np.split(x, 8), ds)],
-         "fails on every case with fewer."),
+         "It is right in the other case; wrong also in"),
     ],
     "01.2": [
         ("no vmap", lambda x: jnp.linalg.norm(x, axis=1), "no jax.vmap ran"),

@@ -329,7 +329,7 @@ def describe(x) -> str:
     if isinstance(x, jax.ShapeDtypeStruct):
         return f"ShapeDtypeStruct {np.dtype(x.dtype).name}{list(x.shape)} (a shape and dtype only, with no values)"
     if hasattr(x, "shape") and hasattr(x, "dtype"):
-        kind = "Array" if isinstance(x, jax.Array) else type(x).__name__
+        kind = "Array" if isinstance(x, jax.Array) else "NumPy" if isinstance(x, np.generic) else type(x).__name__
         try:
             return f"{kind} {np.dtype(x.dtype).name}{list(x.shape)}"
         except TypeError:

@@ -169,15 +169,15 @@ def _capital(label: str) -> str:
 
 
 def _where(cases, right_on, failed) -> str:
-    """Where the answer is right and where it fails; and when that splits by a device count above 1, the count (not a
-    cause: the cases vary other things with the count)."""
+    """Where the answer is right and where it fails; and when that splits by a device count above 1, two cases or more
+    right, the count (not a cause: the cases vary other things with the count; one case is no evidence)."""
     if not right_on:
         return ""
     k = len(right_on)
     text = " It is right in the other case" if k == 1 else f" It is right in the other {k} cases"
     text += "." if len(failed) == 1 else f"; wrong also in: {', '.join(c.label for c, _ in failed[1:])}."
     counts, total = {c.n for c in cases if c.label in right_on}, len(jax.devices())
-    if len(counts) == 1 and counts != {1} and None not in counts and all(c.n not in (None, *counts) for c, _ in failed):
+    if k > 1 and len(counts) == 1 and counts != {1} and None not in counts and all(c.n not in (None, *counts) for c, _ in failed):
         text += (f" It is right only on the cases with all {total} devices and fails on every case with fewer."
                  if counts == {total} else f" It is right only on the cases with {counts.pop()} devices and fails "
                  "on every case with another count.")

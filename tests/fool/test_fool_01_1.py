@@ -19,7 +19,7 @@ WRONG = [
                                                         devs[i]) for i in range(len(devs) - 1)],
      "returned 7 items; expected a list of 8"),
     ("every device JAX has", lambda x, devs: pieces(x, jax.devices(), np.split(np.arange(len(x)), len(jax.devices()))),
-     "fails on every case with fewer."),
+     "It is right in the other case; wrong also in"),
     ("interleaved rows", lambda x, devs: [jax.device_put(x[i::len(devs)], d) for i, d in enumerate(devs)],
      "every n-th row"),
     ("not placed", lambda x, devs: list(np.split(x, len(devs))), "The pieces are NumPy arrays in host memory"),
