@@ -183,7 +183,7 @@ def _names(fn) -> dict:
     import, or ``f = jax.f``) rather than as jax.<name>."""
     code = getattr(fn, "__code__", None)
     if code is None:
-        return set()
+        return {}
     names = dict(getattr(fn, "__globals__", {}))
     for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
         with contextlib.suppress(ValueError):          # an empty cell

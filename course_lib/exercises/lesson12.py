@@ -6,8 +6,6 @@ and the collectives in the compiled program (``compiled_collectives``, the metho
 ``collectives_per_step``; its counts are the CPU compiler's).
 """
 
-from __future__ import annotations
-
 import functools
 
 import jax
@@ -51,11 +49,6 @@ HINTS = {
 
 def _mesh(n: int):
     return jax.make_mesh((n,), (AXIS,), devices=jax.devices()[:n])
-
-
-def _sizes() -> list[int]:
-    n = len(jax.devices())
-    return [n] + [k for k in (4, 2) if k < n]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -352,7 +345,8 @@ MISTAKES_12_2 = [
 @exercise("12.2", "Gather one layer's weights inside the scan (FSDP)", solution=solution_gather_layer,
           returns="a dict like `layer`, each leaf whole (its last axis n_devices times longer)")
 def check_gather_layer(gather_layer):
-    cases = [Case((), f"on {n} devices", n=n) for n in _sizes()]
+    every = len(jax.devices())
+    cases = [Case((), f"on {n} devices", n=n) for n in [every] + [k for k in (4, 2) if k < every]]
     diagnose(gather_layer, cases, solution=solution_gather_layer, mistakes=MISTAKES_12_2, run=_gather_runner,
              name="gather_layer", rtol=1e-4, atol=1e-6, names=("the gradient of params", "the loss"))
     return ("each layer is gathered whole inside the scan, the compiled step holds all-gathers and their transposes, "
@@ -461,13 +455,11 @@ def _or_none(thunk):
 def _whole(value):
     """``value`` as an int when it is one whole number: a Python, NumPy or JAX scalar or 0-d array (3, 3.0,
     np.int64(3), jnp.float32(3)); otherwise None."""
-    if isinstance(value, (bool, np.bool_)) or np.ndim(value) != 0:
-        return None
     try:
         number = np.asarray(value)
     except Exception:  # noqa: BLE001: a learner's value of any type
         return None
-    if number.dtype == bool or not np.issubdtype(number.dtype, np.number) or not np.isfinite(number):
+    if number.ndim or not np.issubdtype(number.dtype, np.number) or not np.isfinite(number):   # bool: no number
         return None
     return int(number) if float(number).is_integer() else None
 

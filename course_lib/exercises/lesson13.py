@@ -7,8 +7,6 @@ missing it says so, as feedback. The compiling is ``course_lib.tpu_pod``'s; its 
 so a second answer is checked without compiling again.
 """
 
-from __future__ import annotations
-
 import numpy as np
 
 from ..tpu_pod import install_hint, measure_state_bytes, tpu_compiler_missing
