@@ -123,7 +123,9 @@ def test_08_3_a_mesh_of_its_own_is_refused_and_told_to_use_the_given_one():
             (size(mesh),), ("data",)), P("data")), rows, (rows.shape[0] * jax.process_count(), *rows.shape[1:]))
     fb = check("08.3", own(lambda mesh: mesh.size))        # the first devices, as many as the mesh's
     assert not fb and "[5, 2, 6, 1, 3, 4, 0, 7], got split as P('data',) over devices [0, 1, 2, 3, 4," in fb.message
-    fb = check("08.3", own(lambda mesh: jax.device_count()))
+    fb = check("08.3", own(lambda mesh: jax.device_count()))      # a one-process job's devices are the mesh's
+    assert not fb and "[5, 2, 6, 1, 3, 4, 0, 7], got split as P('data',) over devices [0, 1, 2, 3, 4," in fb.message
+    fb = check("08.3", own(lambda mesh: 8))            # on 2 devices, 4 rows over a mesh of 8 of its own
     assert not fb and "not the mesh you were given: use that one" in fb.message and "nothing else" not in fb.message
 
 

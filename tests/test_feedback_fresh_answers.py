@@ -92,3 +92,27 @@ def test_check_names_swapped_arguments_and_reads_a_short_id():
     with pytest.raises(TypeError, match="the exercise id comes first"):
         check(lambda x: x, "00.1")
     assert check(" 7.1", None).exercise == "07.1"
+
+
+def test_08_3_a_process_count_read_from_the_mesh_passes_in_a_one_process_job_on_that_mesh():
+    def global_batch(local_rows, mesh):
+        processes = mesh.size // jax.local_device_count()      # the mesh spans every device of the job
+        sharding = jax.NamedSharding(mesh, jax.P("data"))
+        shape = (local_rows.shape[0] * processes, *local_rows.shape[1:])
+        return jax.make_array_from_process_local_data(sharding, local_rows, shape)
+
+    assert check("08.3", global_batch)
+
+
+def test_08_2_rows_as_a_tuple_pass_as_a_list_does():
+    assert check("08.2", lambda batch, devices, p: tuple(batch[i] for i, d in enumerate(devices)
+                                                         if d.process_index == p))
+
+
+def test_11_3_an_answer_that_lands_on_the_last_step_is_not_told_how_it_chose():
+    def after_the_largest_gap(trace):
+        ms = sorted(trace.markers, key=lambda m: m.start_us)
+        return max((b.start_us - a.start_us - a.dur_us, b.step) for a, b in zip(ms, ms[1:]))[1]
+
+    fb = check("11.3", after_the_largest_gap)
+    assert not fb and "whatever the durations" not in fb.message

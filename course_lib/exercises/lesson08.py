@@ -85,8 +85,8 @@ def solution_local_part(batch, devices, process_index):
 
 
 def _stacked(got):
-    """A list of rows stands for the array of them."""
-    if isinstance(got, list) and got and all(isinstance(r, np.ndarray) for r in got):
+    """A list (or tuple) of rows stands for the array of them."""
+    if isinstance(got, (list, tuple)) and got and all(isinstance(r, np.ndarray) for r in got):
         return np.stack(got)
     return got
 
@@ -107,7 +107,7 @@ MISTAKES_08_2 = [
             "processes whose devices sit in order: read each device's process_index instead of assuming an order.",
             lambda batch, devices, p: batch[p * (len(devices) // 2):(p + 1) * (len(devices) // 2)]),
     Mistake("whole batch", "It returns the whole batch, every process's rows; a process feeds only its own "
-            "devices. Which process owns a device is its process_index, whatever its id.",
+            "devices, those of the list given whose process_index is this process's.",
             lambda batch, devices, p: batch),
     Mistake("ids modulo the count", _IDS, _rows(lambda ds, p: [d.id % len(ds) for d in ds if d.process_index == p])),
     Mistake("sorted by id", "It returns the right rows in another order: keep mesh order, the order of the "
@@ -199,8 +199,8 @@ def _names(fn) -> dict:
 
 def _patched(calls, process=None, devices=()):
     """jax.make_array_from_process_local_data, each call recorded in ``calls`` as (sharding, rows, global shape).
-    With ``process``: as that process of a simulated 2-process job on ``devices``, where it returns what that
-    process would get (a ShapeDtypeStruct of the global shape; None asked for is both processes' rows)."""
+    With ``devices``, a simulated job on them: one process, or with ``process`` that process of 2, where it returns
+    what that process would get (a ShapeDtypeStruct of the global shape; None asked for is both processes' rows)."""
     real = jax.make_array_from_process_local_data
 
     def record(sharding, local_data, global_shape=None):
@@ -215,9 +215,9 @@ def _patched(calls, process=None, devices=()):
         return jax.ShapeDtypeStruct(global_shape, np.asarray(local_data).dtype)
 
     job = {}
-    if process is not None:
-        mine = [d for i, d in enumerate(devices) if i * 2 // len(devices) == process]
-        job = dict(process_count=lambda *a, **k: 2, process_index=lambda *a, **k: process,
+    if devices:
+        mine = [d for i, d in enumerate(devices) if process is None or i * 2 // len(devices) == process]
+        job = dict(process_count=lambda *a, **k: 1 + (process is not None), process_index=lambda *a, **k: process or 0,
                    local_device_count=lambda *a, **k: len(mine), local_devices=lambda *a, **k: list(mine),
                    device_count=lambda *a, **k: len(devices), devices=lambda *a, **k: list(devices))
     return mock.patch.multiple(jax, make_array_from_process_local_data=record, **job)
@@ -253,7 +253,7 @@ def _batch_runner(fn, case):
     calls = []
     if process is None:
         try:
-            with _patched(calls):
+            with _patched(calls, devices=list(mesh.devices.flat)):      # a job of one process, on the mesh
                 got = call(fn, full.copy(), mesh, name="global_batch", hints=_batch_hints(full, n))
         except Mismatch as e:       # a mesh of its own: its split is not the given mesh's
             own = [getattr(c[0], "mesh", mesh) for c in calls if getattr(c[0], "mesh", mesh) != mesh]

@@ -280,8 +280,10 @@ MISTAKES_11_3 = [
             "the step number the marker carries.", lambda t: int(np.argmax([m.dur_us for m in t.markers]))),
     Mistake("shortest", "You returned the shortest step: the stalled one took the longest.",
             lambda t: min(t.markers, key=lambda m: m.dur_us).step),
-    Mistake("first", "That is the first step's number, whatever the durations.", lambda t: t.markers[0].step),
-    Mistake("last", "That is the last step's number (the marker that starts latest), whatever the durations.",
+    Mistake("first", "That is the first step's number, on every case: the stalled step is the one whose marker "
+            "lasted longest.", lambda t: t.markers[0].step),
+    Mistake("last", "That is the last step's number (the marker that starts latest), on every case: the stalled "
+            "step is the one whose marker lasted longest.",
             lambda t: t.markers[-1].step),
     # (device 1's longest dispatch is the longest summed over the devices, by the cases' construction)
     Mistake("device 0's longest dispatch", _FROM_DEVICES, lambda t: _step_of_longest(t, _dispatch_durations(t, 0))),
