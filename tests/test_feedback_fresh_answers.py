@@ -116,3 +116,26 @@ def test_11_3_an_answer_that_lands_on_the_last_step_is_not_told_how_it_chose():
 
     fb = check("11.3", after_the_largest_gap)
     assert not fb and "whatever the durations" not in fb.message
+
+
+def test_an_answer_that_never_returns_is_stopped_with_a_verdict(monkeypatch):
+    import signal
+    import time
+
+    from course_lib import exercises
+
+    def never(*args):
+        try:
+            while True:
+                time.sleep(0.05)
+        except Exception:       # a learner's catch-all does not swallow the stop
+            return args[0]
+
+    monkeypatch.setattr(exercises, "LIMIT_S", 1)
+    paused = signal.setitimer(signal.ITIMER_REAL, 0)     # pytest-timeout's own alarm, if any: a limit is not nested
+    try:
+        fb = check("09.1", never)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, *paused)
+    assert not fb and "checking never took over 1 s" in fb.message and "never return" in fb.message
+    assert fb.message.count("took over") == 1

@@ -48,8 +48,10 @@ import inspect
 import io
 import pkgutil
 import re
+import signal
 import sys
 import textwrap
+import threading
 from typing import Any, Callable
 from unittest import mock
 
@@ -161,12 +163,15 @@ class Exercise:
         # then it is the learner's own output (a debug print); beside a failure the verdict is what counts.
         printed = io.StringIO()
         try:
-            with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()):
+            with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()), _time_limit(
+                    getattr(answer, "__name__", "your function")):
                 verdict = self.checker(answer)
             print(printed.getvalue(), end="")
             return Feedback(self.id, True, verdict)
         except Mismatch as e:               # a placeholder is not started, whatever wrapper reported it
             return Feedback(self.id, False, str(e), started=not (isinstance(e, _NotStarted) or _answer_is_stub[0]))
+        except _Stopped as e:
+            return Feedback(self.id, False, str(e))
         except Exception as e:  # a safety net: the answer broke the checker itself
             return Feedback(self.id, False, self._could_not_use(e))
         finally:
@@ -403,6 +408,33 @@ def _argument(x) -> str:
     if isinstance(x, (bool, int, float)) or (isinstance(x, str) and len(x) <= 20):
         return repr(x)
     return describe(x)
+
+
+LIMIT_S = 300   # a check still running after this long is stopped and reported (an answer that never returns)
+
+
+class _Stopped(BaseException):
+    """A check stopped by ``_time_limit``: it ends the check, past every ``except Exception`` on the way."""
+
+
+@contextlib.contextmanager
+def _time_limit(what: str):
+    """``_Stopped`` in the code run inside once it has run ``LIMIT_S`` s; in the main thread only (where signals
+    arrive; elsewhere no limit), and not again inside a call already limited."""
+    if threading.current_thread() is not threading.main_thread() or signal.getitimer(signal.ITIMER_REAL)[0]:
+        yield
+        return
+
+    def stop(*_):
+        raise _Stopped(f"checking {what} took over {LIMIT_S} s (a check takes seconds), and was stopped: {what} may "
+                       "never return. Call it once yourself on a small input.")
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, LIMIT_S)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def call(fn, *args, name: str | None = None, hints: dict[str, str] | None = None,
