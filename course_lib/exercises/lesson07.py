@@ -14,6 +14,7 @@ from ..hlo import compiled_collectives
 from . import (Case, Mismatch, Mistake, _inner, call, describe_tree, diagnose, exercise, expect_placed_on,
                placement, primitives, same, watch)
 from .lesson06 import AXIS, _mesh, _spec
+from .lesson12 import _or_none
 
 
 # ----------------------------------------------------------------------------------------------
@@ -40,36 +41,20 @@ def solution_ported(x, w, mesh):
 _SUMS = ("psum", "psum_invariant", "psum2", "reduce_scatter", "psum_scatter")
 
 
-@contextlib.contextmanager
-def _set_mesh_allowed(mesh):
-    """``mesh`` entered here, and ``jax.set_mesh`` a no-op inside: an answer that enters the mesh itself can then be
-    traced (JAX refuses set_mesh while a program is traced)."""
-    real = jax.set_mesh
-    with real(mesh), contextlib.ExitStack() as stack:
-        for m in (jax, jax.sharding):
-            if getattr(m, "set_mesh", None) is real:
-                stack.enter_context(mock.patch.object(m, "set_mesh", lambda *a, **k: contextlib.nullcontext()))
-        yield
-
-
 def _mesh_retry(mesh, build):
-    """``build()``; if JAX refused a set_mesh in it, ``build()`` again inside ``_set_mesh_allowed(mesh)`` (for an
-    answer that enters a mesh itself: JAX refuses set_mesh while a program is traced)."""
+    """``build()``; if JAX refused a set_mesh in it, ``build()`` again with ``mesh`` entered and ``jax.set_mesh`` a
+    no-op inside (for an answer that enters a mesh itself: JAX refuses set_mesh while a program is traced)."""
     try:
         return build()
     except Exception as e:  # noqa: BLE001: the learner's code; the second try raises what it raises
         if "set_mesh" not in str(e):
             raise
-        with _set_mesh_allowed(mesh):
-            return build()
-
-
-def _compiled_text(step, mesh, *args):
-    """The compiled program of ``step(*args)`` (a jitted function's own, else jit's), or None if it cannot be built."""
-    try:
-        return _mesh_retry(mesh, lambda: (step if hasattr(step, "lower") else jax.jit(step)).lower(*args).compile())
-    except Exception:  # noqa: BLE001: the learner's step; its own call reports its error
-        return None
+    real = jax.set_mesh
+    with real(mesh), contextlib.ExitStack() as stack:
+        for m in (jax, jax.sharding):
+            if getattr(m, "set_mesh", None) is real:
+                stack.enter_context(mock.patch.object(m, "set_mesh", lambda *a, **k: contextlib.nullcontext()))
+        return build()
 
 
 def _shard_maps(fn, *args, name, mesh):
@@ -313,21 +298,17 @@ def _cases(rng):
     """(devices, loss, params, batches, optimizer, label): another model, batch and optimizer in each case."""
     n0 = len(jax.devices())
     f32 = lambda *shape: rng.normal(size=shape).astype(np.float32)
-    cases = []
-    rows = 3 * n0
-    cases.append((n0, regression_loss, {"w": f32(4) * 0.5, "b": np.float32(0.3)},
-                  [(f32(rows, 4), f32(rows)) for _ in range(3)], optax.sgd(0.1), "plain SGD (learning rate 0.1)"))
-    rows = 4 * 4
-    cases.append((4, mlp_loss, {"w1": f32(5, 8) * 0.5, "b1": f32(8) * 0.1, "w2": f32(8, 3) * 0.5,
-                                "b2": np.zeros(3, np.float32)},
-                  [(f32(rows, 5), rng.integers(0, 3, size=rows).astype(np.int32)) for _ in range(3)],
-                  optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(0.05, weight_decay=0.1)),
-                  "gradient clipping (global norm 0.5) before AdamW (weight decay 0.1)"))
-    rows = 2 * 5
-    cases.append((2, image_loss, {"dense": {"kernel": f32(6, 4) * 0.3, "bias": np.zeros(4, np.float32)}},
-                  [(f32(rows, 2, 3), rng.integers(0, 4, size=rows).astype(np.int32)) for _ in range(3)],
-                  optax.sgd(0.05, momentum=0.9), "SGD with momentum 0.9"))
-    return cases
+    labels = lambda k, rows: rng.integers(0, k, size=rows).astype(np.int32)
+    return [(n0, regression_loss, {"w": f32(4) * 0.5, "b": np.float32(0.3)},
+             [(f32(3 * n0, 4), f32(3 * n0)) for _ in range(3)], optax.sgd(0.1), "plain SGD (learning rate 0.1)"),
+            (4, mlp_loss, {"w1": f32(5, 8) * 0.5, "b1": f32(8) * 0.1, "w2": f32(8, 3) * 0.5,
+                           "b2": np.zeros(3, np.float32)},
+             [(f32(4 * 4, 5), labels(3, 4 * 4)) for _ in range(3)],
+             optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(0.05, weight_decay=0.1)),
+             "gradient clipping (global norm 0.5) before AdamW (weight decay 0.1)"),
+            (2, image_loss, {"dense": {"kernel": f32(6, 4) * 0.3, "bias": np.zeros(4, np.float32)}},
+             [(f32(2 * 5, 2, 3), labels(4, 2 * 5)) for _ in range(3)], optax.sgd(0.05, momentum=0.9),
+             "SGD with momentum 0.9")]
 
 
 def _step_as(pcast=True, reduce=jax.lax.pmean, loss_reduce=jax.lax.pmean, new_state=True, check_vma=True,
@@ -470,7 +451,9 @@ def check_make_sharded_step(make_sharded_step):
                 raise Mismatch(f"the step {where} has no jax.shard_map in its program. This exercise asks for "
                                "the per-device form, where you write the collective yourself (the sharded-jit "
                                "form of lesson 07's last step is not it).")
-            compiled = _compiled_text(step, mesh, *args)
+            # a jitted step's own program, else jit's; None if it cannot be built
+            compiled = _or_none(lambda: _mesh_retry(mesh, lambda: (step if hasattr(step, "lower") else jax.jit(step))
+                                                    .lower(*args).compile()))
         if compiled is None:
             raise Mismatch(f"the step {where} computes the right values, but its program could not be compiled "
                            "from outside (jax.jit(step).lower(...)): the checker cannot read its collectives. "

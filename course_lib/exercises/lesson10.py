@@ -11,6 +11,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from .. import sharded_state
 from . import Case, Mismatch, Mistake, call, describe_tree, diagnose, exercise, is_placeholder, returned_none
 from .lesson12 import _or_none, _read_counts
 from .lesson08 import mixed_devices
@@ -59,7 +60,6 @@ HINTS = {
 
 def _collectives(f, args, min_bytes):
     """The collectives of ``f``'s compiled program whose buffers hold at least ``min_bytes`` (not the loss's scalar)."""
-    from .. import sharded_state
     return [c for c in sharded_state.collectives(f.lower(*args).compile().as_text()) if c.payload >= min_bytes]
 
 
@@ -149,7 +149,6 @@ def _bytes_runner(fn, case):
 @exercise("10.1", "Bytes per device for each ZeRO stage, from the formula", solution=solution_zero_bytes,
           returns="a dict {'params': bytes, 'grads': bytes, 'opt_state': bytes} per device")
 def check_zero_bytes(zero_bytes):
-    from .. import sharded_state
     from .lesson11 import _watch
     cases = [Case((p, n, stage), f"zero_bytes({p:_}, {n}, {stage!r})", n=n)
              for p, n in [(1_000_000_000, 8), (19_210, 4), (3_001, 2)] for stage in _SPLIT]
@@ -334,7 +333,6 @@ def _k3_model(d_in, hidden, d_out, seed):
 @functools.lru_cache(maxsize=None)
 def _k3_case(stage, n, per_device, d_in, hidden, d_out, optimizer_name):
     """One case of 10.3, built once per process: (make_step, state, batch, {K: memory parts})."""
-    from .. import sharded_state
     optimizer = {"adam": optax.adam(1e-3), "sgd+momentum": optax.sgd(0.1, momentum=0.9)}[optimizer_name]
     params, loss_fn = _k3_model(d_in, hidden, d_out, seed=n)
     mesh = sharded_state.data_mesh(jax.devices()[:n])
@@ -501,11 +499,8 @@ _NEEDS_WHOLE = ("loss_fn needs every parameter whole; each device holds only its
 def _gradient_all_reduces(found, slice_bytes):
     """The all-reduces of ``found`` that carry more than a scalar and the slices: a reduced gradient, whole or most
     of it."""
-    def non_scalar_bytes(c):
-        from .. import sharded_state
-        return sum(sharded_state._array_bytes(dt, shape) for dt, shape in
-                   (c.operands or ((c.dtype, c.shape),)) if shape)
-    return [c for c in found if c.op == "all-reduce" and non_scalar_bytes(c) > slice_bytes]
+    return [c for c in found if c.op == "all-reduce" and slice_bytes < sum(
+        sharded_state._array_bytes(dt, shape) for dt, shape in (c.operands or ((c.dtype, c.shape),)) if shape)]
 
 
 def _fsdp_run(make, case):
@@ -649,7 +644,6 @@ _K5 = (3, 5)
 def _compiled_counts():
     """``{(stage, k): ({op: runs per step}, [Collective])}`` for sharded_state's accumulated steps of a small MLP,
     read from the compiled programs: a collective inside the loop runs k times."""
-    from .. import sharded_state
     params, loss_fn = _k3_model(10, 24, 3, seed=5)
     n = len(jax.devices())
     optimizer = optax.adam(1e-3)
