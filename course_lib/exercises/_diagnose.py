@@ -108,7 +108,7 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
             failed.append((case, None))
     if not failed:
         return [got for _, _, got, _ in rows]
-    where = _where(cases, [c.label for c, _, _, d in rows if d is None], failed)
+    where = _where([c.label for c, _, _, d in rows if d is None], failed)
     case, error = failed[0]
     if isinstance(error, _NotStarted):
         raise error                         # a placeholder: the same 'no answer yet' words everywhere
@@ -168,20 +168,14 @@ def _capital(label: str) -> str:
     return label if re.match(r"\w*[_(]", label) else label[:1].upper() + label[1:]
 
 
-def _where(cases, right_on, failed) -> str:
-    """Where the answer is right and where it fails; and when that splits by a device count above 1, two cases or more
-    right, the count (not a cause: the cases vary other things with the count; one case is no evidence)."""
+def _where(right_on, failed) -> str:
+    """Where the answer is right and where it fails, by the cases' labels (no count or cause drawn from them: the
+    cases vary several things at once)."""
     if not right_on:
         return ""
     k = len(right_on)
     text = " It is right in the other case" if k == 1 else f" It is right in the other {k} cases"
-    text += "." if len(failed) == 1 else f"; wrong also in: {', '.join(c.label for c, _ in failed[1:])}."
-    counts, total = {c.n for c in cases if c.label in right_on}, len(jax.devices())
-    if k > 1 and len(counts) == 1 and counts != {1} and None not in counts and all(c.n not in (None, *counts) for c, _ in failed):
-        text += (f" It is right only on the cases with all {total} devices and fails on every case with fewer."
-                 if counts == {total} else f" It is right only on the cases with {counts.pop()} devices and fails "
-                 "on every case with another count.")
-    return text
+    return text + ("." if len(failed) == 1 else f"; wrong also in: {', '.join(c.label for c, _ in failed[1:])}.")
 
 
 def _confirmed(mistakes, rows, run, opts, keys) -> list[Mistake]:
@@ -420,7 +414,7 @@ def _shape_relation(g: np.ndarray, e: np.ndarray, n: int | None) -> str:
         for axis, (a, b) in enumerate(zip(g.shape, e.shape)):
             if a != b and a and b:
                 k = max(a, b) / min(a, b)
-                return text + f": axis {axis} is {k:.3g}x too {'long' if a > b else 'short'}{_factor(k, n)}"
+                return text + f": axis {axis} is {k:.3g}x too {'long' if a > b else 'short'}{_factor(k, n, a / b)}"
     if g.ndim == e.ndim + 1 and g.shape[1:] == e.shape:
         return text + f": an extra leading axis of {g.shape[0]}" + _factor(g.shape[0], n)
     if e.ndim == g.ndim + 1 and e.shape[1:] == g.shape:
@@ -428,8 +422,9 @@ def _shape_relation(g: np.ndarray, e: np.ndarray, n: int | None) -> str:
     return text
 
 
-def _factor(k: float, n: int | None) -> str:
-    """", a factor of the device count (4)" when ``k`` is one, or of the machine's device count."""
+def _factor(k: float, n: int | None, raw: float | None = None) -> str:
+    """", a factor of the device count (4)" when ``k`` is one, or of the machine's device count; ``raw``, the ratio
+    got / expected (``k`` or 1 / ``k``), says which way round a ratio of counts is."""
     if n is None or n <= 1:
         return ""
     total = len(jax.devices())
@@ -438,7 +433,8 @@ def _factor(k: float, n: int | None) -> str:
     if total != n and math.isclose(k, total, rel_tol=1e-4):
         return f", a factor of {total}, the count of all devices (this case has {n})"
     if total != n and (math.isclose(k, total / n, rel_tol=1e-4) or math.isclose(k, n / total, rel_tol=1e-4)):
-        return f", a factor {n}/{total} (this case's {n} devices against all {total})"
+        return (f", a factor {total}/{n} (all {total} devices against this case's {n})" if (raw or k) > 1 else
+                f", a factor {n}/{total} (this case's {n} devices against all {total})")
     if math.isclose(k, n / (n - 1), rel_tol=1e-4) or math.isclose(k, (n - 1) / n, rel_tol=1e-4):
         return f", a factor {n}/{n - 1} (the device count over itself minus one)"
     return ""
@@ -449,6 +445,7 @@ def relation(g: np.ndarray, e: np.ndarray, *, n: int | None = None, rtol: float 
     """How two same-shaped arrays of numbers differ, measured: a constant factor, an offset, a rounding, an
     order, a transpose; or how many values differ, and the largest difference."""
     g64, e64 = g.astype(np.float64), e.astype(np.float64)
+    wrong = ~np.isclose(g64, e64, rtol=rtol, atol=atol, equal_nan=True)   # by the exercise's own tolerance
     rtol, atol = max(rtol, 1e-4), max(atol, 1e-6)      # a relation holds to four digits
     close = lambda a, b: a.shape == b.shape and np.allclose(a, b, rtol=rtol, atol=atol)  # noqa: E731
     if np.isnan(g64).any() and not np.isnan(e64).any():
@@ -461,7 +458,7 @@ def relation(g: np.ndarray, e: np.ndarray, *, n: int | None = None, rtol: float 
                 return "the expected values negated (sign flipped)"
             sign = "" if k > 0 else "negated and "
             size = max(abs(k), 1 / abs(k))
-            return f"{sign}{size:.3g}x too {'large' if abs(k) >= 1 else 'small'}{_factor(size, n)}"
+            return f"{sign}{size:.3g}x too {'large' if abs(k) >= 1 else 'small'}{_factor(size, n, abs(k))}"
         if np.all(np.abs(g64) < 1e-12) and not np.all(nonzero == 0):
             return "got 0" if g64.ndim == 0 else "all zeros"
     offset = g64 - e64
@@ -487,7 +484,6 @@ def relation(g: np.ndarray, e: np.ndarray, *, n: int | None = None, rtol: float 
         if rel <= 8 * eps and held:
             return (f"the largest difference is {100 * rel:.2g}% of the largest value, within a few roundings "
                     f"to {half} (one rounding: {100 * eps:.2g}%)")
-    wrong = ~np.isclose(g64, e64, rtol=rtol, atol=atol, equal_nan=True)
     if 0 < rel <= 0.05:                                 # close, but not by any rounding named above
         count = f"{int(wrong.sum())} of {wrong.size} values differ; " if g.size > 1 else ""
         return f"{count}the largest difference is {100 * rel:.2g}% of the largest value"

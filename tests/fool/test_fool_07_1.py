@@ -134,7 +134,7 @@ def _fresh_port(reduce, swap=False):
 
 FRESH = [
     ("pmean times jax.device_count()", _fresh_port(lambda t: _jax.lax.pmean(t, "i") * _jax.device_count()),
-     "2x too large, a factor 4/8"),
+     "2x too large, a factor 8/4"),
     ("outputs swapped", _fresh_port(lambda t: _jax.lax.psum(t, "i"), swap=True), "The two outputs are swapped"),
     ("returns None", lambda x, w, m: None, "returned None: did it forget"),
     ("a list, not a tuple", lambda x, w, m: list(_ported(x, w, m)), None),
