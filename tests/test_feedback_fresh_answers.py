@@ -139,3 +139,33 @@ def test_an_answer_that_never_returns_is_stopped_with_a_verdict(monkeypatch):
         signal.setitimer(signal.ITIMER_REAL, *paused)
     assert not fb and "checking never took over 1 s" in fb.message and "never return" in fb.message
     assert fb.message.count("took over") == 1
+
+
+def test_02_2_sums_computed_before_an_identity_pmap_are_refused():
+    fb = check("02.2", lambda xs: jax.pmap(lambda t: t)(jnp.sum(jnp.asarray(xs) ** 2, axis=(1, 2))))
+    assert not fb and "no sum of squares runs inside its pmap" in fb.message
+
+
+def test_05_2_a_loop_over_a_flat_dict_fails_on_the_nested_tree():
+    def flat(replicated):
+        copies = [[np.asarray(s.data) for s in leaf.addressable_shards] for leaf in replicated.values()]
+        return max(float(np.max(np.abs(c - cs[0]))) for cs in copies for c in cs)
+
+    fb = check("05.2", flat)
+    assert not fb and "in a nested tree on 2 devices" in fb.message
+
+
+def test_07_1_two_shard_maps_are_refused():
+    def two(x, w, mesh):
+        h = jax.shard_map(lambda a, b: jnp.tanh(a @ b), mesh=mesh, in_specs=(jax.P("i"), jax.P()),
+                          out_specs=jax.P("i"))(x, w)
+        return h, jax.shard_map(lambda a: jax.lax.psum(a.sum(0), "i"), mesh=mesh, in_specs=jax.P("i"),
+                                out_specs=jax.P())(h)
+
+    fb = check("07.1", two)
+    assert not fb and "runs 2 shard_map(s)" in fb.message
+
+
+def test_05_1_another_optimizers_update_on_the_given_state_is_explained():
+    fb = check("05.1", lambda lf, opt, p, s, b: solution_dp_step(lf, optax.adam(0.1), p, s, b))
+    assert not fb and "an update of another optimizer cannot read it" in fb.message

@@ -85,8 +85,9 @@ def check_sum_of_squares(sum_of_squares):
     results = diagnose(sum_of_squares, cases, solution=solution_sum_of_squares, mistakes=MISTAKES_02_2,
                        name="sum_of_squares", rtol=1e-4)
     for case, got in zip(cases, results):
-        maps = expect_pmapped(sum_of_squares, got, case.args, devices[:case.n], what=case.label,
-                              name="sum_of_squares", how="each device summing its own block", in_order=True)
+        maps = expect_pmapped(sum_of_squares, got, case.args, devices[:case.n], what=case.label, in_order=True,
+                              name="sum_of_squares", how="each device summing its own block",
+                              work=[({"reduce_sum", "dot_general"}, "sum of squares")])
         shapes = [tuple(v.aval.shape) for e in maps for v in e.outvars]
         if (case.n,) not in shapes:
             raise Mismatch(f"{case.label} has the right values, but the pmap returned shape "
@@ -135,8 +136,9 @@ _READ_IN_PLACE = " Read the block the device already holds instead (section 3)."
 MISTAKES_02_3 = [
     Mistake("global index", "Indexing the global array (y[i]) computes the value on every device and copies it to "
             "all of them." + _READ_IN_PLACE, lambda y, i: y[i]),
-    Mistake("copied back", "It was computed elsewhere and copied to the device (an index into the global array, "
-            "then a device_put)." + _READ_IN_PLACE, lambda y, i: jax.device_put(y[i], jax.devices()[i])),
+    Mistake("copied back", "Building it ran a copy or a computation: the result is a new array on device i, not "
+            "the block that device already holds (an index into y then a device_put does this, as does arithmetic "
+            "on the block)." + _READ_IN_PLACE, lambda y, i: jax.device_put(y[i], jax.devices()[i])),
     Mistake("on the host", "It was copied to the host: return the jax.Array that the device holds.",
             lambda y, i: np.asarray(y)[i]),
     Mistake("device axis kept", "The extra leading axis of size 1 is pmap's device axis, which a shard's data "

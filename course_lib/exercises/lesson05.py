@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from .. import data, sharding
 from . import Case, Mismatch, Mistake, Said, call, describe_tree, diagnose, exercise, watch
 from .lesson02 import _moves_data
-from .lesson07 import _Spy
+from .lesson07 import _OWN_OPTIMIZER, _Spy
 
 AXIS = "devices"
 
@@ -57,7 +57,7 @@ def _moved(new, old):   # the update, new - old, where the structures match (a f
         return _first_copy(new)
 
 
-_STEP_HINTS = {"has no attribute 'tree_map'": "jax.tree_map was removed from JAX: use jax.tree.map.",
+_STEP_HINTS = {**_OWN_OPTIMIZER, "has no attribute 'tree_map'": "jax.tree_map was removed from JAX: use jax.tree.map.",
                "unbound axis name": f"The axis is named {AXIS!r}: use that name in the collective.",
                "not a valid JAX type": "A function run under pmap returns arrays (or pytrees of them), not strings "
                                        "or other Python objects: return the jax.numpy results."}
@@ -225,8 +225,11 @@ def _drift_cases():
             plant("b", 2, 0.1875, element=(1,))                  # the first leaf alone: 0.1875
         plant(worst_leaf, worst, -0.3751)                        # the answer: below the first copy, and
         # not a float16 number: an answer compared in a lower precision gives another one
-        yield Case((jax.device_put(copies, NamedSharding(sharding.device_mesh(jax.devices()[:n]), P(AXIS))),),
-                   f"{len(shapes)} leaves on {n} devices, copies that differ per device and per element", n=n)
+        last = list(copies)[-1]           # on 2 devices a nested tree (a dict and a list in it): any pytree
+        tree = copies if n > 2 else {"layer": {k: v for k, v in copies.items() if k != last}, last: [copies[last]]}
+        yield Case((jax.device_put(tree, NamedSharding(sharding.device_mesh(jax.devices()[:n]), P(AXIS))),),
+                   f"{len(shapes)} leaves{' in a nested tree' * (n == 2)} on {n} devices, copies that differ per "
+                   "device and per element", n=n)
 
 
 def _per_leaf(measure, leaves=slice(None), combine=max):

@@ -153,8 +153,8 @@ def _unchecked(run, fn, case, solution, refused):
         return got
     raise Mismatch("JAX refused an out_specs entry P() (the same on every device) for a value it types as varying "
                    "over 'i'; with check_vma off your numbers are right. A value is typed the same everywhere only "
-                   "when it comes from a collective over 'i' or from replicated inputs alone (lesson 06, section "
-                   "3).") from None
+                   "when it comes from a reduction over 'i' (psum, pmean) or from replicated inputs alone (lesson 06, "
+                   "section 3).") from None
 
 
 def _port_runner(fn, case):
@@ -227,6 +227,10 @@ def check_ported(ported):
         maps = _shard_maps(lambda a, c: ported(a, c, mesh), x, w, name="ported", mesh=mesh)
         if not maps:
             raise Mismatch(f"{what} has the right values but does not use jax.shard_map.")
+        if len(maps) > 1 or not any("tanh" in names for _, names in maps):
+            raise Mismatch(f"{what} has the right values, but its program runs {len(maps)} shard_map(s), "
+                           f"{'none' if len(maps) == 1 else 'not one'} with tanh(x @ w) inside: the exercise ports "
+                           "the per-device function, whole, into one jax.shard_map.")
         for eqn, _ in maps:
             if (n, b, d) in [tuple(v.aval.shape) for v in eqn.invars if hasattr(v.aval, "shape")]:
                 how = "a shard_map" if eqn.params.get("check_vma", True) else "jax.pmap"
@@ -471,7 +475,11 @@ def check_make_sharded_step(make_sharded_step):
             "by an all-reduce inside your shard_map.")
 
 
-_STEP_HINTS = {
+# an optimizer state read by another optimizer's update: the step's own optimizer, not its argument (05.1, 10.4)
+_OWN_OPTIMIZER = dict.fromkeys(("State' object has no attribute", "has to be the same in chain"), (
+    "The optimizer state the step was given was made by its optimizer argument's init, and an update of another "
+    "optimizer cannot read it: use the optimizer argument."))
+_STEP_HINTS = {      # (07.2 itself says "never calls the optimizer it was given" for another optimizer's state error)
     **_SPEC_HINTS,
     "not evenly divisible": "Build nothing for a fixed device count: use the mesh make_sharded_step was given.",
     "can't be statically inferred": "shard_map refuses an output declared P() (the same on every device) that "

@@ -14,6 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from .. import sharded_state
 from . import Case, Mismatch, Mistake, call, describe_tree, diagnose, exercise, is_placeholder, returned_none
 from .lesson12 import _or_none, _read_counts
+from .lesson07 import _OWN_OPTIMIZER, _Spy
 from .lesson08 import mixed_devices
 
 AXIS = "data"
@@ -393,8 +394,8 @@ MISTAKES_10_3 = [
             "through the model: take the smallest K that fits.", _search(order=lambda ks: ks[::-1])),
     Mistake("powers of two", "Your answer tried only powers of two; other divisors of the batch fit too. Try every "
             "divisor.", _search(candidates=lambda ks: [k for k in ks if not k & (k - 1)])),
-    Mistake("the count itself left out", "Your search leaves out K equal to the examples per device (range's end "
-            "is excluded): try every divisor from 1 to that count, included.",
+    Mistake("the count itself left out", "Wherever only K equal to the examples per device fits, your answer "
+            "finds none: does its search reach that K (a range's end is excluded), and every divisor before it?",
             _search(candidates=lambda ks: ks[:-1])),
     Mistake("peak assumed to fall", "Your search assumes the peak falls steadily as K grows: it walks down from "
             "the largest K and stops at the first that does not fit. The compiled peak need not fall steadily: "
@@ -492,8 +493,8 @@ def _toy_problem(n, d_in, hidden, d_out, seed):
     return loss_fn, params, data
 
 
-_NEEDS_WHOLE = ("loss_fn needs every parameter whole; each device holds only its rows of each leaf. Gather them "
-                "inside the function you differentiate.")
+_NEEDS_WHOLE = ("A device's rows of a leaf met a whole leaf: loss_fn needs every parameter whole (gathered inside "
+                "the function you differentiate), and the optimizer's update the rows (gradients, state, params).")
 
 
 def _gradient_all_reduces(found, slice_bytes):
@@ -508,7 +509,6 @@ def _fsdp_run(make, case):
     steps}. Mechanism facts raise here; ``_RAN[make, label]`` keeps the program for the checks after."""
     n, (d_in, hidden, d_out), opt_name, optimizer = case.args
     loss_fn, params, data = _toy_problem(n, d_in, hidden, d_out, seed=n)
-    from .lesson07 import _Spy
     spy = _Spy(optimizer)
     step = call(make, loss_fn, spy.transformation(), name="make_fsdp_step")
     if not callable(step):
@@ -549,7 +549,7 @@ def _fsdp_run(make, case):
     p, o, losses, first = args[0], args[1], [], None
     for batch in data:
         p, o, loss = call(f, p, o, put(batch, P(AXIS)), name="step", hints={
-            **_VMA_HINTS, "dot_general requires contracting dimensions": _NEEDS_WHOLE,
+            **_VMA_HINTS, **_OWN_OPTIMIZER, "dot_general requires contracting dimensions": _NEEDS_WHOLE,
             "Incompatible shapes for broadcasting": _NEEDS_WHOLE, "add got incompatible shapes": _NEEDS_WHOLE})
         losses.append(loss)
         first = {k: np.asarray(p[k]) - params[k] for k in params} if first is None else first

@@ -98,7 +98,7 @@ WRONG = [
     ("out_axes=None", out_axes_none, "each device holds a different block of rows"),
     ("pmap, then placed", with_pmap, "shard_maps ran over other meshes"),
     ("sharded jit, no smap", sharded_jit, "no shard_map ran at all"),
-    ("weight split and gathered", w_split_and_gathered, "w is meant to reach every device whole"),
+    ("weight split and gathered", w_split_and_gathered, "and w reaches every device whole"),
     ("smap built once, for the first mesh", built_once, "keeps the mesh of its first call"),
 ]
 RIGHT = [
