@@ -89,7 +89,7 @@ def test_10_2_a_fixed_lr_is_not_put_down_to_the_device_count():
 
 
 def test_check_names_swapped_arguments_and_reads_a_short_id():
-    with pytest.raises(TypeError, match="the exercise id comes first"):
+    with pytest.raises(KeyError, match="a function: the exercise id comes first"):
         check(lambda x: x, "00.1")
     assert check(" 7.1", None).exercise == "07.1"
 

@@ -162,20 +162,30 @@ class Exercise:
         # "x.py:34:40 (<lambda>)" when pmap gets more rows than devices), and shown only when the answer passes:
         # then it is the learner's own output (a debug print); beside a failure the verdict is what counts.
         printed = io.StringIO()
+        # A check still running after LIMIT_S is stopped (SIGALRM: in the main thread, under no other alarm).
+        alarm = threading.current_thread() is threading.main_thread() and not signal.getitimer(signal.ITIMER_REAL)[0]
+        old = signal.signal(signal.SIGALRM, _stop) if alarm else None
         try:
-            with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()), _time_limit(
-                    getattr(answer, "__name__", "your function")):
+            if alarm:
+                signal.setitimer(signal.ITIMER_REAL, LIMIT_S)
+            with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()):
                 verdict = self.checker(answer)
             print(printed.getvalue(), end="")
             return Feedback(self.id, True, verdict)
         except Mismatch as e:               # a placeholder is not started, whatever wrapper reported it
             return Feedback(self.id, False, str(e), started=not (isinstance(e, _NotStarted) or _answer_is_stub[0]))
-        except _Stopped as e:
-            return Feedback(self.id, False, str(e))
+        except _Stopped:
+            name = getattr(answer, "__name__", "your function")
+            return Feedback(self.id, False, f"checking {name} took over {LIMIT_S} s (a check takes seconds), and "
+                                            f"was stopped: {name} may never return. Call it once yourself on a small "
+                                            "input.")
         except Exception as e:  # a safety net: the answer broke the checker itself
             return Feedback(self.id, False, self._could_not_use(e))
         finally:
             _answer_is_stub[0] = False      # a later call() outside check reads its own function only
+            if alarm:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, old)
 
     def mistakes(self) -> list:
         """The mistakes this exercise declares as data: the ``Mistake`` list its lesson module names
@@ -236,11 +246,10 @@ def exercises() -> dict[str, Exercise]:
 
 def _get(id: str) -> Exercise:
     all_, key = exercises(), re.sub(r"^(\d)\.", r"0\1.", str(id).strip())    # " 7.1" is "07.1"
-    if callable(id):
-        raise TypeError(f"the exercise id comes first: check(\"NN.k\", your_function), hint(\"NN.k\"); got "
-                        f"{getattr(id, '__name__', 'a function')} as the id.")
+    swapped = " (a function: the exercise id comes first, check('NN.k', your_function))" if callable(id) else ""
     if key not in all_:
-        raise KeyError(f"there is no exercise {id!r}; the exercises are {', '.join(all_)}")
+        raise KeyError(f"there is no exercise {getattr(id, '__name__', id)!r}{swapped}; the exercises are "
+                       f"{', '.join(all_)}")
     return all_[key]
 
 
@@ -413,28 +422,12 @@ def _argument(x) -> str:
 LIMIT_S = 300   # a check still running after this long is stopped and reported (an answer that never returns)
 
 
-class _Stopped(BaseException):
-    """A check stopped by ``_time_limit``: it ends the check, past every ``except Exception`` on the way."""
+class _Stopped(BaseException):     # ends the check, past every ``except Exception`` on the way (the answer's too)
+    pass
 
 
-@contextlib.contextmanager
-def _time_limit(what: str):
-    """``_Stopped`` in the code run inside once it has run ``LIMIT_S`` s; in the main thread only (where signals
-    arrive; elsewhere no limit), and not again inside a call already limited."""
-    if threading.current_thread() is not threading.main_thread() or signal.getitimer(signal.ITIMER_REAL)[0]:
-        yield
-        return
-
-    def stop(*_):
-        raise _Stopped(f"checking {what} took over {LIMIT_S} s (a check takes seconds), and was stopped: {what} may "
-                       "never return. Call it once yourself on a small input.")
-    old = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, LIMIT_S)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+def _stop(*_):
+    raise _Stopped
 
 
 def call(fn, *args, name: str | None = None, hints: dict[str, str] | None = None,

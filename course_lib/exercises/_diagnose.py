@@ -108,7 +108,9 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
             failed.append((case, None))
     if not failed:
         return [got for _, _, got, _ in rows]
-    where = _where([c.label for c, _, _, d in rows if d is None], failed)
+    right = sum(d is None for *_, d in rows)     # where it is right and where it fails, by label: no count drawn
+    where = "" if not right else f" It is right in the other {f'{right} cases' if right > 1 else 'case'}" + (
+        "." if len(failed) == 1 else f"; wrong also in: {', '.join(c.label for c, _ in failed[1:])}.")
     case, error = failed[0]
     if isinstance(error, _NotStarted):
         raise error                         # a placeholder: the same 'no answer yet' words everywhere
@@ -166,16 +168,6 @@ def _values(x) -> str:
 def _capital(label: str) -> str:
     """A case's label at the start of a sentence: "On 4 devices", but a name stays as written ("global_batch(...")."""
     return label if re.match(r"\w*[_(]", label) else label[:1].upper() + label[1:]
-
-
-def _where(right_on, failed) -> str:
-    """Where the answer is right and where it fails, by the cases' labels (no count or cause drawn from them: the
-    cases vary several things at once)."""
-    if not right_on:
-        return ""
-    k = len(right_on)
-    text = " It is right in the other case" if k == 1 else f" It is right in the other {k} cases"
-    return text + ("." if len(failed) == 1 else f"; wrong also in: {', '.join(c.label for c, _ in failed[1:])}.")
 
 
 def _confirmed(mistakes, rows, run, opts, keys) -> list[Mistake]:

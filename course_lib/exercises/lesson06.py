@@ -8,7 +8,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import sharding
-from . import Case, Mismatch, Mistake, Said, _error_text, call, describe_tree, diagnose, exercise, placement
+from . import Case, Mismatch, Mistake, Said, call, describe_tree, diagnose, exercise, placement
 
 AXIS = "i"
 
@@ -166,20 +166,13 @@ def _run_stats(fn, case):
     mesh = _mesh(case.n)
     x = jax.device_put(np.random.default_rng(62 + case.n).normal(size=(2 * case.n, 3)).astype(np.float32),
                        NamedSharding(mesh, P(AXIS)))
-    try:
-        return jax.shard_map(stats, mesh=mesh, in_specs=P(AXIS), out_specs=tuple(specs))(x)
-    except Exception as e:
-        text = str(e)
-        if "can't be statically inferred" in text:
-            label = "P()" if specs[0] == P() else f"{specs[0]} (it names no mesh axis: the same as P())"
-            why = (f"check_vma rejects {label} for the per-device sums, which differ from device to device. Only "
-                   "the psum total is known to be the same everywhere.")
-        elif "marked as manual" in text or "not found in mesh" in text:
-            why = f"it names a mesh axis that the mesh does not have: its only axis is {AXIS!r}."
-        else:
-            why = (f"shard_map raised {type(e).__name__}: {_error_text(e)[:200]}. Each spec "
-                   f"names, per axis of that output, the mesh axis it is split over: {AXIS!r} or nothing.")
-        raise Mismatch(f"out_specs {tuple(specs)}: {why}") from None
+    label = "P()" if specs[0] == P() else f"{specs[0]} (it names no mesh axis: the same as P())"
+    other = f"it names a mesh axis that the mesh does not have: its only axis is {AXIS!r}."
+    return call(jax.shard_map(stats, mesh=mesh, in_specs=P(AXIS), out_specs=tuple(specs)), x,
+                name=f"shard_map(stats, out_specs={tuple(specs)})", summaries={
+                    "can't be statically inferred": f"check_vma rejects {label} for the per-device sums, which differ "
+                    "from device to device. Only the psum total is known to be the same everywhere.",
+                    "marked as manual": other, "not found in mesh": other})
 
 
 MISTAKES_06_2 = [
