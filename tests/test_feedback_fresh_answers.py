@@ -169,3 +169,14 @@ def test_07_1_two_shard_maps_are_refused():
 def test_05_1_another_optimizers_update_on_the_given_state_is_explained():
     fb = check("05.1", lambda lf, opt, p, s, b: solution_dp_step(lf, optax.adam(0.1), p, s, b))
     assert not fb and "an update of another optimizer cannot read it" in fb.message
+
+
+def test_07_1_a_total_summed_from_an_all_gather_inside_the_shard_map_passes():
+    def ported(x, w, mesh):
+        def per_device(xb, wb):
+            h = jnp.tanh(xb @ wb)
+            return h, jax.lax.all_gather(h.sum(0), "i").sum(0)
+        return jax.shard_map(per_device, mesh=mesh, in_specs=(jax.P("i"), jax.P()),
+                             out_specs=(jax.P("i"), jax.P()), check_vma=False)(x, w)
+
+    assert check("07.1", ported)

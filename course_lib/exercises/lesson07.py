@@ -38,7 +38,7 @@ def solution_ported(x, w, mesh):
     return jax.shard_map(per_device, mesh=mesh, in_specs=(P("i"), P()), out_specs=(P("i"), P()))(x, w)
 
 
-_SUMS = ("psum", "psum_invariant", "psum2", "reduce_scatter", "psum_scatter")
+_SUMS = ("psum", "psum_invariant", "psum2", "reduce_scatter", "psum_scatter", "all_gather")   # then a sum
 
 
 def _mesh_retry(mesh, build):
