@@ -176,9 +176,8 @@ class Exercise:
             return Feedback(self.id, False, str(e), started=not (isinstance(e, _NotStarted) or _answer_is_stub[0]))
         except _Stopped:
             name = getattr(answer, "__name__", "your function")
-            return Feedback(self.id, False, f"checking {name} took over {LIMIT_S} s (a check takes seconds), and "
-                                            f"was stopped: {name} may never return. Call it once yourself on a small "
-                                            "input.")
+            return Feedback(self.id, False, f"checking {name} took over {LIMIT_S} s and was stopped: {name} may "
+                                            "never return. Call it once yourself on a small input.")
         except Exception as e:  # a safety net: the answer broke the checker itself
             return Feedback(self.id, False, self._could_not_use(e))
         finally:
@@ -267,7 +266,7 @@ def check(id: str, answer) -> Feedback:
     """
     feedback = _get(id).check(answer)
     if feedback.started:
-        _record(id, "check", feedback.passed)  # course_lib/progress.py: the file every kernel shares
+        _record(feedback.exercise, "check", feedback.passed)  # course_lib/progress.py: the file every kernel shares
     print(feedback.wrapped())   # and as a cell's last value: ``Feedback._ipython_display_`` shows it once
     number = _cell_number()
     if number is not None:
@@ -296,6 +295,7 @@ def hint(id: str) -> None:
     ``solution(id)`` comes after. Hints are shown even where solutions are withheld (``COURSE_SOLUTIONS=off``)."""
     from course_lib import solutions as _solutions
     ex = _get(id)
+    id = ex.id                          # as the course writes it (" 7.1" is "07.1")
     shown = _hints_shown[id]
     # Where the instructor withheld the solutions, no message points to solution() (it would print none) or to
     # the file that holds the reference solutions: the lesson's own cells are where to look.
@@ -324,11 +324,11 @@ def solution(id: str) -> None:
     ex = _get(id)
     from course_lib import solutions as _solutions
     if _solutions.withheld():
-        print(_solutions.withheld_message(id))
+        print(_solutions.withheld_message(ex.id))
         return
-    _record(id, "solution")
+    _record(ex.id, "solution")
     print(f"# Exercise {ex.id}: {ex.title} (one possible solution)\n")
-    print(_solutions.code(id))
+    print(_solutions.code(ex.id))
 
 
 from course_lib.progress import NoSuchLesson, Progress, _lesson_key, report as progress  # noqa: E402,F401
