@@ -118,9 +118,9 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
         text = str(error).rstrip()
         raise type(error)(f"{case.label}: {text}{'' if text.endswith(('.', '?', '!')) else '.'}{where}") from None
     _, expected, got, diff = next(r for r in rows if r[0] is case)
-    # a factor is the device count's only if it follows n: not if a case with another count shows the same factor
     named = _confirmed(mistakes, rows, run, opts, keys)       # on the cases that ran: their numbers confirm it or not
-    size = re.search(r"(?<![\d.])[\d.]+x too \w+", diff or "")    # a named mistake says its own cause
+    # a factor is the device count's only if it follows n (no other count shows it) and no mistake is named
+    size = re.search(r"(?<![\d.])[\d.]+x too \w+", diff or "")
     n = None if len(named) == 1 or size and any(re.search(rf"(?<![\d.]){re.escape(size[0])}", d) for c, _, _, d
                                                 in rows if d is not None and c.n != case.n) else case.n
     diff = difference(got, expected, n=n, **opts)
