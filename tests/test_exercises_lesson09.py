@@ -41,8 +41,8 @@ def test_09_2_every_declared_mistake_is_named_and_other_forms_pass():
     assert check("09.2", lambda ks, ms: np.polyfit(1 / np.asarray(ks), ms, 1)), "polyfit's array is a pair"
     assert "raised TypeError" in wrong("09.2", lambda ks, ms: np.polyfit(1 / ks, ms, 1))
     assert "got dict{'dispatch_ms': float" in wrong("09.2", lambda ks, ms: {"dispatch_ms": 0.6, "step_ms": 0.12})
-    two_points = wrong("09.2", lambda ks, ms: ((ms[0] - ms[-1]) / (1 - 1 / ks[-1]),
-                                               ms[-1] - (ms[0] - ms[-1]) / (1 - 1 / ks[-1]) / ks[-1]))
+    two_points = wrong("09.2", lambda ks, ms: ((ms[0] - ms[-1]) / (1 / ks[0] - 1 / ks[-1]),
+                                               ms[-1] - (ms[0] - ms[-1]) / (1 / ks[0] - 1 / ks[-1]) / ks[-1]))
     assert "expected (" in two_points and "runs through two points, the first and the last" in two_points
 
 

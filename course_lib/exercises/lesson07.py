@@ -137,6 +137,7 @@ def _bare_assertion(fn, text: str):
 
 
 _REFUSED: list = []    # the cases of the answer being checked that JAX refused and that ran with check_vma off
+_KEPT: list = []       # (make, what it left undonated), said by 07.2 once the values are right
 
 
 def _unchecked(run, fn, case, solution, refused):
@@ -299,26 +300,27 @@ class _Spy:
 
 
 def _cases(rng):
-    """(devices, loss, params, batches, optimizer, label): another model, batch and optimizer in each case."""
+    """(devices, loss, params, batches, optimizer, label): another model, batch and optimizer in each case; Adam,
+    which hides a gradient's scale, last (feedback shows the first case that differs)."""
     n0 = len(jax.devices())
     f32 = lambda *shape: rng.normal(size=shape).astype(np.float32)
     labels = lambda k, rows: rng.integers(0, k, size=rows).astype(np.int32)
     return [(n0, regression_loss, {"w": f32(4) * 0.5, "b": np.float32(0.3)},
              [(f32(3 * n0, 4), f32(3 * n0)) for _ in range(3)], optax.sgd(0.1), "plain SGD (learning rate 0.1)"),
+            (2, image_loss, {"dense": {"kernel": f32(6, 4) * 0.3, "bias": np.zeros(4, np.float32)}},
+             [(f32(2 * 5, 2, 3), labels(4, 2 * 5)) for _ in range(3)], optax.sgd(0.05, momentum=0.9),
+             "SGD with momentum 0.9"),
             (4, mlp_loss, {"w1": f32(5, 8) * 0.5, "b1": f32(8) * 0.1, "w2": f32(8, 3) * 0.5,
                            "b2": np.zeros(3, np.float32)},
              [(f32(4 * 4, 5), labels(3, 4 * 4)) for _ in range(3)],
              optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(0.05, weight_decay=0.1)),
-             "gradient clipping (global norm 0.5) before AdamW (weight decay 0.1)"),
-            (2, image_loss, {"dense": {"kernel": f32(6, 4) * 0.3, "bias": np.zeros(4, np.float32)}},
-             [(f32(2 * 5, 2, 3), labels(4, 2 * 5)) for _ in range(3)], optax.sgd(0.05, momentum=0.9),
-             "SGD with momentum 0.9")]
+             "gradient clipping (global norm 0.5) before AdamW (weight decay 0.1)")]
 
 
-def _step_as(pcast=True, reduce=jax.lax.pmean, loss_reduce=jax.lax.pmean, new_state=True, check_vma=True,
+def _step_as(pcast=True, reduce=jax.lax.pmean, loss_reduce=jax.lax.pmean, state="new", check_vma=True,
              after=False):
     """make_sharded_step with one mistake: no pcast, another collective (or none), the loss of one device, the
-    state that came in returned, each device's own update averaged after."""
+    state that came in returned ("old") or not read ("init"), each device's own update averaged after."""
     def make(loss_fn, optimizer, mesh):
         def per_device(params, opt_state, x, y):
             local = jax.tree.map(lambda p: jax.lax.pcast(p, "i", to="varying"), params) if pcast else params
@@ -326,10 +328,10 @@ def _step_as(pcast=True, reduce=jax.lax.pmean, loss_reduce=jax.lax.pmean, new_st
             grads = reduce(grads, "i") if reduce else grads
             loss = loss_reduce(loss, "i") if loss_reduce else loss
             if after:
-                updates, state = optimizer.update(grads, jax.lax.pcast(opt_state, "i", to="varying"), local)
-                return *jax.lax.pmean((optax.apply_updates(local, updates), state), "i"), loss
-            updates, state = optimizer.update(grads, opt_state, params)
-            return optax.apply_updates(params, updates), state if new_state else opt_state, loss
+                updates, new = optimizer.update(grads, jax.lax.pcast(opt_state, "i", to="varying"), local)
+                return *jax.lax.pmean((optax.apply_updates(local, updates), new), "i"), loss
+            updates, new = optimizer.update(grads, optimizer.init(params) if state == "init" else opt_state, params)
+            return optax.apply_updates(params, updates), opt_state if state == "old" else new, loss
         return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(), P("i"), P("i")),
                                      out_specs=(P(), P(), P()), check_vma=check_vma), donate_argnums=(0, 1))
     return make
@@ -353,7 +355,10 @@ MISTAKES_07_2 = [
             "times the mean loss: a psum of (grads, loss) sums both; the step needs their mean.",
             _step_as(reduce=jax.lax.psum, loss_reduce=jax.lax.psum)),
     Mistake("old optimizer state", "The optimizer state returned is the one that came in: return the new state "
-            "that optimizer.update gives, or the next step starts from the old one.", _step_as(new_state=False)),
+            "that optimizer.update gives, or the next step starts from the old one.", _step_as(state="old")),
+    Mistake("state restarted", "Every step's numbers are those of a fresh optimizer state (optimizer.init): the "
+            "opt_state passed in is not read, so momentum and Adam's moments never build up. Feed opt_state to "
+            "optimizer.update.", _step_as(state="init")),
     Mistake("averaged after the optimizer", "Each device ran the optimizer on its own gradient, and the results "
             "were averaged afterwards: that equals the update of the averaged gradient only for an optimizer linear "
             "in the gradient (SGD, momentum), not with clipping or Adam. Average the gradients first.",
@@ -396,12 +401,12 @@ def _steps_runner(make, case, unchecked=False):
                                f"{where} returned {'the optimizer state third' if swapped else describe_tree(got)}.")
             kept = [name for name, tree in (("parameters", params), ("optimizer state", opt_state))
                     if not all(getattr(a, "is_deleted", lambda: False)() for a in jax.tree.leaves(tree))]
-            if i == 0 and kept:
+            if i == 0 and kept:          # said once the values are right: jit drops the donation of an unread input
                 how = "does not donate them" if hasattr(step, "lower") else "is not jitted (nothing donates them)"
-                raise Mismatch(f"after step 1 {where}, the {' and the '.join(kept)} passed in still "
-                               f"exist{'s' if kept == ['optimizer state'] else ''}: the step {how}, so the devices "
-                               "hold two copies of the state while it runs. Tell jax.jit which arguments it may reuse "
-                               "(lesson 07, section 2, donation).")
+                _KEPT.append((make, f"after step 1 {where}, the {' and the '.join(kept)} passed in still "
+                              f"exist{'s' if kept == ['optimizer state'] else ''}: the step {how}, so the devices "
+                              "hold two copies of the state while it runs. Tell jax.jit which arguments it may reuse "
+                              "(lesson 07, section 2, donation)."))
             for leaf in jax.tree.leaves(got[:2]):
                 if isinstance(leaf, jax.Array) and (set(leaf.devices()) != set(mesh.devices.flat)
                                                     or not leaf.sharding.is_fully_replicated):
@@ -410,9 +415,12 @@ def _steps_runner(make, case, unchecked=False):
                                    "as it came in, ready for the next step.")
             if i == 0:                   # the first update leads: with SGD a factor of the gradient shows in it
                 same_tree = jax.tree.structure(got[0]) == jax.tree.structure(params0)
-                out.append(jax.tree.map(lambda a, b: np.asarray(a) - b, got[0], params0) if same_tree else got[0])
+                out.append(jax.tree.map(lambda a, b: np.asarray(np.asarray(a) - b, np.asarray(a).dtype), got[0],
+                                        params0) if same_tree else got[0])
             params, opt_state = got[0], got[1]
             out += jax.tree.map(np.asarray, tuple(got))
+            if params is None or opt_state is None:      # nothing to feed back: diagnose names the None
+                return tuple(out) + (None,) * (len(_STEP_NAMES) - len(out))
     return tuple(out)
 
 
@@ -438,12 +446,15 @@ def check_make_sharded_step(make_sharded_step):
     cases = [Case(c, f"on {c[0]} devices with {c[5]} ({c[1].__name__}), 3 steps", n=c[0])
              for c in _cases(np.random.default_rng(7))]
     _REFUSED.clear()
+    _KEPT.clear()
     try:
         diagnose(make_sharded_step, cases, solution=solution_make_sharded_step, mistakes=MISTAKES_07_2,
                  run=_steps_runner, name="make_sharded_step", rtol=1e-4, atol=1e-5, names=_STEP_NAMES)
     except Mismatch as e:       # numbers of a step JAX refused: say where they come from
         raise type(e)(f"{e} (JAX refused your step; the numbers shown are what it returns with check_vma off.)"
                       if _REFUSED and "check_vma" not in str(e) else str(e)) from None
+    for said in [said for make, said in _KEPT if make is make_sharded_step][:1]:
+        raise Mismatch(said)
     for case in cases:                               # the mechanism: shard_map, and an all-reduce of the gradients
         n, loss_fn, params0, batches, tx, label = case.args
         mesh, where = _mesh(n), case.label
@@ -470,8 +481,8 @@ def check_make_sharded_step(make_sharded_step):
                  "cannot be data parallel" if not {"all-reduce", "reduce-scatter"} & set(counts) else None)
         if wrong:
             raise Mismatch(f"the step's compiled program {where} has {wrong}.")
-    return ("one device's step on the whole batch, reproduced for 3 steps on 8, 4 and 2 devices with SGD, "
-            "clipping before AdamW and momentum, on three models; the state donated, and the gradients combined "
+    return ("one device's step on the whole batch, reproduced for 3 steps on 8, 2 and 4 devices with SGD, "
+            "momentum and clipping before AdamW, on three models; the state donated, and the gradients combined "
             "by an all-reduce inside your shard_map.")
 
 

@@ -120,9 +120,9 @@ MISTAKES_09_2 = [
                  "a straight line. Which feature of that line is the cost of a dispatch, and which the cost of a "
                  "step? Check the fit against every point, not two."])
 def check_fit_dispatch_and_step(fit_dispatch_and_step):
-    ks = [1, 2, 5, 10, 25]
-    cases = []
-    for dispatch, step, noise, seed in [(0.6, 0.12, 0.0, 0), (1.5, 0.05, 0.03, 1), (0.3, 0.9, 0.05, 2)]:
+    cases = []                        # ks of other values, lengths and orders: an answer that writes them in shows
+    for ks, dispatch, step, noise, seed in [([1, 2, 5, 10, 25], 0.6, 0.12, 0.0, 0), ([3, 1, 8, 4], 1.5, 0.05, 0.03, 1),
+                                            ([2, 16, 6, 40, 12, 1], 0.3, 0.9, 0.05, 2)]:
         ms = _fake_measurements(dispatch, step, ks, noise, seed)
         cases.append(Case((list(ks), ms), f"fit_dispatch_and_step(ks={ks}, ms=[{', '.join(f'{m:.3f}' for m in ms)}])"))
     diagnose(fit_dispatch_and_step, cases, solution=solution_fit_dispatch_and_step, mistakes=MISTAKES_09_2,

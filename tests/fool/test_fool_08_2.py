@@ -61,7 +61,7 @@ import jax.numpy as _jnp  # noqa: E402
 from course_lib.exercises.lesson08 import solution_local_part as _local  # noqa: E402
 
 FRESH = [
-    ("the first half of the rows", lambda b, d, p: b[:len(b) // 2], "every value off by -24"),
+    ("the first half of the rows", lambda b, d, p: b[:len(b) // 2], "values differ; first at index"),
     ("a jax array (int32)", lambda b, d, p: _jnp.asarray(_local(b, d, p)), "dtype int32 where int64"),
     ("d.id compared", lambda b, d, p: b[[i for i, x in enumerate(d) if x.id == p]], "compares each device's id"),
     ("returns None", lambda b, d, p: None, "returned None: did it forget"),
