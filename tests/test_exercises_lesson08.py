@@ -192,4 +192,4 @@ def test_08_3_names_imported_from_jax_are_named_not_called_missing():
         return jax.make_array_from_process_local_data(NamedSharding(mesh, P("data")), rows,
                                                       (rows.shape[0] * process_count(),) + rows.shape[1:])
     fb = check("08.3", count_imported)
-    assert not fb and "calls process_count by a name imported" in fb.message
+    assert not fb and "refers to process_count by a name imported" in fb.message

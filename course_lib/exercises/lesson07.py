@@ -126,10 +126,9 @@ def _bare_assertion(fn, text: str):
     if "raised AssertionError:" not in text:
         return
     import inspect
-    try:
+    named = set()
+    with contextlib.suppress(OSError, TypeError):
         named = set(_AXIS_USE.findall(inspect.getsource(fn))) - {AXIS, "varying", "invarying"}
-    except (OSError, TypeError):
-        named = set()
     said = (f"your collective or pcast names axis {sorted(named)[0]!r}, but the mesh's only axis is 'i'" if named
             else "the known cause is a collective or pcast naming an axis the mesh does not have (its only axis is "
                  "'i'; section 2's mesh names it 'data')")
@@ -210,10 +209,9 @@ def check_ported(ported):
                            name="ported", rtol=1e-4, atol=1e-5)
     except Mismatch as e:                  # the pmap layout kept, when the program shows it
         x, w, mesh = cases[0].args
-        try:
+        maps = []
+        with contextlib.suppress(Mismatch):
             maps = _shard_maps(lambda a, c: ported(a, c, mesh), x, w, name="ported", mesh=mesh)
-        except Mismatch:
-            maps = []
         if any(len(v.aval.shape) == 3 for eqn, _ in maps for v in eqn.invars if hasattr(v.aval, "shape")):
             raise Mismatch(f"{e} Your shard_map runs on x reshaped to stacked blocks (n, B // n, d), pmap's layout: "
                            "shard_map hands each device a block of the same rank as the global array (its rows, no "
@@ -245,9 +243,9 @@ def check_ported(ported):
         if tuple(_spec(h) or ())[:1] != (AXIS,):
             raise Mismatch(f"{what}: tanh(x @ w) has sharding {_spec(h)}; expected the rows split over 'i', as x was.")
         if not any(names & set(_SUMS) for _, names in maps):
-            raise Mismatch(f"{what} has the right values, but no shard_map in it adds the devices' sums with a "
-                           "collective: the total is computed outside the per-device code. Port the pmap "
-                           "version as it is, collective included, into one shard_map.")
+            raise Mismatch(f"{what} has the right values, but no shard_map in it combines the devices' sums with "
+                           "psum, psum_scatter or all_gather, as pmap's psum does: port the pmap version as it is, "
+                           "collective included, into one shard_map.")
     return ("the pmap version's program on a mesh: x split, w whole, the rows returned split and the psum total "
             "returned once, on 8, 4 and 2 devices.")
 
@@ -300,8 +298,7 @@ class _Spy:
 
 
 def _cases(rng):
-    """(devices, loss, params, batches, optimizer, label): another model, batch and optimizer in each case; Adam,
-    which hides a gradient's scale, last (feedback shows the first case that differs)."""
+    """(devices, loss, params, batches, optimizer, label): another model, batch and optimizer in each case."""
     n0 = len(jax.devices())
     f32 = lambda *shape: rng.normal(size=shape).astype(np.float32)
     labels = lambda k, rows: rng.integers(0, k, size=rows).astype(np.int32)
@@ -314,7 +311,7 @@ def _cases(rng):
                            "b2": np.zeros(3, np.float32)},
              [(f32(4 * 4, 5), labels(3, 4 * 4)) for _ in range(3)],
              optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(0.05, weight_decay=0.1)),
-             "gradient clipping (global norm 0.5) before AdamW (weight decay 0.1)")]
+             "gradient clipping (global norm 0.5) before AdamW (weight decay 0.1)")]   # last: Adam hides a scale
 
 
 def _step_as(pcast=True, reduce=jax.lax.pmean, loss_reduce=jax.lax.pmean, state="new", check_vma=True,
@@ -356,9 +353,8 @@ MISTAKES_07_2 = [
             _step_as(reduce=jax.lax.psum, loss_reduce=jax.lax.psum)),
     Mistake("old optimizer state", "The optimizer state returned is the one that came in: return the new state "
             "that optimizer.update gives, or the next step starts from the old one.", _step_as(state="old")),
-    Mistake("state restarted", "Every step's numbers are those of a fresh optimizer state (optimizer.init): the "
-            "opt_state passed in is not read, so momentum and Adam's moments never build up. Feed opt_state to "
-            "optimizer.update.", _step_as(state="init")),
+    Mistake("state restarted", "Every step's numbers are those of a fresh optimizer.init state: the opt_state "
+            "passed in is never read, so momentum and Adam's moments never build up.", _step_as(state="init")),
     Mistake("averaged after the optimizer", "Each device ran the optimizer on its own gradient, and the results "
             "were averaged afterwards: that equals the update of the averaged gradient only for an optimizer linear "
             "in the gradient (SGD, momentum), not with clipping or Adam. Average the gradients first.",
@@ -471,9 +467,8 @@ def check_make_sharded_step(make_sharded_step):
                                                     .lower(*args).compile()))
         if compiled is None:
             raise Mismatch(f"the step {where} computes the right values, but its program could not be compiled "
-                           "from outside (jax.jit(step).lower(...)): the checker cannot read its collectives. "
-                           "Return a jitted function of (params, opt_state, x, y), called inside the checker's "
-                           "jax.set_mesh.")
+                           "from outside (jax.jit(step).lower(...)): the checker cannot read its collectives. Return a "
+                           "jitted function of (params, opt_state, x, y), called inside the checker's jax.set_mesh.")
         counts = compiled_collectives(compiled.as_text())       # {kind: (runs, bytes)}
         wrong = (f"{counts['all-gather'][0]} all-gather(s): it gathers the batch (or the gradients) onto every "
                  "device, so each device computes on more than its own rows. Leave the batch split as it comes in"

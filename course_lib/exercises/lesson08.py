@@ -180,37 +180,23 @@ def solution_global_batch(local_rows, mesh):
     return jax.make_array_from_process_local_data(split, local_rows, global_shape)
 
 
-def _by_name(fn, hit: list) -> list:
-    """Patches that record in ``hit`` each call of jax's own functions that ``fn`` makes by a global name bound
-    before the call (an import, or ``f = jax.f``) rather than as jax.<name>: (the name, jax's name)."""
+def _names(fn) -> dict:
+    """{name: jax's name} for jax's own functions that ``fn`` names (in a branch that runs or not) by a global name
+    bound before the call (an import, or ``f = jax.f``) rather than as jax.<name>."""
     code = getattr(fn, "__code__", None)
     if code is None:
-        return []
-    cells = dict(zip(code.co_freevars, getattr(fn, "__closure__", None) or ()))
+        return {}
+    names = dict(getattr(fn, "__globals__", {}))
+    for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
+        with contextlib.suppress(ValueError):          # an empty cell
+            names[name] = cell.cell_contents
     found, todo = set(), [code]
     while todo:                                        # fn's code and the functions and lambdas nested in it
         c = todo.pop()
         todo += [k for k in c.co_consts if hasattr(k, "co_code")]
         found |= {i.argval for i in dis.get_instructions(c) if i.opname in ("LOAD_GLOBAL", "LOAD_DEREF")}
-    patches = []
-    for name in found:
-        with contextlib.suppress(ValueError):          # an empty cell
-            real = cells[name].cell_contents if name in cells else fn.__globals__.get(name)
-            for api in [a for a in ("make_array_from_process_local_data", "process_count") if real is getattr(jax, a)]:
-                spy = lambda *a, _real=real, _said=(name, api), **k: hit.append(_said) or _real(*a, **k)
-                patches.append(_holding(cells[name], spy) if name in cells else mock.patch.dict(fn.__globals__,
-                                                                                              {name: spy}))
-    return patches
-
-
-@contextlib.contextmanager
-def _holding(cell, value):
-    """A closure's ``cell`` holding ``value`` for a while (mock.patch cannot put a cell's value back)."""
-    old, cell.cell_contents = cell.cell_contents, value
-    try:
-        yield
-    finally:
-        cell.cell_contents = old
+    return {name: api for name in found for api in ("make_array_from_process_local_data", "process_count")
+            if names.get(name) is getattr(jax, api)}
 
 
 def _patched(calls, process=None, devices=()):
@@ -279,8 +265,7 @@ def _batch_runner(fn, case):
                                "one.") from None
             raise
         if not isinstance(got, jax.Array):
-            raise Mismatch(f"global_batch returned {describe_tree(got)}; expected a jax.Array on the mesh's "
-                           "devices.")
+            raise Mismatch(f"global_batch returned {describe_tree(got)}; expected a jax.Array on the mesh's devices.")
         if got.ndim == full.ndim + 1 and got.shape[:2] == (n, len(full) // n):
             raise Mismatch(f"global_batch returned shape {got.shape}: the stacked (n, B // n, ...) layout is "
                            "pmap's. Lessons 06 and 07 keep the global shape (B, ...) and let the sharding say "
@@ -340,9 +325,15 @@ MISTAKES_08_3 = [
                  "jax.make_array_from_process_local_data takes a sharding, this process's rows and the global "
                  "shape (lesson 08, section 1). jax.process_count says how many processes feed rows.",
                  "The API to read: jax.make_array_from_process_local_data's documentation, its global_shape "
-                 "argument; and "
-                 "lesson 08, section 1, \"Each process loads its own part of the batch\"."])
+                 "argument; and lesson 08, section 1, \"Each process loads its own part of the batch\"."])
 def check_global_batch(global_batch):
+    by_name = _names(global_batch)
+    if by_name:
+        used = " and ".join(a + (f" (as {k})" if k != a else "") for k, a in sorted(by_name.items()))
+        raise Mismatch(f"global_batch refers to {used} by a name imported or saved from jax before the call (the "
+                       "checker reads the code, not which branch runs). It simulates a 2-process job by replacing "
+                       "them in the jax module, which such a name escapes: write them as jax.<name>, as the "
+                       "exercise's text says.")
     cases, rng = [], np.random.default_rng(8)      # rows of rank 2 and 3, fractions in no order: rounding shows
     for n, tail in ((len(jax.devices()), (3,)), (4, (2, 3)), (2, (5,))):
         full = rng.normal(size=(2 * n, *tail)).astype(np.float32)
@@ -350,20 +341,7 @@ def check_global_batch(global_batch):
         cases += [Case((n, full, None), f"global_batch {where}, one process holding all {2 * n} rows", n=n)]
         cases += [Case((n, full, p), f"global_batch as process {p} of a 2-process job {where} (holding rows "
                        f"{p * n}..{p * n + n - 1})", n=n) for p in (0, 1)]
-    hit = []
-    with contextlib.ExitStack() as stack:
-        for patch in _by_name(global_batch, hit):
-            stack.enter_context(patch)
-        try:
-            diagnose(global_batch, sorted(cases, key=lambda c: c.args[2] is not None), solution=solution_global_batch,
-                     mistakes=MISTAKES_08_3, run=_batch_runner, name="global_batch")
-        except Mismatch:          # a name the simulated job cannot reach, called: that is said instead
-            if not hit:
-                raise
-    if hit:
-        used = " and ".join(sorted({a + (f" (as {k})" if k != a else "") for k, a in hit}))
-        raise Mismatch(f"global_batch calls {used} by a name imported or saved from jax before the call. The checker "
-                       "simulates a 2-process job by replacing them in the jax module, where it cannot reach such a "
-                       "name: write them as jax.<name>, as the exercise's text says.")
+    diagnose(global_batch, sorted(cases, key=lambda c: c.args[2] is not None), solution=solution_global_batch,
+             mistakes=MISTAKES_08_3, run=_batch_runner, name="global_batch")
     return ("the global batch in the layout of lessons 06-07, built from each process's own rows; run as either "
             "process of a simulated 2-process job, the same function gives the same global array.")

@@ -84,13 +84,6 @@ def solution_fit_dispatch_and_step(ks, ms):
     return float(dispatch_ms), float(step_ms)
 
 
-def _fake_measurements(dispatch, step, ks, noise, seed):
-    """Made-up timings from the model, with relative noise: what a real sweep looks like."""
-    rng = np.random.default_rng(seed)
-    ks = np.asarray(ks, float)
-    return (dispatch / ks + step) * (1 + noise * rng.standard_normal(ks.size))
-
-
 MISTAKES_09_2 = [
     Mistake("swapped", "Swapped. The slope against 1/k is the dispatch cost, the intercept the step cost: return "
             "(dispatch_ms, step_ms).", lambda ks, ms: solution_fit_dispatch_and_step(ks, ms)[::-1]),
@@ -120,10 +113,10 @@ MISTAKES_09_2 = [
                  "a straight line. Which feature of that line is the cost of a dispatch, and which the cost of a "
                  "step? Check the fit against every point, not two."])
 def check_fit_dispatch_and_step(fit_dispatch_and_step):
-    cases = []                        # ks of other values, lengths and orders: an answer that writes them in shows
+    cases = []           # timings made up from the model, with noise; ks of other values, lengths and orders
     for ks, dispatch, step, noise, seed in [([1, 2, 5, 10, 25], 0.6, 0.12, 0.0, 0), ([3, 1, 8, 4], 1.5, 0.05, 0.03, 1),
                                             ([2, 16, 6, 40, 12, 1], 0.3, 0.9, 0.05, 2)]:
-        ms = _fake_measurements(dispatch, step, ks, noise, seed)
+        ms = (dispatch / np.asarray(ks, float) + step) * (1 + noise * np.random.default_rng(seed).normal(size=len(ks)))
         cases.append(Case((list(ks), ms), f"fit_dispatch_and_step(ks={ks}, ms=[{', '.join(f'{m:.3f}' for m in ms)}])"))
     diagnose(fit_dispatch_and_step, cases, solution=solution_fit_dispatch_and_step, mistakes=MISTAKES_09_2,
              name="fit_dispatch_and_step", rtol=1e-3, atol=1e-6)
