@@ -180,3 +180,57 @@ def test_07_1_a_total_summed_from_an_all_gather_inside_the_shard_map_passes():
                              out_specs=(jax.P("i"), jax.P()), check_vma=False)(x, w)
 
     assert check("07.1", ported)
+
+
+# ---- lessons 07-09 (tester12: P2, P5, P6, P6b, P10, P11, P11b)
+
+def _sharded_step(variant):
+    def make(loss_fn, optimizer, mesh):
+        def body(params, opt_state, x, y):
+            local = jax.tree.map(lambda p: jax.lax.pcast(p, "i", to="varying"), params)
+            loss, g = jax.value_and_grad(loss_fn)(local, x, y)
+            g = jax.tree.map(lambda a: a / 8, jax.lax.psum(g, "i")) if variant == "/ 8" else jax.lax.pmean(g, "i")
+            u, s = optimizer.update(g, optimizer.init(params) if variant == "init" else opt_state, params)
+            new = optax.apply_updates(params, u)
+            new = jax.tree.map(lambda a: a.astype(jnp.bfloat16), new) if variant == "bfloat16" else new
+            return new, None if variant == "None" else s, jax.lax.pmean(loss, "i")
+        return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(jax.P(), jax.P(), jax.P("i"), jax.P("i")),
+                                     out_specs=(jax.P(), jax.P(), jax.P())), donate_argnums=(0, 1))
+    return make
+
+
+@pytest.mark.parametrize("variant, said", [
+    ("init", "fresh optimizer.init state"),       # jit drops the donation of the unread opt_state: not the cause
+    ("None", "step 1's opt_state is None, where"),
+    ("bfloat16", "dtype bfloat16 where float32 was expected"),
+    ("/ 8", "4x too small, a factor 2/8"),        # shown on the momentum case, where Adam does not hide it
+])
+def test_07_2_values_are_said_before_donation_with_what_they_show(variant, said):
+    fb = check("07.2", _sharded_step(variant))
+    assert not fb and said in fb.message and "donate" not in fb.message, fb.message
+
+
+def test_08_3_rows_rounded_or_sorted_fail():
+    from course_lib.exercises.lesson08 import solution_global_batch as right
+    for change in (lambda r: np.round(r, 2), lambda r: np.sort(r, axis=0)):
+        assert not check("08.3", lambda rows, mesh: right(change(rows), mesh))
+
+
+from jax import make_array_from_process_local_data as _from_rows  # noqa: E402
+
+
+def test_08_3_a_name_in_a_branch_that_does_not_run_is_said_as_read_not_as_used():
+    def global_batch(rows, mesh, fallback=False):
+        split, shape = jax.NamedSharding(mesh, jax.P("data")), (rows.shape[0] * jax.process_count(), *rows.shape[1:])
+        if fallback:
+            return _from_rows(split, rows, shape)
+        return jax.make_array_from_process_local_data(split, rows, shape)
+
+    fb = check("08.3", global_batch)
+    assert not fb and "refers to make_array_from_process_local_data (as _from_rows)" in fb.message
+    assert "not which branch runs" in fb.message
+
+
+def test_09_2_ks_written_in_fail():
+    fb = check("09.2", lambda ks, ms: tuple(np.polyfit(1 / np.array([1, 2, 5, 10, 25.0]), ms, 1)))
+    assert not fb and "ks=[3, 1, 8, 4]" in fb.message
