@@ -56,7 +56,7 @@ WRONG = {
     "pmean for psum": (_port(reduce=jax.lax.pmean), ["mean over the", "not their sum"]),
     "w split too": (_port(in_specs=(P("i"), P("i"))), ["w is split over 'i' too"]),
     "no shard_map": (lambda x, w, m: (jnp.tanh(x @ w), jnp.tanh(x @ w).sum(0)), ["does not use jax.shard_map"]),
-    "sum outside shard_map": (_sum_outside, ["outside the per-device code"]),
+    "sum outside shard_map": (_sum_outside, ["no shard_map in it combines the devices' sums"]),
     "the lesson's axis name": (_port(in_specs=(P("data"), P()), out_specs=(P("data"), P())),
                                ["its only axis is 'i'"]),
     "only the rows returned": (lambda x, w, m: _port()(x, w, m)[0], ["expected a tuple of 2"]),
