@@ -41,9 +41,12 @@ def test_09_2_every_declared_mistake_is_named_and_other_forms_pass():
     assert check("09.2", lambda ks, ms: np.polyfit(1 / np.asarray(ks), ms, 1)), "polyfit's array is a pair"
     assert "raised TypeError" in wrong("09.2", lambda ks, ms: np.polyfit(1 / ks, ms, 1))
     assert "got dict{'dispatch_ms': float" in wrong("09.2", lambda ks, ms: {"dispatch_ms": 0.6, "step_ms": 0.12})
-    two_points = wrong("09.2", lambda ks, ms: ((ms[0] - ms[-1]) / (1 / ks[0] - 1 / ks[-1]),
-                                               ms[-1] - (ms[0] - ms[-1]) / (1 / ks[0] - 1 / ks[-1]) / ks[-1]))
-    assert "expected (" in two_points and "runs through two points, the first and the last" in two_points
+    def line(ks, ms):                           # through the points at the smallest and the largest k
+        i, j = int(np.argmin(ks)), int(np.argmax(ks))
+        d = (ms[i] - ms[j]) / (1 / ks[i] - 1 / ks[j])
+        return d, ms[j] - d / ks[j]
+    two_points = wrong("09.2", line)
+    assert "expected (" in two_points and "runs through two points, at the smallest and the largest k" in two_points
 
 
 def test_09_2_in_place_and_half_precision():

@@ -96,9 +96,9 @@ MISTAKES_09_2 = [
           ("time per dispatch against k", "That is a least-squares fit of the time per dispatch (k times ms) "
            "against k. That fits other errors: the point at the largest k weighs far more than the point at "
            "k = 1. Fit the times per step, ms, as measured.", lambda ks, ms: np.polyfit(ks, ks * ms, 1)[::-1]),
-          ("first and last points", "That line runs through two points, the first and the last; a least-squares "
-           "fit uses every point, so the noise of each one weighs less.",
-           lambda ks, ms: (lambda a: (a, ms[-1] - a / ks[-1]))((ms[0] - ms[-1]) / (1 / ks[0] - 1 / ks[-1])))]
+          ("smallest and largest k", "That line runs through two points, at the smallest and the largest k; a "
+           "least-squares fit uses every point, so the noise of each one weighs less.",
+           lambda ks, ms: (lambda e: np.polyfit(1 / ks[e], ms[e], 1))([ks.argmin(), ks.argmax()]))]
       for swapped in ("", ", swapped")],
     *_rounded(solution_fit_dispatch_and_step),
 ]

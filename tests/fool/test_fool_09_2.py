@@ -75,5 +75,6 @@ def test_fits_in_either_order_and_two_point_lines_are_named():
     k_ms = lambda ks, ms: tuple(_n.polyfit(_n.asarray(ks, float), _n.asarray(ks) * ms, 1))
     assert "time per dispatch (k times ms)" in _c("09.2", k_ms).message
     assert "The pair is swapped too" in _c("09.2", k_ms).message
-    two = lambda ks, ms: (lambda a: (a, ms[-1] - a / ks[-1]))((ms[0] - ms[-1]) / (1 / ks[0] - 1 / ks[-1]))
+    two = lambda ks, ms: (lambda e: tuple(_n.polyfit(1 / _n.asarray(ks, float)[e], _n.asarray(ms)[e], 1)))(
+        [int(_n.argmin(ks)), int(_n.argmax(ks))])
     assert "runs through two points" in _c("09.2", two).message
