@@ -78,7 +78,7 @@ class Case:
 
 def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Sequence[Mistake] = (),
              run: Callable | None = None, name: str | None = None, rtol: float = 1e-5, atol: float = 1e-6,
-             names: str | Sequence[str] = "output", reveal: bool = True) -> list:
+             names: str | Sequence[str] = "output", reveal: bool = True, explain: Callable | None = None) -> list:
     """Run ``answer`` and ``solution`` on every case; return the answer's results, or raise ``Mismatch``.
 
     Args:
@@ -90,6 +90,8 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
         items of a returned tuple, ``("params", "state")`` gives ``params['w']``.
       reveal: False for a prediction, whose right answer the learner is to read from the compiled program: the
         feedback then shows the answer's own values and which of them are too high or too low, never the right ones.
+      explain: ``explain(got, expected, case) -> str | None``: which parts differ, measured (per device, say),
+        added where no mistake is named.
     """
     name = name or getattr(answer, "__name__", "your function")
     if run is None:
@@ -136,7 +138,9 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
         feedback = named[0].feedback.replace("{n}", str(case.n)).replace("{label}", case.label)
         raise Mismatch(f"{case.label}: {shown}. {feedback}{''.join(raised[:1])}")
     both = diff.startswith("expected ") or shown == diff    # the diff says both sides
-    raise Mismatch(f"{case.label}: {diff if both else shown if shown.endswith(diff) else f'{shown}: {diff}'}.{where}")
+    parts = explain and "values differ" in diff and explain(got, expected, case)    # where no relation is told
+    raise Mismatch(f"{case.label}: {diff if both else shown if shown.endswith(diff) else f'{shown}: {diff}'}."
+                   f"{f' {parts}' if parts else ''}{where}")
 
 
 def _off(got, expected, opts) -> str:

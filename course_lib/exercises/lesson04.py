@@ -88,6 +88,40 @@ def _ring(a, shift=1):
     return [(i, (i + shift) % n) for i in range(n)]
 
 
+def _by_device(got, expected, case, pieces=False) -> str | None:
+    """Which devices' results (the rows of the pmapped output) differ, measured: zeros, other values; with
+    ``pieces`` (04.5), what each device holds in each of the n pieces of x: the right sum, zeros, the sum of
+    some of the devices' parts of that piece or of another piece (the sums of every subset are tried)."""
+    g, e = (np.asarray(v, np.float64) if hasattr(v, "shape") else None for v in (got, expected))
+    if g is None or e is None or g.shape != e.shape or not g.ndim:
+        return None
+    n, ok = case.n, lambda a, b, axis=None: np.all(np.isclose(a, b, rtol=1e-3, atol=1e-3), axis=axis)
+    if pieces:
+        xs, g, e = (np.asarray(a, np.float64).reshape(n, n, -1) for a in (case.args[0], g, e))  # (device, piece, V/n)
+        subsets = (np.arange(2 ** n)[:, None] >> np.arange(n)) & 1                             # (2^n, n) of 0/1
+        sums = ok(np.einsum("sd,dpv->spv", subsets, xs)[None, None], g[:, :, None, None], axis=-1)  # (j, c, s, p)
+        own = np.eye(n, dtype=bool)[None, :, None, :]                        # the piece in its own place
+        names = ["the right sum", "zeros", "a sum of some devices' parts of that piece",
+                 "a sum of parts of another piece", "other values"]
+        kinds = np.select([ok(g, e, axis=-1), ~g.any(-1), (sums & own).any((2, 3)), sums.any((2, 3))], names[:4],
+                          names[4])
+        counts = {k: (kinds == k).sum(1).tolist() for k in names if (kinds == k).any()}
+        if set(counts) == {"other values"}:
+            return None
+        return f"Of the {n} pieces of x ({g.shape[2]} values each) " + ("on every device: " + ", ".join(
+            f"{c[0]} {k}" for k, c in counts.items()) if all(len(set(c)) == 1 for c in counts.values()) else
+            "per device: " + "; ".join(f"{k} {c}" for k, c in counts.items())) + "."
+    wrong = [j for j in range(n) if not ok(g[j], e[j])]
+    zeros = [j for j in wrong if not g[j].any()]
+    if len(wrong) == n and not zeros or not wrong:
+        return None
+    said = [f"device{'s' * (len(zeros) > 1)} {', '.join(map(str, zeros))} hold{'s' * (len(zeros) == 1)} zeros, what "
+            "ppermute leaves on a device that no pair sends to" * bool(zeros),
+            f"devices {[j for j in wrong if j not in zeros]} hold other values" * (len(wrong) > len(zeros)),
+            f"the other {n - len(wrong)} devices are right" * (len(wrong) < n)]
+    return "; ".join(s for s in said if s).capitalize() + "."
+
+
 def _count_ppermutes(jaxpr) -> tuple[int, int]:
     """(ppermutes run, bytes one device sends in them) by a program, such as ``_jaxpr(fn, xs)``.
 
@@ -228,7 +262,7 @@ def check_ring_allreduce(ring_allreduce):
     ring = program is None or "ppermute" in program     # every mistake named here is one of a ring
     try:
         diagnose(ring_allreduce, cases, solution=solution_ring_allreduce, mistakes=MISTAKES_04_1 if ring else (),
-                 run=_runner("ring_allreduce"), rtol=1e-5, atol=1e-5)
+                 run=_runner("ring_allreduce"), rtol=1e-5, atol=1e-5, explain=_by_device)
     except Mismatch as e:
         if ring or isinstance(e, _NotStarted) or "returned None" in str(e):    # no values to read yet
             raise
@@ -332,7 +366,7 @@ MISTAKES_04_3 = [
 def check_rotate_right(rotate_right):
     cases = _cases([(2,), (2, 3)], seed=3, other_dtype=np.float16)
     diagnose(rotate_right, cases, solution=solution_rotate_right, mistakes=MISTAKES_04_3,
-             run=_runner("rotate_right"))
+             run=_runner("rotate_right"), explain=_by_device)
     _ppermute_only(_program(rotate_right, cases[-1].args[0]), "the rotation", right=True)
     hops, _ = _count_ppermutes(_jaxpr(rotate_right, cases[-1].args[0]))
     if hops != 1:
@@ -389,7 +423,7 @@ MISTAKES_04_4 = [
                  "writes one row of a new array, and works with a traced index."])
 def check_gather_all(gather_all):
     cases = _cases([(), (2,)], seed=4, other_dtype=np.float16)
-    diagnose(gather_all, cases, solution=solution_gather_all, mistakes=MISTAKES_04_4, run=_runner("gather_all"))
+    diagnose(gather_all, cases, solution=solution_gather_all, mistakes=MISTAKES_04_4, run=_runner("gather_all"), explain=_by_device)
     _ppermute_only(_program(gather_all, cases[-1].args[0]), "the gather", right=True)
     for n in sorted({c.n for c in cases}, reverse=True):     # extra hops change no value: read the traffic
         xs = np.ones((n, 64), np.float32)                    # a 256-byte x: an index sent along costs little
@@ -470,7 +504,8 @@ def check_ring_allreduce_chunked(ring_allreduce):
                   f"devices, each x a vector of {3 * n}" + ", axis_name 'batch'" * (n == 4), n=n)
              for n in sorted({len(jax.devices()), 4, 2}, reverse=True)]
     diagnose(ring_allreduce, cases, solution=solution_ring_allreduce_chunked, mistakes=MISTAKES_04_5,
-             run=_runner("ring_allreduce_chunked"), rtol=1e-5, atol=1e-5)
+             run=_runner("ring_allreduce_chunked"), rtol=1e-5, atol=1e-5,
+             explain=lambda got, expected, case: _by_device(got, expected, case, pieces=True))
     reports = []
     for xs in [case.args[0] for case in cases]:         # the first, on every device, is reported
         _ppermute_only(_program(ring_allreduce, xs), "the sum", right=True)
