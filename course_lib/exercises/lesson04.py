@@ -88,38 +88,33 @@ def _ring(a, shift=1):
     return [(i, (i + shift) % n) for i in range(n)]
 
 
-def _by_device(got, expected, case, pieces=False) -> str | None:
-    """Which devices' results (the rows of the pmapped output) differ, measured: zeros, other values; with
-    ``pieces`` (04.5), what each device holds in each of the n pieces of x: the right sum, zeros, the sum of
-    some of the devices' parts of that piece or of another piece (the sums of every subset are tried)."""
+def _by_device(got, expected, case, pieces=1) -> str | None:
+    """What each device holds where its result differs, measured, in each of ``pieces`` pieces of it (04.5: n):
+    zeros (what ppermute leaves where no pair sends), a sum of some devices' parts of that piece or of another
+    (every subset's sum is tried, where the result is shaped like x), or other values."""
     g, e = (np.asarray(v, np.float64) if hasattr(v, "shape") else None for v in (got, expected))
-    if g is None or e is None or g.shape != e.shape or not g.ndim:
+    n, xs = case.n, np.asarray(case.args[0], np.float64)
+    if g is None or e is None or g.shape != e.shape or g.size % (n * pieces):
         return None
-    n, ok = case.n, lambda a, b, axis=None: np.all(np.isclose(a, b, rtol=1e-3, atol=1e-3), axis=axis)
-    if pieces:
-        xs, g, e = (np.asarray(a, np.float64).reshape(n, n, -1) for a in (case.args[0], g, e))  # (device, piece, V/n)
-        subsets = (np.arange(2 ** n)[:, None] >> np.arange(n)) & 1                             # (2^n, n) of 0/1
-        sums = ok(np.einsum("sd,dpv->spv", subsets, xs)[None, None], g[:, :, None, None], axis=-1)  # (j, c, s, p)
-        own = np.eye(n, dtype=bool)[None, :, None, :]                        # the piece in its own place
-        names = ["the right sum", "zeros", "a sum of some devices' parts of that piece",
-                 "a sum of parts of another piece", "other values"]
-        kinds = np.select([ok(g, e, axis=-1), ~g.any(-1), (sums & own).any((2, 3)), sums.any((2, 3))], names[:4],
-                          names[4])
-        counts = {k: (kinds == k).sum(1).tolist() for k in names if (kinds == k).any()}
-        if set(counts) == {"other values"}:
-            return None
-        return f"Of the {n} pieces of x ({g.shape[2]} values each) " + ("on every device: " + ", ".join(
-            f"{c[0]} {k}" for k, c in counts.items()) if all(len(set(c)) == 1 for c in counts.values()) else
-            "per device: " + "; ".join(f"{k} {c}" for k, c in counts.items())) + "."
-    wrong = [j for j in range(n) if not ok(g[j], e[j])]
-    zeros = [j for j in wrong if not g[j].any()]
-    if len(wrong) == n and not zeros or not wrong:
+    xs, g, e = (a.reshape(n, pieces, -1) if a.size == g.size else None for a in (xs, g, e))    # (device, piece, ...)
+    ok = lambda a, b: np.isclose(a, b, rtol=1e-3, atol=1e-3).all(-1)  # noqa: E731
+    subsets = (np.arange(2 ** n)[:, None] >> np.arange(n)) & 1                                  # (2^n, n) of 0/1
+    sums = np.zeros((n, pieces, 1, pieces), bool) if xs is None else ok(                        # (j, c, s, piece)
+        np.einsum("sd,dpv->spv", subsets, xs)[None, None], g[:, :, None, None])
+    names = ["right", "zeros (what ppermute leaves where no pair sends)", "a sum of some devices' parts of that "
+             "piece" if pieces > 1 else "a sum of some devices' x (one or more)", "a sum of parts of another piece",
+             "other values"]
+    own = np.eye(pieces, dtype=bool)[None, :, None, :]
+    kinds = np.select([ok(g, e), ~g.any(-1), (sums & own).any((2, 3)), sums.any((2, 3))], names[:4], names[4])
+    if (kinds == names[4]).all() or (kinds == names[0]).all():
         return None
-    said = [f"device{'s' * (len(zeros) > 1)} {', '.join(map(str, zeros))} hold{'s' * (len(zeros) == 1)} zeros, what "
-            "ppermute leaves on a device that no pair sends to" * bool(zeros),
-            f"devices {[j for j in wrong if j not in zeros]} hold other values" * (len(wrong) > len(zeros)),
-            f"the other {n - len(wrong)} devices are right" * (len(wrong) < n)]
-    return "; ".join(s for s in said if s).capitalize() + "."
+    if pieces == 1:
+        return "By device: " + "; ".join(f"{k} on {np.flatnonzero(kinds == k).tolist()}" for k in names
+                                         if k in kinds) + "."
+    counts = {k: (kinds == k).sum(1).tolist() for k in names if k in kinds}
+    return f"Of the {pieces} pieces of x ({g.shape[2]} values each) " + ("on every device: " + ", ".join(
+        f"{c[0]} {k}" for k, c in counts.items()) if all(len(set(c)) == 1 for c in counts.values()) else
+        "per device: " + "; ".join(f"{k} {c}" for k, c in counts.items())) + "."
 
 
 def _count_ppermutes(jaxpr) -> tuple[int, int]:
@@ -505,7 +500,7 @@ def check_ring_allreduce_chunked(ring_allreduce):
              for n in sorted({len(jax.devices()), 4, 2}, reverse=True)]
     diagnose(ring_allreduce, cases, solution=solution_ring_allreduce_chunked, mistakes=MISTAKES_04_5,
              run=_runner("ring_allreduce_chunked"), rtol=1e-5, atol=1e-5,
-             explain=lambda got, expected, case: _by_device(got, expected, case, pieces=True))
+             explain=lambda got, expected, case: _by_device(got, expected, case, pieces=case.n))
     reports = []
     for xs in [case.args[0] for case in cases]:         # the first, on every device, is reported
         _ppermute_only(_program(ring_allreduce, xs), "the sum", right=True)
