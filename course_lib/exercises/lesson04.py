@@ -104,14 +104,15 @@ def _by_device(got, expected, case, pieces=1) -> str | None:
     own = np.eye(pieces, dtype=bool)[None, :, None, :] & ~ok(g, e)[..., None, None]    # a wrong piece in its place
     sizes = set(subsets.sum(1)[np.argwhere(sums & own)[:, 2]].tolist())                # how many parts its sums hold
     who = f"{sizes.pop()} of the {n} devices'" if len(sizes) == 1 else "some devices'"
-    names = ["right", "zeros" if pieces > 1 else "zeros, as on a device no ppermute pair sends to",
+    names = ["right", "zeros",
              f"a sum of {who} parts of that piece" if pieces > 1 else f"a sum of {who} x",
              "a sum of parts of another piece", "other values"]
     kinds = np.select([ok(g, e), ~g.any(-1), (sums & own).any((2, 3)), sums.any((2, 3))], names[:4], names[4])
     if (kinds == names[4]).all() or (kinds == names[0]).all():
         return None
     if pieces == 1:
-        return "By device: " + "; ".join(f"{k} on {np.flatnonzero(kinds == k).tolist()}" for k in names
+        return "By device: " + "; ".join(f"{k} on {np.flatnonzero(kinds == k).tolist()}" + (
+            ", as on a device that no ppermute pair sends to" if k == "zeros" else "") for k in names
                                          if k in kinds) + "."
     counts = {k: (kinds == k).sum(1).tolist() for k in names if k in kinds}
     return f"Of the {pieces} pieces of x ({g.shape[2]} values each) " + ("on every device: " + ", ".join(
