@@ -17,8 +17,7 @@ AXIS = "i"
 def _mesh(n, mixed=False):
     """A mesh of ``n`` devices; with fewer than all, the last ``n`` in reverse order; all of them in id order, or with
     ``mixed`` out of it (``mixed_devices``): an answer that builds its own mesh, or puts a block elsewhere, shows."""
-    every = mixed_devices() if mixed else jax.devices()
-    devices = every if n == len(every) else jax.devices()[::-1][:n]
+    devices = (mixed_devices() if mixed else jax.devices()) if n == len(jax.devices()) else jax.devices()[::-1][:n]
     return jax.make_mesh((n,), (AXIS,), axis_types=(jax.sharding.AxisType.Explicit,), devices=devices)
 
 
