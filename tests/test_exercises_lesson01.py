@@ -15,11 +15,11 @@ def test_01_1_split_across():
     on_host = check("01.1", lambda x, ds: list(np.split(x, len(ds))))
     assert "The pieces are NumPy arrays in host memory" in on_host.message
     all_on_one = check("01.1", lambda x, ds: [jax.device_put(p, ds[0]) for p in np.split(x, len(ds))])
-    assert "expected pieces on: device 0, device 1, device 2, device 3, device 4, device 5, device 6, device 7, " \
-        "got pieces on: device 0, device 0" in all_on_one.message
+    assert "expected pieces on: device 5, device 2, device 6, device 1, device 3, device 4, device 0, device 7, " \
+        "got pieces on: device 5, device 5" in all_on_one.message
     in_id_order = check("01.1", lambda x, ds: solution_split_across(x, sorted(ds, key=lambda d: d.id)))
-    assert "devices with ids [5, 2, 6, 1]): expected pieces on: device 5, device 2, device 6, device 1, got pieces " \
-        "on: device 1, device 2, device 5, device 6" in in_id_order.message
+    assert "devices with ids [5, 2, 6, 1, 3, 4, 0, 7]): expected pieces on: device 5, device 2, device 6, device 1, " \
+        "device 3, device 4, device 0, device 7, got pieces on: device 0, device 1," in in_id_order.message
     too_few = check("01.1", lambda x, ds: [jax.device_put(x, ds[0])])
     assert "expected a list of 8" in too_few.message
     hard_coded = check("01.1", lambda x, ds: [jax.device_put(x[2 * i:2 * i + 2], d) for i, d in enumerate(ds)])

@@ -234,3 +234,67 @@ def test_08_3_a_name_in_a_branch_that_does_not_run_is_said_as_read_not_as_used()
 def test_09_2_ks_written_in_fail():
     fb = check("09.2", lambda ks, ms: tuple(np.polyfit(1 / np.array([1, 2, 5, 10, 25.0]), ms, 1)))
     assert not fb and "ks=[3, 1, 8, 4]" in fb.message
+
+
+# ---- lessons 00-06 (tester11, fixL): the devices or mesh given are used; JAX's errors explained; what differs said
+
+
+def test_01_1_jax_devices_used_when_eight_are_given_fails():
+    fb = check("01.1", lambda x, ds: [jax.device_put(p, d) for p, d in zip(
+        np.split(np.asarray(x), len(ds)), jax.devices() if len(ds) == 8 else ds)])
+    assert not fb and "devices with ids [5, 2, 6, 1, 3, 4, 0, 7]" in fb.message
+
+
+def test_03_4_an_own_mesh_when_the_batch_divides_by_8_fails():
+    def own(x, w, mesh):
+        m = jax.make_mesh((8,), ("i",), axis_types=(jax.sharding.AxisType.Explicit,)) if x.shape[0] % 8 == 0 else mesh
+        with jax.set_mesh(m):
+            return jax.smap(lambda b: b @ w, in_axes=0, out_axes=0, axis_name="i")(jax.device_put(x, jax.P("i")))
+
+    assert not check("03.4", own)
+
+
+def test_06_1_an_own_mesh_or_another_axis_name_fails_and_says_how_the_mesh_differs():
+    def own(params, batch, mesh):
+        m = jax.sharding.Mesh(np.array(jax.devices()), ("i",)) if mesh.size == 8 else mesh
+        return jax.device_put(params, jax.NamedSharding(m, jax.P())), jax.device_put(batch, jax.NamedSharding(
+            m, jax.P("i")))
+
+    assert not check("06.1", own)
+    fb = check("06.1", lambda p, b, m: (jax.device_put(p, jax.NamedSharding(jax.sharding.Mesh(m.devices, ("j",)),
+                                                                             jax.P())), b))
+    assert not fb and "axes named ('j',) where the mesh given names ('i',)" in fb.message
+
+
+def test_raw_jax_errors_of_lessons_00_03_06_get_a_course_sentence():
+    fb = check("00.1", lambda x: jnp.asarray(x, device=jax.devices()[3]))      # x on device 7: JAX refuses
+    assert not fb and "incompatible devices" in fb.message and "is what jax.device_put does" in fb.message
+    fb = check("06.2", lambda: (jax.P("i"), jax.P("i", "i")))
+    assert not fb and "names each mesh axis at most once" in fb.message
+    fb = check("03.4", lambda x, w, mesh: _smap_out_axes_none(x, w, mesh))
+    assert not fb and "out_axes names the axis along which smap joins the blocks" in fb.message \
+        and "_rem_singleton" not in fb.message
+
+
+def _smap_out_axes_none(x, w, mesh):
+    with jax.set_mesh(mesh):
+        return jax.smap(lambda b: b @ w, in_axes=0, out_axes=None, axis_name="i")(jax.device_put(x, jax.P("i")))
+
+
+def test_04_wrong_rings_say_the_case_and_what_differs():
+    def written_in_8(x, a):
+        n = jax.lax.axis_size(a)
+        return jax.lax.ppermute(x, a, [(i, (i + 1) % 8) for i in range(n) if (i + 1) % 8 < n])
+
+    fb = check("04.3", written_in_8)
+    assert not fb and "on 4 devices" in fb.message and "values differ" in fb.message
+
+    def reduce_scatter_only(x, a):
+        n, i = jax.lax.axis_size(a), jax.lax.axis_index(a)
+        c = x.reshape(n, -1)
+        for s in range(n - 1):
+            c = c.at[(i - s - 1) % n].add(jax.lax.ppermute(c[(i - s) % n], a, [(j, (j + 1) % n) for j in range(n)]))
+        return c.reshape(x.shape)
+
+    fb = check("04.5", reduce_scatter_only)
+    assert not fb and "values differ" in fb.message

@@ -31,7 +31,10 @@ def _values_and_place(fn, case, name="on_device_3"):
                       "has no attribute 'id'": "For an array on several devices a.device is its sharding, not a "
                                                "Device; a.devices() is the set of devices for any array.",
                       "single device": "a.device works only for an array on one device; a.devices() works for "
-                                       "any array."})
+                                       "any array.",
+                      "incompatible devices": "x already lives on a device, and a computation on it (jnp.asarray "
+                                              "with device= too) runs there and cannot take it elsewhere: moving an "
+                                              "array to another device is what jax.device_put does."})
     return (_array(got, name, "00.1"), placement(got)) if name == "on_device_3" else got
 
 

@@ -64,10 +64,10 @@ MISTAKES_01_1 = [
                  "Section 2 of the lesson does it in two steps, Split and Place: read its cells, and what "
                  "`jax.device_put` takes as a target."])
 def check_split_across(split_across):
-    devices = jax.devices()         # the last case's devices are out of id order: piece i goes to devices[i]
+    devices = jax.devices()         # two cases' devices are out of id order: piece i goes to devices[i]
     cases = [Case((_data((b, d), seed=len(devs) + b), list(devs)),
                   f"split_across(x {(b, d)}, devices with ids {[v.id for v in devs]})", n=len(devs))
-             for devs, b, d in [(devices, 2 * len(devices), 3), (devices[:4], 12, 2), (devices[:2], 2, 5),
+             for devs, b, d in [(mixed_devices(), 2 * len(devices), 3), (devices[:4], 12, 2), (devices[:2], 2, 5),
                                 (mixed_devices(4), 8, 2)]]
     diagnose(split_across, cases, solution=solution_split_across, mistakes=MISTAKES_01_1, run=_pieces_and_places,
              names=("piece", "placement"))
@@ -141,7 +141,9 @@ def check_norms_on_devices(norms_on_devices):
             "can come up short), or none: it then takes the first ones.")
     results = diagnose(norms_on_devices, cases, solution=solution_norms_on_devices, mistakes=MISTAKES_01_3,
                        rtol=1e-4, run=lambda fn, case: call(fn, *case.args, name="norms_on_devices", summaries={
-                           "is partitioned": rows, "squeeze out": rows}))
+                           "is partitioned": rows, "squeeze out": rows}, hints={"incompatible devices": "Results that "
+                           "live on different devices cannot be joined by one operation (a stack): pmap returns them "
+                           "as one array, already spread over the devices."}))
     for case, got in zip(cases, results):
         expect_pmapped(norms_on_devices, got, case.args, devices[:case.n], what=case.label, name="norms_on_devices",
                        how=f"so that each of the {case.n} rows is computed on its own device", work=[NORM],

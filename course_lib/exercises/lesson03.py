@@ -6,7 +6,7 @@ import numpy as np
 
 from . import Case, Mismatch, Mistake, call, diagnose, exercise, expect_placed_on, expect_pmapped, watch
 from .lesson00 import _data
-from .lesson06 import _mesh
+from .lesson06 import DUPLICATE, _mesh
 
 
 # Fragments of JAX's messages for the typical mistakes, and what they mean.
@@ -240,16 +240,17 @@ _NO_MESH = ("smap's axis_name names an axis of the mesh in context, and this cal
 SMAP_ERRORS = {
     "specs of the input": "smap's in_axes asks for an input split over \"i\", and one arrived otherwise: smap does "
                           "not move an input for you.",
-    "evenly divisi": "An input was cut along an axis whose size does not divide by the mesh's device count.",
+    "evenly divi": "An input was cut into as many blocks as the mesh in context has devices (JAX names the count), "
+                   "along an axis that count does not divide: only x is split, over the mesh given.",
     "should match the mesh passed to shard_map": "An smap built once and called again keeps the mesh of its first "
                                                  "call, and this call gives another mesh.",
     "require replication": "out_axes=None says every device holds the same result, and here each device holds a "
-                           "different block of rows.",
+                           "different block of rows: out_axes names the axis along which smap joins the blocks.",
     "truth value of an array": "That is NumPy refusing to treat an array of Devices as true or false: pmap's devices "
                                "argument wants a list of Devices. The exercise is jax.smap on the mesh given.",
     "PartitionSpec is passed to device_put": "A PartitionSpec alone names mesh axes, and this device_put ran with "
                                              "no mesh in context to say which mesh.",
-    "mesh context": _NO_MESH, "Auto or Manual": _NO_MESH, "empty mesh": _NO_MESH, "set a mesh": _NO_MESH,
+    "mesh context": _NO_MESH, "Auto or Manual": _NO_MESH, "empty mesh": _NO_MESH, "set a mesh": _NO_MESH, **DUPLICATE,
 }
 
 
@@ -263,12 +264,14 @@ SMAP_ERRORS = {
                  "mesh you were given, not one of your own."])
 def check_smap_predict(smap_predict):
     name = getattr(smap_predict, "__name__", "smap_predict")
-    cases = [Case((put(_data((B, d), seed=B * d)), jnp.asarray(_data((d, k), seed=d + k + n)), _mesh(n)),
+    cases = [Case((put(_data((B, d), seed=B * d)), jnp.asarray(_data((d, k), seed=d + k + n)), _mesh(n, mixed=True)),
                   f"{name}(x {(B, d)}, w {(d, k)}, a mesh of {n} devices)", n=n)     # x on the host, or on a device
              for n, B, d, k, put in [(len(jax.devices()), 16, 3, 2, np.asarray), (4, 12, 5, 3, jnp.asarray),
                                      (2, 10, 4, 3, np.asarray)]]
     results = diagnose(smap_predict, cases, solution=solution_smap_predict, mistakes=MISTAKES_03_4, rtol=1e-4,
-                       atol=1e-5, run=lambda fn, case: call(fn, *case.args, name=name, hints=SMAP_ERRORS))
+                       atol=1e-5, run=lambda fn, case: call(fn, *case.args, name=name, hints=SMAP_ERRORS, summaries={
+                           "require replication": "smap was asked for a result the same on every device (out_axes=None)"
+                                                  ", and JAX cannot see that it is."}))
     for case, got in zip(cases, results):
         x, w, mesh = case.args
         expect_placed_on(got, mesh.devices.flat, in_order=True,

@@ -9,15 +9,21 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import sharding
 from . import Case, Mismatch, Mistake, Said, call, describe_tree, diagnose, exercise, placement
+from .lesson08 import mixed_devices
 
 AXIS = "i"
 
 
-def _mesh(n):
-    """A mesh of ``n`` devices; with fewer than all, the last ``n`` in reverse order: an answer that builds its own
-    mesh, or puts a block on another device than the mesh's, shows."""
-    devices = jax.devices() if n == len(jax.devices()) else jax.devices()[::-1][:n]
+def _mesh(n, mixed=False):
+    """A mesh of ``n`` devices; with fewer than all, the last ``n`` in reverse order; all of them in id order, or with
+    ``mixed`` out of it (``mixed_devices``): an answer that builds its own mesh, or puts a block elsewhere, shows."""
+    devices = (mixed_devices() if mixed else jax.devices()) if n == len(jax.devices()) else jax.devices()[::-1][:n]
     return jax.make_mesh((n,), (AXIS,), axis_types=(jax.sharding.AxisType.Explicit,), devices=devices)
+
+
+# JAX's DuplicateSpecError, in the course's words: what a PartitionSpec's entries mean
+DUPLICATE = {"duplicate entries": "A PartitionSpec names each mesh axis at most once: its k-th entry says which mesh "
+                                  "axis splits the array's axis k, and one mesh axis can split only one of them."}
 
 
 def _spec(x):
@@ -53,15 +59,18 @@ def _leaves(tree):
 
 def _layout(leaf, mesh) -> str:
     """How ``leaf`` is laid out, in words: ``on the host``, ``whole on devices [0, 1]``, ``in blocks of (3, 2) on
-    devices [7, 6, 5, 4]`` (in block order: ``placement``); and its mesh's axes and devices, if not ``mesh``'s."""
+    devices [7, 6, 5, 4]`` (in block order: ``placement``); first, how its mesh differs from ``mesh``, if it does."""
     if not isinstance(leaf, jax.Array):
         return "on the host"
-    own, given = ((m.axis_names, m.device_ids.tolist()) for m in (getattr(leaf.sharding, "mesh", mesh), mesh))
-    other = "" if own == given else (f", on a mesh of its own (axes {own[0]}, devices {own[1]}; the mesh given: "
-                                     f"{given[0]}, {given[1]})")
+    (names, ids), (names0, ids0) = ((m.axis_names, m.device_ids.tolist()) for m in (getattr(
+        leaf.sharding, "mesh", mesh), mesh))
+    other = (f"on a mesh of its own, axes named {names} where the mesh given names {names0} (a spec or a collective "
+             "finds a mesh axis by its name), " if names != names0 else "" if ids == ids0 else
+             f"on a mesh of its own, devices {ids} where the mesh given has {ids0} (" + ("the same devices in another "
+             "order: the order says which device holds block k), " if sorted(ids) == sorted(ids0) else "others), "))
     blocks = sorted({s.data.shape for s in leaf.addressable_shards})
     how = "whole" if leaf.sharding.is_fully_replicated else f"in blocks of {blocks[0] if len(blocks) == 1 else blocks}"
-    return f"{how} {placement(leaf)}{other}"
+    return f"{other}{how} {placement(leaf)}"
 
 
 _PLACE_HINTS = {
@@ -70,7 +79,7 @@ _PLACE_HINTS = {
     "is not found in mesh": "The mesh you were given names its axis 'i': a spec can only name the axes of "
                                 "that mesh.",
     "if a PartitionSpec is passed": "A PartitionSpec alone does not say which mesh it refers to: pair it with "
-                                    "the mesh you were given (lesson 06, section 1).",
+                                    "the mesh you were given (lesson 06, section 1).", **DUPLICATE,
 }
 
 
@@ -136,7 +145,7 @@ MISTAKES_06_1 = [
                  "Lesson 06, section 1: `jax.device_put` with a `NamedSharding`, and the cells that print a "
                  "PartitionSpec's layout. device_put accepts a whole pytree (a dict of arrays) at once."])
 def check_place(place):
-    cases = [Case((params, batch, _mesh(n)), f"on a mesh of {n} devices", n=n)
+    cases = [Case((params, batch, _mesh(n, mixed=True)), f"on a mesh of {n} devices", n=n)
              for n, params, batch in _place_cases(len(jax.devices()))]
     diagnose(place, cases, solution=solution_place, mistakes=MISTAKES_06_1, run=_placed, rtol=0, atol=0,
              names=("params", "batch", "placement"))
@@ -172,7 +181,7 @@ def _run_stats(fn, case):
                 name=f"shard_map(stats, out_specs={tuple(specs)})", summaries={
                     "can't be statically inferred": f"check_vma rejects {label} for the per-device sums, which differ "
                     "from device to device. Only the psum total is known to be the same everywhere.",
-                    "marked as manual": other, "not found in mesh": other})
+                    "marked as manual": other, "not found in mesh": other, **DUPLICATE})
 
 
 MISTAKES_06_2 = [

@@ -92,7 +92,7 @@ WRONG = [
     ("reshaped to a device axis", reshaped_pmap_style, "blocks keep their rank"),
     ("blocks joined along axis 1", joined_along_1, "joined along axis 1"),
     ("input not placed", not_placed, "smap does not move an input for you"),
-    ("weight mapped", w_mapped, "does not divide by the mesh's device count"),
+    ("weight mapped", w_mapped, "along an axis that count does not divide"),
     ("no mesh context", lambda x, w, mesh: smap(matmul)(jax.device_put(x, P("i")), w), "ran with no mesh in context"),
     ("a mesh of its own", own_mesh, "It is right in the other case; wrong also in"),
     ("out_axes=None", out_axes_none, "each device holds a different block of rows"),
