@@ -13,7 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from .. import sharded_state
 from . import Case, Mismatch, Mistake, call, describe_tree, diagnose, exercise, is_placeholder, returned_none
-from .lesson12 import _or_none, _read_counts
+from .lesson12 import _expect_whole, _or_none, _read_counts
 from .lesson07 import _OWN_OPTIMIZER, _Spy
 from .lesson08 import mixed_devices
 
@@ -97,13 +97,14 @@ def solution_zero_bytes(n_params, n_devices, stage):
 
 _SPLIT = {"replicated": (), "zero1": ("opt_state",), "zero2": ("opt_state", "grads"),
           "fsdp": ("opt_state", "grads", "params")}
+_PARTS = ("params", "grads", "opt_state")
 
 
 def _table(split=_SPLIT, adam=8, share=lambda p, n: p / n):
     """A zero_bytes that splits ``split[stage]`` over the devices, ``share(p, n)`` parameters' worth on each; ``adam``
     bytes of optimizer state per parameter."""
     def zero_bytes(n_params, n_devices, stage):
-        per_param = {"params": 4, "grads": 4, "opt_state": adam}
+        per_param = dict(zip(_PARTS, (4, 4, adam)))
         return {k: b * (share(n_params, n_devices) if k in split[stage] else n_params) for k, b in per_param.items()}
     return zero_bytes
 
@@ -130,6 +131,10 @@ MISTAKES_10_1 = [
             _table({**_SPLIT, "zero2": _SPLIT["fsdp"]})),
     Mistake("bits", "That looks like bits (8 per byte): return bytes.",
             lambda p, n, s: {k: 8 * v for k, v in solution_zero_bytes(p, n, s).items()}),
+    *[Mistake(f"rounded {way}", "Your counts are whole numbers of bytes where a device's exact share is not (3_001 "
+              "parameters' float32 gradients over 8 devices: 1500.5 bytes each): divide exactly, with /.",
+              lambda p, n, s, f=f: {k: float(f(v)) for k, v in solution_zero_bytes(p, n, s).items()})
+      for way, f in (("down", np.floor), ("up", np.ceil))],
 ]
 
 
@@ -138,9 +143,13 @@ _padded_bytes = _table(share=lambda p, n: -(-p // n))
 
 
 def _bytes_runner(fn, case):
-    """``fn(*case.args)``, with numbers of any Python kind (Fraction, Decimal) read as floats."""
+    """``fn(*case.args)``, with numbers of any Python kind (Fraction, Decimal) read as floats; other keys named."""
     import numbers
     got = call(fn, *case.args, name="zero_bytes")
+    if isinstance(got, dict) and set(got) != set(_PARTS):
+        extra, missing = [k for k in got if k not in _PARTS], [k for k in _PARTS if k not in got]
+        raise Mismatch(f"zero_bytes returned the keys {list(got)}; expected exactly {list(_PARTS)} (extra: "
+                       f"{extra or 'none'}; missing: {missing or 'none'}).")
     if isinstance(got, dict):
         got = {k: float(v) if isinstance(v, numbers.Number) and not isinstance(v, bool) else v
                for k, v in got.items()}
@@ -152,7 +161,7 @@ def _bytes_runner(fn, case):
 def check_zero_bytes(zero_bytes):
     from .lesson11 import _watch
     cases = [Case((p, n, stage), f"zero_bytes({p:_}, {n}, {stage!r})", n=n)
-             for p, n in [(1_000_000_000, 8), (19_210, 4), (3_001, 2)] for stage in _SPLIT]
+             for p, n in [(1_000_000_000, 8), (19_210, 4), (3_001, 8)] for stage in _SPLIT]   # 1500.5 B: no rounding
     library, padded = [], ""
     with _watch(sharded_state, "formula_bytes", library):
         try:
@@ -493,8 +502,8 @@ def _toy_problem(n, d_in, hidden, d_out, seed):
     return loss_fn, params, data
 
 
-_NEEDS_WHOLE = ("A device's rows of a leaf met a whole leaf: loss_fn needs every parameter whole (gathered inside "
-                "the function you differentiate), and the optimizer's update the rows (gradients, state, params).")
+_NEEDS_WHOLE = ("Shapes that do not fit: loss_fn needs every parameter whole, and the optimizer's update this "
+                "device's rows of each (gradients, state and params alike).")
 
 
 def _gradient_all_reduces(found, slice_bytes):
@@ -510,7 +519,13 @@ def _fsdp_run(make, case):
     n, (d_in, hidden, d_out), opt_name, optimizer = case.args
     loss_fn, params, data = _toy_problem(n, d_in, hidden, d_out, seed=n)
     spy = _Spy(optimizer)
-    step = call(make, loss_fn, spy.transformation(), name="make_fsdp_step")
+
+    def whole_loss(p, batch):       # the shapes of what the answer's step gives loss_fn, measured while tracing
+        for k, v in params.items():
+            if isinstance(p, dict) and hasattr(p.get(k), "shape"):
+                _expect_whole(f"loss_fn received params[{k!r}]", tuple(p[k].shape), (v.shape[0] // n, *v.shape[1:]), 0)
+        return loss_fn(p, batch)
+    step = call(make, whole_loss, spy.transformation(), name="make_fsdp_step")
     if not callable(step):
         raise Mismatch(f"make_fsdp_step(loss_fn, optimizer) returned {describe_tree(step)}; expected the step "
                        "function, step(my_params, opt_state, batch), that runs on each device.")
@@ -560,15 +575,16 @@ def _fsdp_run(make, case):
     return {"first update": first, "losses": np.stack(losses), "params after 3 steps": dict(p)}
 
 
-def _fsdp_as(by=lambda n: n, then=lambda g: g):
-    """The FSDP step with its gradient divided by ``by(n)`` instead of n, then passed through ``then``."""
+def _fsdp_as(by=lambda n: n, then=lambda g: g, new_state=True):
+    """The FSDP step with its gradient divided by ``by(n)`` instead of n, then passed through ``then``; the state
+    that came in returned unless ``new_state``."""
     def make(loss_fn, optimizer):
         def step(my_params, opt_state, batch):
             n = jax.lax.axis_size(AXIS)
             loss, grads = jax.value_and_grad(lambda p: loss_fn(jax.tree.map(
                 lambda s: jax.lax.all_gather(s, AXIS, tiled=True), p), batch))(my_params)
-            updates, opt_state = optimizer.update(jax.tree.map(lambda g: then(g / by(n)), grads), opt_state, my_params)
-            return optax.apply_updates(my_params, updates), opt_state, jax.lax.pmean(loss, AXIS)
+            updates, state = optimizer.update(jax.tree.map(lambda g: then(g / by(n)), grads), opt_state, my_params)
+            return optax.apply_updates(my_params, updates), state if new_state else opt_state, jax.lax.pmean(loss, AXIS)
         return step
     return make
 
@@ -585,6 +601,8 @@ MISTAKES_10_4 = [
                                "; divide it by the device count, with no collective."),
               _fsdp_as(by=by or (lambda n: 1), then=lambda g: jax.lax.pmean(g, AXIS)))
       for name, by in [("pmean of the scattered slices", None), ("pmean after dividing", lambda n: n)]],
+    Mistake("old optimizer state", "The optimizer state returned is the one that came in: return the new state "
+            "that optimizer.update gives, or the next step starts from the old one.", _fsdp_as(new_state=False)),
 ]
 
 

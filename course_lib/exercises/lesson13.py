@@ -79,8 +79,8 @@ MISTAKES_13_1 = [
     Mistake("only the layers", _LEAVES, lambda c, n, fsdp: 12 * _counts(c)[0] / (n if fsdp else 1)),
     Mistake("pos left out", _LEAVES, _state(12, rest_less=1)),
     Mistake("bits", "That looks like bits (8 times the bytes). Return bytes.", _state(96)),
-    Mistake("GiB", "That looks like GiB. Return bytes.", _state(12 / 2**30)),
-    Mistake("MiB", "That looks like MiB. Return bytes.", _state(12 / 2**20)),
+    *[Mistake(unit, f"That looks like {unit}. Return bytes.", _state(12 / size))
+      for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("GB", 1e9), ("MB", 1e6))],
 ]
 
 
