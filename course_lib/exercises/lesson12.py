@@ -260,7 +260,7 @@ def solution_gather_layer(layer):
 
 
 def _expect_whole(said, shape, came, axis) -> None:
-    """Raise, saying what the shapes show, unless ``shape`` is ``came`` (a slice split along ``axis``, 0 or -1) whole."""
+    """Raise, saying what the shapes show, unless ``shape`` is that of ``came`` (a slice along ``axis``) whole."""
     n = jax.lax.axis_size(AXIS)
     whole = tuple(c * n if i == axis % len(came) else c for i, c in enumerate(came))
     if shape == whole:
@@ -421,9 +421,8 @@ _CASES = [(3, 1, 1, 0, True), (2, 2, 1, 1, True), (2, 1, 0, 2, True), (3, 2, 1, 
 
 
 _OPS = ("all-gather", "reduce-scatter", "all-reduce")
-_SPELLINGS = {"psum": "all-reduce", "pmean": "all-reduce", "all_reduce": "all-reduce", "allreduce": "all-reduce",
-              "psum_scatter": "reduce-scatter", "reduce_scatter": "reduce-scatter", "reducescatter": "reduce-scatter",
-              "all_gather": "all-gather", "allgather": "all-gather"}
+_SPELLINGS = {"psum": "all-reduce", "pmean": "all-reduce", "allreduce": "all-reduce", "psumscatter": "reduce-scatter",
+              "reducescatter": "reduce-scatter", "allgather": "all-gather"}      # read without '_', '-' or spaces
 
 
 def _read_counts(got, every=False) -> dict:
@@ -435,7 +434,7 @@ def _read_counts(got, every=False) -> dict:
                        'many times one step runs it, e.g. {"all-gather": 1}.')
     counts, named = dict.fromkeys(_OPS, 0), set()
     for op, count in got.items():
-        name = _SPELLINGS.get(op.strip().lower().replace(" ", ""), op.strip().lower()) if isinstance(op, str) else op
+        name = _SPELLINGS.get("".join(filter(str.isalnum, op.lower())), op) if isinstance(op, str) else op
         if name not in _OPS:
             raise Mismatch(f"the prediction names {op!r}; use the compiled program's names: "
                            f"{', '.join(map(repr, _OPS))} (psum is an all-reduce, psum_scatter a reduce-scatter).")

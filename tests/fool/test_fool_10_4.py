@@ -105,7 +105,7 @@ WRONG = [
     ("summed, not averaged", lambda l, o: fsdp(l, o, mean=False), "the mean gradient times the device count"),
     ("all-reduce, then slice", all_reduce_then_slice, "no gradient-sized all-reduce"),
     ("gathered invarying", lambda l, o: fsdp(l, o, gather_to="invarying"), "invarying"),
-    ("never gathers", never_gathers, "needs every parameter whole"),
+    ("never gathers", never_gathers, "the shape of this device's slice"),
     ("returns the gathered parameters", lambda l, o: fsdp(l, o, return_whole=True), "not the gathered parameters"),
     ("the local loss", lambda l, o: fsdp(l, o, pmean_loss=False), "average it over the mesh axis"),
     ("bfloat16 compute", lambda l, o: fsdp(l, o, dtype=jnp.bfloat16), "bfloat16"),
