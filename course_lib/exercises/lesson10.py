@@ -533,8 +533,8 @@ def _fsdp_run(make, case):
             kinds.get(jax.tree.structure(v), "something else") for v in out)
         if order != ("params", "opt_state", "loss"):            # the order, or a None, said before any value
             shaped = f": shaped like ({', '.join(order)})" if order else ""
-            raise Mismatch(f"step returned {describe_tree(out)}{shaped}; expected three things, (params, opt_state, "
-                           "loss): the new slices of the parameters, the new optimizer state and the loss.")
+            raise Mismatch(f"step returned {describe_tree(out)}{shaped}; expected (params, opt_state, loss), three "
+                           "things: the new slices of the parameters, the new optimizer state and the loss.")
         return tuple(out)
 
     f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(split, opt_specs, P(AXIS)),

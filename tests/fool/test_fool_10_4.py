@@ -116,7 +116,8 @@ WRONG = [
     ("divided by n twice (4x too small on 4 devices)", lambda l, o: fsdp(l, o, divide=lambda n: n * n),
      "too small, a factor of the device count"),
     ("divided by a written-in 8", lambda l, o: fsdp(l, o, divide=lambda n: 8), "a factor 2/8"),
-    ("two things back", lambda l, o: (lambda p, s, b: (p, s)), "expected three things"),
+    ("two things back", lambda l, o: (lambda p, s, b: (p, s)),
+     "shaped like (params, opt_state); expected (params, opt_state, loss), three things"),
 ]
 RIGHT = [("reduce-scatter by hand", scatters_itself), ("loss divided inside, psum of it", mean_loss_inside)]
 
