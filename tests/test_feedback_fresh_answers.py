@@ -298,3 +298,47 @@ def test_04_wrong_rings_say_the_case_and_what_differs():
 
     fb = check("04.5", reduce_scatter_only)
     assert not fb and "values differ" in fb.message
+
+
+# ---- lessons 10-13 (tester12, round 3)
+
+def test_10_1_bytes_rounded_to_whole_numbers_fail_and_an_extra_key_is_named():
+    from course_lib.exercises.lesson10 import solution_zero_bytes
+    floor = check("10.1", lambda p, n, s: {k: float(int(v)) for k, v in solution_zero_bytes(p, n, s).items()})
+    assert not floor and "1500.5" in floor.message
+    total = check("10.1", lambda p, n, s: {**solution_zero_bytes(p, n, s), "total": 0.0})
+    assert not total and "extra: ['total']; missing: none" in total.message
+
+
+def test_10_4_a_gather_along_the_wrong_axis_is_named_from_the_shapes_loss_fn_receives():
+    def make(loss_fn, optimizer):
+        def step(my_params, opt_state, batch):
+            def loss(p):
+                return loss_fn(jax.tree.map(lambda a: jax.lax.all_gather(a, "data", axis=-1, tiled=True), p), batch)
+            value, grads = jax.value_and_grad(loss)(my_params)
+            n = jax.lax.axis_size("data")
+            updates, opt_state = optimizer.update(jax.tree.map(lambda g: g / n, grads), opt_state, my_params)
+            return optax.apply_updates(my_params, updates), opt_state, jax.lax.pmean(value, "data")
+        return step
+
+    fb = check("10.4", make)
+    assert not fb and "join the slices along the first axis" in fb.message
+    assert "inside the function you differentiate" not in fb.message
+
+
+def test_12_1_fsdp_named_twice_is_named_and_a_length_equal_to_the_fsdp_size_must_split():
+    def every_axis(params, mesh):
+        size = mesh.shape["fsdp"]
+        return jax.tree.map(lambda a: jax.P(*["fsdp" if d % size == 0 else None for d in a.shape]), params)
+
+    def longer_only(params, mesh):
+        size = mesh.shape["fsdp"]
+
+        def spec(a):
+            axis = next((i for i, d in enumerate(a.shape) if d % size == 0 and d > size), None)
+            return jax.P() if axis is None else jax.P(*[None] * axis, "fsdp")
+        return jax.tree.map(spec, params)
+
+    twice, longer = check("12.1", every_axis), check("12.1", longer_only)
+    assert not twice and "a mesh axis can split only one axis" in twice.message
+    assert not longer and "although its axis 0 (length 4) splits" in longer.message

@@ -13,7 +13,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from .. import sharded_state
 from . import Case, Mismatch, Mistake, call, describe_tree, diagnose, exercise, is_placeholder, returned_none
-from .lesson12 import _or_none, _read_counts
+from .lesson12 import _expect_whole, _or_none, _read_counts
 from .lesson07 import _OWN_OPTIMIZER, _Spy
 from .lesson08 import mixed_devices
 
@@ -97,13 +97,14 @@ def solution_zero_bytes(n_params, n_devices, stage):
 
 _SPLIT = {"replicated": (), "zero1": ("opt_state",), "zero2": ("opt_state", "grads"),
           "fsdp": ("opt_state", "grads", "params")}
+_PARTS = ("params", "grads", "opt_state")
 
 
 def _table(split=_SPLIT, adam=8, share=lambda p, n: p / n):
     """A zero_bytes that splits ``split[stage]`` over the devices, ``share(p, n)`` parameters' worth on each; ``adam``
     bytes of optimizer state per parameter."""
     def zero_bytes(n_params, n_devices, stage):
-        per_param = {"params": 4, "grads": 4, "opt_state": adam}
+        per_param = dict(zip(_PARTS, (4, 4, adam)))
         return {k: b * (share(n_params, n_devices) if k in split[stage] else n_params) for k, b in per_param.items()}
     return zero_bytes
 
@@ -138,9 +139,13 @@ _padded_bytes = _table(share=lambda p, n: -(-p // n))
 
 
 def _bytes_runner(fn, case):
-    """``fn(*case.args)``, with numbers of any Python kind (Fraction, Decimal) read as floats."""
+    """``fn(*case.args)``, with numbers of any Python kind (Fraction, Decimal) read as floats; other keys named."""
     import numbers
     got = call(fn, *case.args, name="zero_bytes")
+    if isinstance(got, dict) and set(got) != set(_PARTS):
+        extra, missing = [k for k in got if k not in _PARTS], [k for k in _PARTS if k not in got]
+        raise Mismatch(f"zero_bytes returned the keys {list(got)}; expected exactly {list(_PARTS)} (extra: "
+                       f"{extra or 'none'}; missing: {missing or 'none'}).")
     if isinstance(got, dict):
         got = {k: float(v) if isinstance(v, numbers.Number) and not isinstance(v, bool) else v
                for k, v in got.items()}
@@ -152,7 +157,7 @@ def _bytes_runner(fn, case):
 def check_zero_bytes(zero_bytes):
     from .lesson11 import _watch
     cases = [Case((p, n, stage), f"zero_bytes({p:_}, {n}, {stage!r})", n=n)
-             for p, n in [(1_000_000_000, 8), (19_210, 4), (3_001, 2)] for stage in _SPLIT]
+             for p, n in [(1_000_000_000, 8), (19_210, 4), (3_001, 8)] for stage in _SPLIT]   # 1500.5 B: no rounding
     library, padded = [], ""
     with _watch(sharded_state, "formula_bytes", library):
         try:
@@ -190,18 +195,15 @@ def solution_zero2_sgd(params, grads, lr):
 
 
 def _zero(p, g, lr, mean=True, tiled=True, gather_axis=1, start_at=None):
-    """A ZeRO update of a column-split matrix, right or with one of the declared mistakes (``gather_axis=None``:
-    no gather, this device's updated block returned)."""
+    """A ZeRO update of a column-split matrix, right or with one of the declared mistakes."""
     n = jax.lax.axis_size(AXIS)
     cols = p.shape[1] // n
     mine = jax.lax.psum_scatter(g, AXIS, scatter_dimension=1, tiled=True) / (n if mean else 1)
     start = jax.lax.axis_index(AXIS) * cols if start_at is None else start_at
     mine = jax.lax.dynamic_slice_in_dim(p, start, cols, axis=1) - lr * mine
-    return mine if gather_axis is None else jax.lax.all_gather(mine, AXIS, axis=gather_axis, tiled=tiled)
+    return jax.lax.all_gather(mine, AXIS, axis=gather_axis, tiled=tiled)
 
 
-_ONE_BLOCK = ("Every device returned only its block: one device's columns where the whole matrix is expected. The "
-              "forward pass of the next step needs the whole matrix: gather the updated blocks.")
 MISTAKES_10_2 = [
     Mistake("summed", "The step is {n} times too large. psum_scatter adds the devices' gradients; the update needs "
             "their mean.", lambda p, g, lr: _zero(p, g, lr, mean=False)),
@@ -215,7 +217,6 @@ MISTAKES_10_2 = [
     Mistake("first block everywhere", "Only the first block is right: every device updated the first columns of "
             "the parameters with its own block of the gradient. Device i owns the columns from i times the block "
             "width: cut its block where its index says.", lambda p, g, lr: _zero(p, g, lr, start_at=0)),
-    Mistake("no gather", _ONE_BLOCK, lambda p, g, lr: _zero(p, g, lr, gather_axis=None)),
 ]
 
 
@@ -234,13 +235,16 @@ _RAN: dict = {}   # (function, case label) -> what its run measured, read by the
 
 
 def _zero2_run(fn, case):
-    """Each device's update (its result - params), or its result when that is not shaped like params; the shape of
-    the result on one device kept in ``_RAN[fn, label]``."""
+    """Each device's update (its result - params), or its result when that is not shaped like params; a result
+    shaped like one device's block of columns is said so."""
     whole, grads, lr, mesh = case.args
     f = _zero2_program(fn, mesh, lr)
     _or_none(lambda: jax.eval_shape(f, whole, grads))   # an error or a None inside the program is reported here
     out = call(f, whole, grads, name="jax.shard_map(zero2_sgd)", hints=_SCATTER_HINTS)
-    _RAN[fn, case.label] = out.shape[1:]
+    if case.n > 1 and out.shape[1:] == (whole.shape[0], whole.shape[1] // case.n):
+        raise Mismatch(f"every device returned only its block, {out.shape[1:]}: one device's columns where the whole "
+                       f"matrix, {whole.shape}, is expected. The forward pass of the next step needs the whole "
+                       "matrix: gather the updated blocks.")
     return out if out.shape[1:] != whole.shape or out.dtype != whole.dtype else out - whole[None]
 
 
@@ -269,15 +273,8 @@ def check_zero2_sgd(zero2_sgd):
         cases.append(Case((jax.device_put(params, NamedSharding(mesh, P())), grads, lr, mesh),
                           f"zero2_sgd on {n} devices, lr {lr}, a ({rows}, {n * cols}) matrix ({cols} columns per "
                           "device), each device's update (its result - params)", n=n))
-    _RAN.clear()
-    try:
-        diagnose(zero2_sgd, cases, solution=solution_zero2_sgd, mistakes=MISTAKES_10_2, run=_zero2_run,
-                 name="zero2_sgd", rtol=1e-4, atol=1e-5)
-    except Mismatch as e:              # the shape of one device's block of columns, measured: say so
-        if _ONE_BLOCK not in str(e) and any(str(e).startswith(c.label) and _RAN.get((zero2_sgd, c.label)) == (
-                c.args[0].shape[0], c.args[0].shape[1] // c.n) for c in cases):
-            raise Mismatch(f"{e} {_ONE_BLOCK}") from None
-        raise
+    diagnose(zero2_sgd, cases, solution=solution_zero2_sgd, mistakes=MISTAKES_10_2, run=_zero2_run,
+             name="zero2_sgd", rtol=1e-4, atol=1e-5)
     for case in cases:
         whole, grads, lr, mesh = case.args
         (rows, c), cols = whole.shape, whole.shape[1] // mesh.size
@@ -493,8 +490,8 @@ def _toy_problem(n, d_in, hidden, d_out, seed):
     return loss_fn, params, data
 
 
-_NEEDS_WHOLE = ("A device's rows of a leaf met a whole leaf: loss_fn needs every parameter whole (gathered inside "
-                "the function you differentiate), and the optimizer's update the rows (gradients, state, params).")
+_NEEDS_WHOLE = ("Shapes that do not fit: loss_fn needs every parameter whole, and the optimizer's update this "
+                "device's rows of each (gradients, state and params alike).")
 
 
 def _gradient_all_reduces(found, slice_bytes):
@@ -510,7 +507,12 @@ def _fsdp_run(make, case):
     n, (d_in, hidden, d_out), opt_name, optimizer = case.args
     loss_fn, params, data = _toy_problem(n, d_in, hidden, d_out, seed=n)
     spy = _Spy(optimizer)
-    step = call(make, loss_fn, spy.transformation(), name="make_fsdp_step")
+
+    def whole_loss(p, batch):       # the shapes of what the answer's step gives loss_fn, measured while tracing
+        for k, (rows, *rest) in [(k, v.shape) for k, v in params.items() if isinstance(p, dict) and k in p]:
+            _expect_whole(f"loss_fn received params[{k!r}]", np.shape(p[k]), (rows // n, *rest), 0)
+        return loss_fn(p, batch)
+    step = call(make, whole_loss, spy.transformation(), name="make_fsdp_step")
     if not callable(step):
         raise Mismatch(f"make_fsdp_step(loss_fn, optimizer) returned {describe_tree(step)}; expected the step "
                        "function, step(my_params, opt_state, batch), that runs on each device.")
@@ -526,15 +528,13 @@ def _fsdp_run(make, case):
         if out is None:
             raise returned_none("step(my_params, opt_state, batch)", step, "the new slices, the new optimizer "
                                 "state and the loss")
-        if not isinstance(out, (tuple, list)) or len(out) != 3:
-            raise Mismatch(f"step returned {describe_tree(out)}; expected three things: the new slices of the "
-                           "parameters, the new optimizer state and the loss.")
         kinds = {jax.tree.structure(t): k for t, k in ((p, "params"), (o, "opt_state"), (0., "loss"), (None, "None"))}
-        order = tuple(kinds.get(jax.tree.structure(v), "something else") for v in out)
+        order = isinstance(out, (tuple, list)) and tuple(
+            kinds.get(jax.tree.structure(v), "something else") for v in out)
         if order != ("params", "opt_state", "loss"):            # the order, or a None, said before any value
-            raise Mismatch(f"step returned {describe_tree(tuple(out))}: shaped like ({', '.join(order)}); expected "
-                           "(params, opt_state, loss): the new slices of the parameters, the new optimizer state and "
-                           "the loss.")
+            shaped = f": shaped like ({', '.join(order)})" if order else ""
+            raise Mismatch(f"step returned {describe_tree(out)}{shaped}; expected (params, opt_state, loss), three "
+                           "things: the new slices of the parameters, the new optimizer state and the loss.")
         return tuple(out)
 
     f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(split, opt_specs, P(AXIS)),
@@ -560,15 +560,15 @@ def _fsdp_run(make, case):
     return {"first update": first, "losses": np.stack(losses), "params after 3 steps": dict(p)}
 
 
-def _fsdp_as(by=lambda n: n, then=lambda g: g):
-    """The FSDP step with its gradient divided by ``by(n)`` instead of n, then passed through ``then``."""
+def _fsdp_as(by=lambda n: n, then=lambda g: g, new_state=True):
+    """The FSDP step, its gradient divided by ``by(n)`` then put through ``then``; the old state if not new_state."""
     def make(loss_fn, optimizer):
         def step(my_params, opt_state, batch):
             n = jax.lax.axis_size(AXIS)
             loss, grads = jax.value_and_grad(lambda p: loss_fn(jax.tree.map(
                 lambda s: jax.lax.all_gather(s, AXIS, tiled=True), p), batch))(my_params)
-            updates, opt_state = optimizer.update(jax.tree.map(lambda g: then(g / by(n)), grads), opt_state, my_params)
-            return optax.apply_updates(my_params, updates), opt_state, jax.lax.pmean(loss, AXIS)
+            updates, state = optimizer.update(jax.tree.map(lambda g: then(g / by(n)), grads), opt_state, my_params)
+            return optax.apply_updates(my_params, updates), state if new_state else opt_state, jax.lax.pmean(loss, AXIS)
         return step
     return make
 
@@ -585,6 +585,8 @@ MISTAKES_10_4 = [
                                "; divide it by the device count, with no collective."),
               _fsdp_as(by=by or (lambda n: 1), then=lambda g: jax.lax.pmean(g, AXIS)))
       for name, by in [("pmean of the scattered slices", None), ("pmean after dividing", lambda n: n)]],
+    Mistake("old optimizer state", "The optimizer state returned is the one that came in: return the new state "
+            "that optimizer.update gives, or the next step starts from the old one.", _fsdp_as(new_state=False)),
 ]
 
 
@@ -614,9 +616,8 @@ def check_fsdp_step(make_fsdp_step):
     for case in cases:
         f, args, n_params = _RAN[make_fsdp_step, case.label]
         every = _collectives(f, args, 1)
-        all_reduces = _gradient_all_reduces(every, 4 * n_params // case.n)
-        ops = [c.op for c in every]
-        if all_reduces or "all-gather" not in ops or "reduce-scatter" not in ops:
+        if _gradient_all_reduces(every, 4 * n_params // case.n) or {"all-gather", "reduce-scatter"} - {
+                c.op for c in every}:
             raise _not_the_mechanism(case.label, every, "collectives", "FSDP's are an all-gather of the parameters "
                                      "and a reduce-scatter of the gradient, with no gradient-sized all-reduce. Let "
                                      "jax.grad transpose the gather (section 3); a gather declared the same on every "
@@ -655,9 +656,7 @@ def _compiled_counts():
             state = sharded_state.init_state(params, optimizer, stage=stage)
             step = sharded_state.make_train_step(loss_fn, optimizer, stage=stage, accumulate=k)
             found = [c for c in sharded_state.collectives(step.compile(state, batch).as_text()) if c.shape]
-            counts = {}
-            for c in found:
-                counts[c.op] = counts.get(c.op, 0) + (k if c.in_loop else 1)
+            counts = {op: sum(k if c.in_loop else 1 for c in found if c.op == op) for op in {c.op for c in found}}
             compiled[stage, k] = (counts, found)
     return compiled
 

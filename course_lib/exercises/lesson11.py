@@ -280,11 +280,9 @@ MISTAKES_11_3 = [
             "the step number the marker carries.", lambda t: int(np.argmax([m.dur_us for m in t.markers]))),
     Mistake("shortest", "You returned the shortest step: the stalled one took the longest.",
             lambda t: min(t.markers, key=lambda m: m.dur_us).step),
-    Mistake("first", "That is the first step's number, on every case: the stalled step is the one whose marker "
-            "lasted longest.", lambda t: t.markers[0].step),
-    Mistake("last", "That is the last step's number (the marker that starts latest), on every case: the stalled "
-            "step is the one whose marker lasted longest.",
-            lambda t: t.markers[-1].step),
+    *[Mistake(which, f"That is the {which} step's number{latest}, on every case: the stalled step is the one whose "
+              "marker lasted longest.", lambda t, i=i: t.markers[i].step)
+      for which, i, latest in (("first", 0, ""), ("last", -1, " (the marker that starts latest)"))],
     # (device 1's longest dispatch is the longest summed over the devices, by the cases' construction)
     Mistake("device 0's longest dispatch", _FROM_DEVICES, lambda t: _step_of_longest(t, _dispatch_durations(t, 0))),
     Mistake("devices' summed dispatches", _FROM_DEVICES, lambda t: _step_of_longest(t, _dispatch_durations(t))),

@@ -17,6 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from ..hlo import compiled_collectives, gather_axes
 from . import (Case, Mismatch, Mistake, Said, _NotStarted, call, describe, describe_tree, diagnose, difference,
                exercise, returned_none)
+from ._diagnose import _numbers
 
 AXIS = "data"
 
@@ -77,9 +78,9 @@ def _cnn_shapes(c_in, c_out, hidden):
 @functools.lru_cache(maxsize=None)
 def _hybrid_cases():
     """(mesh shape, model shapes, optimizer): fsdp sizes 4, 2 and 8; leaves whose only divisible axis is not the
-    first, leaves that no size divides, and lengths that 4 divides but 8 does not."""
+    first, leaves that no size divides, lengths that 4 divides but 8 does not, and a bias as long as 'fsdp' is wide."""
     n = len(jax.devices())
-    cases = [((2, 4), _cnn_shapes(2, 12, 20), optax.adamw(0.01)),
+    cases = [((2, 4), _cnn_shapes(2, 4, 20), optax.adamw(0.01)),
              ((4, 2), _cnn_shapes(1, 6, 9), optax.sgd(0.1, momentum=0.9)),
              ((1, 8), _cnn_shapes(1, 12, 16), optax.adam(0.02))]
     return [c for c in cases if c[0][0] * c[0][1] <= n] or [((1, n), _cnn_shapes(1, 2 * n, 4 * n), optax.adam(0.02))]
@@ -132,7 +133,10 @@ def _kind(name, spec, shape, size) -> Said:
     if axis is None:
         return Said(f"{leaf}: whole" if not divisible else f"{leaf}: stays whole on every device, although its "
                     f"axis {divisible[0]} (length {shape[divisible[0]]}) splits over the {size} devices of 'fsdp'")
-    if names.count("fsdp") > 1 or shape[axis] % size:
+    if names.count("fsdp") > 1:
+        return Said(f"{leaf}: {spec} names 'fsdp' for {names.count('fsdp')} of its axes; a mesh axis can split "
+                    "only one axis of an array")
+    if shape[axis] % size:
         return Said(f"{leaf}: {spec}, along axis {axis} of length {shape[axis]}, which the {size} devices of "
                     "'fsdp' do not divide")
     return Said(f"{leaf}: split over 'fsdp' along an axis it divides")
@@ -255,6 +259,21 @@ def solution_gather_layer(layer):
     return jax.tree.map(lambda w: jax.lax.all_gather(w, "data", axis=w.ndim - 1, tiled=True), layer)
 
 
+def _expect_whole(said, shape, came, axis) -> None:
+    """Raise, saying what the shapes show, unless ``shape`` is that of ``came`` (a slice along ``axis``) whole."""
+    n = jax.lax.axis_size(AXIS)
+    whole = tuple(c * n if i == axis % len(came) else c for i, c in enumerate(came))
+    if shape == whole:
+        return
+    stacked = len(shape) == len(whole) + 1 and np.prod(shape) == np.prod(whole)
+    raise Mismatch(f"{said} with shape {shape}; the whole leaf is {whole}: " + (
+        "the shape of this device's slice. Inside shard_map every leaf, vectors too, arrives as a slice, and only a "
+        "collective that joins the slices makes it whole (a sharding change such as jax.reshard or device_put does "
+        "not, there)." if shape == came else f"the {n} slices came back stacked along a new axis instead of joined. "
+        "See jax.lax.all_gather's tiled option (lesson 12, section 4, where gather_layer uses it)." if stacked else
+        f"join the slices along the {'first' if axis == 0 else 'last'} axis, the one that was split."))
+
+
 def _fsdp_grads(gather, mesh, specs=SPECS):
     def checked(layer):
         try:
@@ -273,17 +292,7 @@ def _fsdp_grads(gather, mesh, specs=SPECS):
             if not hasattr(out[key], "shape") or not hasattr(out[key], "dtype"):
                 raise Mismatch(f"{said} as {describe(out[key])}, not an array: each leaf must come back as the "
                                "whole weight array.")
-            shape, came, n = tuple(out[key].shape), tuple(layer[key].shape), jax.lax.axis_size(AXIS)
-            whole = came[:-1] + (came[-1] * n,)
-            if shape != whole:
-                stacked = len(shape) == len(whole) + 1 and np.prod(shape) == np.prod(whole)
-                raise Mismatch(f"{said} with shape {shape}; the whole leaf is {whole}: " + (
-                    "the shape of this device's slice. Inside shard_map every leaf, vectors too, arrives as a slice, "
-                    "and only a collective that joins the slices makes it whole (a sharding change such as "
-                    "jax.reshard or device_put does not, there)." if shape == came else
-                    f"the {n} slices came back stacked along a new axis instead of joined. See jax.lax.all_gather's "
-                    "tiled option (lesson section 4, where gather_layer uses it)." if stacked else
-                    "the slices are joined along the last axis, the one that was split."))
+            _expect_whole(said, tuple(out[key].shape), tuple(layer[key].shape), -1)
             if np.dtype(out[key].dtype) != np.dtype(layer[key].dtype):
                 raise Mismatch(f"{said} as {np.dtype(out[key].dtype).name}; it came in as "
                                f"{np.dtype(layer[key].dtype).name}. A gather moves the numbers as they are: cast "
@@ -412,9 +421,8 @@ _CASES = [(3, 1, 1, 0, True), (2, 2, 1, 1, True), (2, 1, 0, 2, True), (3, 2, 1, 
 
 
 _OPS = ("all-gather", "reduce-scatter", "all-reduce")
-_SPELLINGS = {"psum": "all-reduce", "pmean": "all-reduce", "all_reduce": "all-reduce", "allreduce": "all-reduce",
-              "psum_scatter": "reduce-scatter", "reduce_scatter": "reduce-scatter", "reducescatter": "reduce-scatter",
-              "all_gather": "all-gather", "allgather": "all-gather"}
+_SPELLINGS = {"psum": "all-reduce", "pmean": "all-reduce", "allreduce": "all-reduce", "psumscatter": "reduce-scatter",
+              "reducescatter": "reduce-scatter", "allgather": "all-gather"}      # read without '_', '-' or spaces
 
 
 def _read_counts(got, every=False) -> dict:
@@ -426,7 +434,7 @@ def _read_counts(got, every=False) -> dict:
                        'many times one step runs it, e.g. {"all-gather": 1}.')
     counts, named = dict.fromkeys(_OPS, 0), set()
     for op, count in got.items():
-        name = _SPELLINGS.get(op.strip().lower().replace(" ", ""), op.strip().lower()) if isinstance(op, str) else op
+        name = _SPELLINGS.get("".join(filter(str.isalnum, op.lower())), op) if isinstance(op, str) else op
         if name not in _OPS:
             raise Mismatch(f"the prediction names {op!r}; use the compiled program's names: "
                            f"{', '.join(map(repr, _OPS))} (psum is an all-reduce, psum_scatter a reduce-scatter).")
@@ -454,14 +462,10 @@ def _or_none(thunk):
 
 def _whole(value):
     """``value`` as an int when it is one whole number: a Python, NumPy or JAX scalar or 0-d array (3, 3.0,
-    np.int64(3), jnp.float32(3)); otherwise None."""
-    try:
-        number = np.asarray(value)
-    except Exception:  # noqa: BLE001: a learner's value of any type
-        return None
-    if number.ndim or not np.issubdtype(number.dtype, np.number) or not np.isfinite(number):   # bool: no number
-        return None
-    return int(number) if float(number).is_integer() else None
+    np.int64(3), jnp.float32(3)); otherwise None (a bool too: no number)."""
+    a = _numbers(value)
+    ok = a is not None and a.ndim == 0 and a.dtype != bool and np.isrealobj(a) and np.isfinite(a)
+    return int(a) if ok and float(a).is_integer() else None
 
 
 def _counts(gathers=None, scatters=None, reduces=None):

@@ -2,7 +2,7 @@
 
 from fractions import Fraction
 
-
+import numpy as np
 from fooling import fool_tests
 
 ID = "10.1"
@@ -23,7 +23,7 @@ WRONG = [
     ("fsdp keeps whole parameters", lambda p, n, s: table(p, n, s, split={**SPLIT, "fsdp": ("opt_state", "grads")}),
      "this answer keeps params whole"),
     ("everything split everywhere", lambda p, n, s: table(p, n, "fsdp"), "Every stage splits all three"),
-    ("a missing key", lambda p, n, s: {"params": 4 * p, "opt_state": 8 * p}, "expected dict{"),
+    ("a missing key", lambda p, n, s: {"params": 4 * p, "opt_state": 8 * p}, "missing: ['grads']"),
     ("text", lambda p, n, s: {k: f"{v:.0f} bytes" for k, v in table(p, n, s).items()}, "got str"),
     ("n - 1 devices", lambda p, n, s: {k: v * (n / (n - 1) if k in SPLIT[s] else 1)
                                        for k, v in table(p, n, s).items()}, "the device count over itself minus one"),
@@ -58,7 +58,8 @@ FRESH = [
     ("8 devices written in", lambda p, n, s: _zb(p, 8, s), "numbers for all of jax.devices()"),
     ("2-byte params and grads", lambda p, n, s: {k: v / 2 if k != "opt_state" else v for k, v in _zb(p, n, s).items()},
      "got 2000000000: 2x too small"),
-    ("NumPy integers", lambda p, n, s: {k: __import__("numpy").int64(v) for k, v in _zb(p, n, s).items()}, None),
+    ("NumPy numbers", lambda p, n, s: {k: (np.int64 if v == int(v) else np.float64)(v)     # integers where whole
+                                       for k, v in _zb(p, n, s).items()}, None),
 ]
 
 

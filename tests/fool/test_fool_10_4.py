@@ -105,7 +105,7 @@ WRONG = [
     ("summed, not averaged", lambda l, o: fsdp(l, o, mean=False), "the mean gradient times the device count"),
     ("all-reduce, then slice", all_reduce_then_slice, "no gradient-sized all-reduce"),
     ("gathered invarying", lambda l, o: fsdp(l, o, gather_to="invarying"), "invarying"),
-    ("never gathers", never_gathers, "needs every parameter whole"),
+    ("never gathers", never_gathers, "the shape of this device's slice"),
     ("returns the gathered parameters", lambda l, o: fsdp(l, o, return_whole=True), "not the gathered parameters"),
     ("the local loss", lambda l, o: fsdp(l, o, pmean_loss=False), "average it over the mesh axis"),
     ("bfloat16 compute", lambda l, o: fsdp(l, o, dtype=jnp.bfloat16), "bfloat16"),
@@ -116,7 +116,8 @@ WRONG = [
     ("divided by n twice (4x too small on 4 devices)", lambda l, o: fsdp(l, o, divide=lambda n: n * n),
      "too small, a factor of the device count"),
     ("divided by a written-in 8", lambda l, o: fsdp(l, o, divide=lambda n: 8), "a factor 2/8"),
-    ("two things back", lambda l, o: (lambda p, s, b: (p, s)), "expected three things"),
+    ("two things back", lambda l, o: (lambda p, s, b: (p, s)),
+     "shaped like (params, opt_state); expected (params, opt_state, loss), three things"),
 ]
 RIGHT = [("reduce-scatter by hand", scatters_itself), ("loss divided inside, psum of it", mean_loss_inside)]
 
