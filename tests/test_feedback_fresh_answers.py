@@ -342,3 +342,11 @@ def test_12_1_fsdp_named_twice_is_named_and_a_length_equal_to_the_fsdp_size_must
     twice, longer = check("12.1", every_axis), check("12.1", longer_only)
     assert not twice and "a mesh axis can split only one axis" in twice.message
     assert not longer and "although its axis 0 (length 4) splits" in longer.message
+
+
+# ---- round 4 (tester13, tester14)
+
+
+def test_00_2_one_id_against_another_has_no_factor():
+    fb = check("00.2", lambda a: [3])
+    assert not fb and "expected [7], got [3]: off by -4" in fb.message and "too small" not in fb.message

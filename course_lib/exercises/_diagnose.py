@@ -443,7 +443,8 @@ def relation(g: np.ndarray, e: np.ndarray, *, n: int | None = None, rtol: float 
     if np.isnan(g64).any() and not np.isnan(e64).any():
         return f"NaN in {int(np.isnan(g64).sum())} of {g64.size} values, where numbers were expected"
     nonzero = np.abs(e64) > 1e-9
-    if nonzero.any() and np.all(np.isfinite(g64)):
+    ratio = g.size > 1 or not np.issubdtype(e.dtype, np.integer)   # one id or position in another: no factor
+    if ratio and nonzero.any() and np.all(np.isfinite(g64)):
         k = float(np.median(g64[nonzero] / e64[nonzero]))
         if k != 0 and not math.isclose(k, 1, rel_tol=1e-2) and close(g64, k * e64):
             if math.isclose(k, -1, rel_tol=1e-4):
@@ -489,8 +490,8 @@ def relation(g: np.ndarray, e: np.ndarray, *, n: int | None = None, rtol: float 
         return "the expected values, transposed"
     if g.size > 1 and close(np.sort(g64, axis=None), np.sort(e64, axis=None)):
         return "the expected values, in another order"
-    if g.ndim == 0:
-        return f"off by {float(g64 - e64):+.4g}"
+    if g.size == 1:
+        return f"off by {float((g64 - e64).flat[0]):+.4g}"
     return (f"{int(wrong.sum())} of {wrong.size} values differ; {_first_difference(g, e, rtol, atol)}; the largest "
             f"difference is {float(np.max(np.abs(g64 - e64))):.4g}")
 
