@@ -119,10 +119,12 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
         raise type(error)(f"{case.label}: {text}{'' if text.endswith(('.', '?', '!')) else '.'}{where}") from None
     _, expected, got, diff = next(r for r in rows if r[0] is case)
     named = _confirmed(mistakes, rows, run, opts, keys)       # on the cases that ran: their numbers confirm it or not
-    # a factor is the device count's only if it follows n (no other count shows it) and no mistake is named
+    # a factor is the device count's only if it follows n: a case with another count shows its own count's factor
+    # (one case's 2x on 2 devices may be anything), none shows the same factor, and no mistake is named
     size = re.search(r"(?<![\d.])[\d.]+x too \w+", diff or "")
-    n = None if len(named) == 1 or size and any(re.search(rf"(?<![\d.]){re.escape(size[0])}", d) for c, _, _, d
-                                                in rows if d is not None and c.n != case.n) else case.n
+    other = [d for c, _, _, d in rows if d is not None and c.n != case.n]
+    n = None if len(named) == 1 or not any(", a factor" in d for d in other) or size and any(
+        re.search(rf"(?<![\d.]){re.escape(size[0])}", d) for d in other) else case.n
     diff = difference(got, expected, n=n, **opts)
     raised = [f" {_capital(c.label)}, it raised: {str(e).rstrip()}" for c, e in failed if e is not None]
     where = "".join(raised[:1]) or where
@@ -465,6 +467,8 @@ def relation(g: np.ndarray, e: np.ndarray, *, n: int | None = None, rtol: float 
         return (f"the expected values rounded to {digits[0]} decimal{'s' * (digits[0] != 1)}"
                 + (f" (or to {halves[0]} precision: both give these numbers)" if halves else "")
                 + (f": {shift}" if shift else ""))
+    if np.all(g64 == np.round(g64)) and not np.all(e64 == np.round(e64)) and np.all(np.abs(g64 - e64) < 1):
+        return "the expected values rounded to whole numbers (up or down)"     # not to a half precision
     if shift:
         return shift
     if halves:
