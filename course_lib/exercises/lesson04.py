@@ -53,14 +53,13 @@ def _runner(name, pair=False):
 def _names_absent_devices(message: str, n: int) -> str:
     """What an error on ``n`` devices shows about a count written in: a shape or permutation naming more."""
     n_all = len(jax.devices())
+    fixed = ": it was written for a fixed device count, and the checker runs it on 8, 4 and 2 devices."
     if n < n_all and "reshape" in message and re.search(rf"\({n_all}\b|\b{n_all}\)|, {n_all}\b", message):
-        return (f" This ran on {n} devices, and the shape it asked for names {n_all}: it was written for a fixed "
-                "device count, and the checker runs it on 8, 4 and 2 devices.")
+        return f" This ran on {n} devices, and the shape it asked for names {n_all}" + fixed
     pairs = [int(v) for pair in re.findall(r"\((\d+), (\d+)\)", message) for v in pair]
     if ("unique" in message or "perm" in message) and pairs and max(pairs) >= n:
         return (f" On {n} devices the device indices are 0 to {n - 1}, but the permutation names device "
-                f"{max(pairs)}: it was written for a fixed device count, and the checker runs it on 8, 4 and 2 "
-                "devices.")
+                f"{max(pairs)}" + fixed)
     if "must be unique" in message:
         return " A permutation lists each device at most once as a source and once as a destination."
     return ""
@@ -170,17 +169,12 @@ def solution_ring_allreduce(x, axis_name):
     return total
 
 
-def _snowball(x, a):        # each hop passes the running total on
-    total = x
-    for _ in range(jax.lax.axis_size(a) - 1):
-        total = total + jax.lax.ppermute(total, a, _ring(a))
-    return total
-
-
-def _hops(x, a, hops, perm):
+def _hops(x, a, hops, perm, snowball=False):
+    """A ring of ``hops`` ppermutes over ``perm``, each adding what arrived; with ``snowball``, each hop passes
+    the running total on, not the value in transit."""
     total, passing = x, x
     for _ in range(hops):
-        passing = jax.lax.ppermute(passing, a, perm)
+        passing = jax.lax.ppermute(total if snowball else passing, a, perm)
         total = total + passing
     return total
 
@@ -205,7 +199,8 @@ MISTAKES_04_1 = [
     Mistake("one hop short", "Each device ends with the sum less one device's value, the one n - 1 hops away: the "
             "values travelled n - 2 hops, one too few.", lambda x, a: _hops(x, a, jax.lax.axis_size(a) - 2, _ring(a))),
     Mistake("passes the running total", "The values are far too large: at each hop a device passed on its running "
-            "total, not the value in transit, so each value arrived again and again.", _snowball),
+            "total, not the value in transit, so each value arrived again and again.",
+            lambda x, a: _hops(x, a, jax.lax.axis_size(a) - 1, _ring(a), snowball=True)),
     Mistake("adds what it sent", "Each device ends with n = {n} times its own value: at each hop it added what it "
             "sent, not what arrived.", lambda x, a: x * jax.lax.axis_size(a), answer=_sent_added),
 ]
