@@ -199,10 +199,10 @@ def _names(fn) -> dict:
             if names.get(name) is getattr(jax, api)}
 
 
-def _patched(calls, process=None, devices=()):
-    """jax.make_array_from_process_local_data, each call recorded in ``calls`` as (sharding, rows, global shape).
-    With ``devices``, a simulated job on them: one process, or with ``process`` that process of 2, where it returns
-    what that process would get (a ShapeDtypeStruct of the global shape; None asked for is both processes' rows)."""
+def _patched(calls, devices, process=None):
+    """jax.make_array_from_process_local_data, each call recorded in ``calls`` as (sharding, rows, global shape), in
+    a simulated job on ``devices``: one process, or with ``process`` that process of 2, where it returns what that
+    process would get (a ShapeDtypeStruct of the global shape; None asked for is both processes' rows)."""
     real = jax.make_array_from_process_local_data
 
     def record(sharding, local_data, global_shape=None):
@@ -216,12 +216,10 @@ def _patched(calls, process=None, devices=()):
             return real(sharding, local_data, global_shape)
         return jax.ShapeDtypeStruct(global_shape, np.asarray(local_data).dtype)
 
-    job = {}
-    if devices:
-        mine = [d for i, d in enumerate(devices) if process is None or i * 2 // len(devices) == process]
-        job = dict(process_count=lambda *a, **k: 1 + (process is not None), process_index=lambda *a, **k: process or 0,
-                   local_device_count=lambda *a, **k: len(mine), local_devices=lambda *a, **k: list(mine),
-                   device_count=lambda *a, **k: len(devices), devices=lambda *a, **k: list(devices))
+    mine = [d for i, d in enumerate(devices) if process is None or i * 2 // len(devices) == process]
+    job = dict(process_count=lambda *a, **k: 1 + (process is not None), process_index=lambda *a, **k: process or 0,
+               local_device_count=lambda *a, **k: len(mine), local_devices=lambda *a, **k: list(mine),
+               device_count=lambda *a, **k: len(devices), devices=lambda *a, **k: list(devices))
     return mock.patch.multiple(jax, make_array_from_process_local_data=record, **job)
 
 
@@ -255,7 +253,7 @@ def _batch_runner(fn, case):
     calls = []
     if process is None:
         try:
-            with _patched(calls, devices=list(mesh.devices.flat)):      # a job of one process, on the mesh
+            with _patched(calls, list(mesh.devices.flat)):      # a job of one process, on the mesh
                 got = call(fn, full.copy(), mesh, name="global_batch", hints=_batch_hints(full, n))
         except Mismatch as e:       # a mesh of its own: its split is not the given mesh's
             own = [getattr(c[0], "mesh", mesh) for c in calls if getattr(c[0], "mesh", mesh) != mesh]
@@ -272,7 +270,7 @@ def _batch_runner(fn, case):
                            "which rows each device holds.")
         return got, _split(got.sharding), Said(f"the API called {len(calls)} time(s)")
     half = full.shape[0] // 2
-    with _patched(calls, process, sorted(mesh.devices.flat, key=lambda d: d.id)):
+    with _patched(calls, sorted(mesh.devices.flat, key=lambda d: d.id), process):
         call(fn, full[process * half:(process + 1) * half].copy(), mesh, name="global_batch")
     if len(calls) != 1:
         return Said(f"the API called {len(calls)} time(s)")

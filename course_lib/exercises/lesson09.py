@@ -15,13 +15,11 @@ _AT_K1 = {"division by zero": "At k = 1 your formula divides by zero; there one 
 
 def _rounded(fn):
     """Three mistakes: the right result of ``fn``, each number rounded to 0, 1 or 2 decimals."""
-    def rounded(p):
-        def mistake(*a):
-            r = fn(*a)
-            return tuple(np.round(r, p).tolist()) if isinstance(r, tuple) else round(r, p)
-        return mistake
+    def rounded(r, p):
+        return tuple(np.round(r, p).tolist()) if isinstance(r, tuple) else round(r, p)
     return [Mistake(f"rounded to {p}", f"That is the right result rounded to {p} decimal place{'s' * (p != 1)}: "
-                    "return it unrounded (round only what you print).", rounded(p)) for p in (0, 1, 2)]
+                    "return it unrounded (round only what you print).", lambda *a, p=p: rounded(fn(*a), p))
+            for p in (0, 1, 2)]
 
 # ----------------------------------------------------------------------------------------------
 # 09.1 Predict the time per step from the steps per dispatch
