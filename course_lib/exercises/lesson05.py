@@ -269,7 +269,7 @@ MISTAKES_05_2 = [Mistake(name, f"That is {text}.", fn) for name, text, fn in [
      _per_leaf(lambda c: np.max(np.abs(c - c[0]) / np.maximum(np.abs(c[0]), 1e-30)))),
     ("norm", "the length (norm) of each copy's difference vector, not the largest difference of one element",
      _per_leaf(lambda c: np.max(np.linalg.norm(c - c[0], axis=1)))),
-    ("one copy", "0.0 where the copies differ: the copies compared were all the same device's", lambda t: 0.0),
+    ("zero", "0 on every case, where the copies differ: no difference between them reached the result", lambda t: 0),
 ]]
 
 

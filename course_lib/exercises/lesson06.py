@@ -67,7 +67,7 @@ def _layout(leaf, mesh) -> str:
     other = (f"on a mesh of its own, axes named {names} where the mesh given names {names0} (a spec or a collective "
              "finds a mesh axis by its name), " if names != names0 else "" if ids == ids0 else
              f"on a mesh of its own, devices {ids} where the mesh given has {ids0} (" + ("the same devices in another "
-             "order: the order says which device holds block k), " if sorted(ids) == sorted(ids0) else "others), "))
+             "order: a step on the mesh given refuses it), " if sorted(ids) == sorted(ids0) else "others), "))
     blocks = sorted({s.data.shape for s in leaf.addressable_shards})
     how = "whole" if leaf.sharding.is_fully_replicated else f"in blocks of {blocks[0] if len(blocks) == 1 else blocks}"
     return f"{other}{how} {placement(leaf)}"

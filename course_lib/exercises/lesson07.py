@@ -146,15 +146,17 @@ def _unchecked(run, fn, case, solution, refused):
     try:
         with mock.patch.object(jax, "shard_map", lambda *a, **k: real(*a, **{**k, "check_vma": False})):
             got = run(fn, case)
-    except Mismatch:
-        raise refused from None
+    except Mismatch:             # JAX's words (less the name of its own inner function), and the course's
+        raise Mismatch(re.sub(r" applied to the function '\w+'", "", str(refused)) + _TYPED) from None
     _REFUSED.append(case)
     if not same(got, run(solution, case), rtol=1e-4, atol=1e-5):
         return got
     raise Mismatch("JAX refused an out_specs entry P() (the same on every device) for a value it types as varying "
-                   "over 'i'; with check_vma off your numbers are right. A value is typed the same everywhere only "
-                   "when it comes from a reduction over 'i' (psum, pmean) or from replicated inputs alone (lesson 06, "
-                   "section 3).") from None
+                   "over 'i'; with check_vma off your numbers are right." + _TYPED) from None
+
+
+_TYPED = (" A value is typed the same everywhere only when it comes from a reduction over 'i' (psum, pmean), from "
+          "all_gather(..., to='invarying') or from replicated inputs alone (lesson 06, section 3).")
 
 
 def _port_runner(fn, case):
@@ -390,11 +392,13 @@ def _steps_runner(make, case, unchecked=False):
                 raise Mismatch(f"the step {where} never calls the optimizer it was given (its update)"
                                + (f", and fails: {got}" if isinstance(got, Mismatch) else ".") + " make_sharded_step "
                                "must work for any optax optimizer: feed the gradients to that optimizer's update.")
-            swapped = isinstance(got, (tuple, list)) and len(got) == 3 and (
-                jax.tree.structure(got[2]) == jax.tree.structure(opt_state) != jax.tree.structure(got[1]))
-            if swapped or not isinstance(got, (tuple, list)) or len(got) != 3:
+            swapped = next((k for k in (0, 2) if isinstance(got, (tuple, list)) and len(got) == 3 and  # the state
+                            jax.tree.structure(got[k]) == jax.tree.structure(opt_state) != jax.tree.structure(got[1])),
+                           None)
+            if swapped is not None or not isinstance(got, (tuple, list)) or len(got) != 3:
                 raise Mismatch(f"step should return a triple (params, opt_state, loss), in that order; step {i + 1} "
-                               f"{where} returned {'the optimizer state third' if swapped else describe_tree(got)}.")
+                               f"{where} returned " + (describe_tree(got) if swapped is None else
+                                                       f"the optimizer state as output [{swapped}]") + ".")
             kept = [name for name, tree in (("parameters", params), ("optimizer state", opt_state))
                     if not all(getattr(a, "is_deleted", lambda: False)() for a in jax.tree.leaves(tree))]
             if i == 0 and kept:          # said once the values are right: jit drops the donation of an unread input
@@ -403,12 +407,13 @@ def _steps_runner(make, case, unchecked=False):
                               f"exist{'s' if kept == ['optimizer state'] else ''}: the step {how}, so the devices "
                               "hold two copies of the state while it runs. Tell jax.jit which arguments it may reuse "
                               "(lesson 07, section 2, donation)."))
-            for leaf in jax.tree.leaves(got[:2]):
-                if isinstance(leaf, jax.Array) and (set(leaf.devices()) != set(mesh.devices.flat)
-                                                    or not leaf.sharding.is_fully_replicated):
-                    raise Mismatch(f"the state after step {i + 1} {where} has sharding {_spec(leaf)} "
-                                   f"{placement(leaf)}: it should be replicated on all {n} devices of the mesh, "
-                                   "as it came in, ready for the next step.")
+            for leaf in jax.tree.leaves(got[:2]):      # a host array (NumPy) too: the next step would move it
+                if not isinstance(leaf, jax.Array) or (set(leaf.devices()) != set(mesh.devices.flat)
+                                                       or not leaf.sharding.is_fully_replicated):
+                    spec = "" if _spec(leaf) is None else f"with sharding {_spec(leaf)} "
+                    raise Mismatch(f"the state after step {i + 1} {where} has a leaf {spec}{placement(leaf)}: it "
+                                   f"should be replicated on all {n} devices of the mesh, as it came in, ready for the "
+                                   "next step.")
             if i == 0:                   # the first update leads: with SGD a factor of the gradient shows in it
                 same_tree = jax.tree.structure(got[0]) == jax.tree.structure(params0)
                 out.append(jax.tree.map(lambda a, b: np.asarray(np.asarray(a) - b, np.asarray(a).dtype), got[0],

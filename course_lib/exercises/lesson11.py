@@ -77,6 +77,9 @@ MISTAKES_11_1 = [
     Mistake("the first devices", "Those are the first {n} device(s), not the ones you were given (the checker "
             "gives you others): use the devices argument itself.",
             lambda d, like, devs: checkpoint.restore(d, like, devices=jax.devices()[:len(devs)])[0]),
+    Mistake("devices reversed", "Those are the devices given, in reverse order: jit refuses to combine such "
+            "arrays with arrays on the devices in the order given.",
+            lambda d, like, devs: checkpoint.restore(d, like, devices=list(devs)[::-1])[0]),
     Mistake("where it was saved", "Those are the devices it was saved from: with no placement asked for, the "
             "restore puts each array back where it was saved.", lambda d, like, devs: _orbax_restore(d)["state"]),
     Mistake("like, not restored", "These are like='s values (zeros): restore the checkpoint, not like=.",

@@ -64,7 +64,8 @@ _SPLITS = "Which arrays does data parallelism split over the chips, and which do
 _LEAVES = "Is every parameter of the model in your count? Compare with the leaves of section 1's abstract_state."
 MISTAKES_13_1 = [
     Mistake("parameters only", _LEFT_OUT, _state(4)),
-    Mistake("two of three", _LEFT_OUT, _state(8)),
+    Mistake("two of three", "Which arrays does the step receive as arguments, and in which dtype? abstract_state "
+            "lists them all.", _state(8)),
     Mistake("gradients counted", "Which arrays does the step receive as arguments, and which does it compute "
             "inside itself and free before it returns?", _state(16)),
     Mistake("bfloat16", _DTYPE, _state(6)),
