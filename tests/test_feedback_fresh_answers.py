@@ -1,6 +1,8 @@
 """Answers from the seventh and eighth hidden testers' sets: each once passed falsely, was refused, or was told a
 cause it did not make."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -365,3 +367,56 @@ def test_07_2_a_learning_rate_written_in_is_not_blamed_on_the_device_count():
 
     fb = check("07.2", make)
     assert not fb and "device count" not in fb.message and "2x too large" in fb.message, fb.message
+
+
+def test_05_2_a_zero_result_is_not_blamed_on_one_device():
+    fb = check("05.2", lambda replicas: int(max(
+        float(np.abs(np.asarray(s.data) - np.asarray(leaf.addressable_shards[0].data)).max())
+        for leaf in jax.tree.leaves(replicas) for s in leaf.addressable_shards)))
+    assert not fb and "no difference between them reached the result" in fb.message
+    assert "same device" not in fb.message
+
+
+def test_10_1_bytes_rounded_up_are_said_rounded_not_half_precision():
+    def rounded_up(n_params, n_devices, stage):
+        split = {"replicated": (1, 1, 1), "zero1": (1, 1, n_devices), "zero2": (1, n_devices, n_devices),
+                 "fsdp": (n_devices,) * 3}[stage]
+        return {k: math.ceil(b * n_params / s) for k, b, s in zip(("params", "grads", "opt_state"), (4, 4, 8), split)}
+
+    fb = check("10.1", rounded_up)
+    assert not fb and "rounded to whole numbers" in fb.message and "float16" not in fb.message
+
+
+def test_11_1_devices_given_in_reverse_are_named():
+    from course_lib import checkpoint
+
+    fb = check("11.1", lambda directory, like, devices: checkpoint.restore(
+        directory, like, devices=list(devices)[::-1])[0])
+    assert not fb and "in reverse order" in fb.message
+
+
+def _wrapped_step(change):
+    from course_lib.exercises.lesson07 import solution_make_sharded_step
+
+    def make(loss_fn, optimizer, mesh):
+        step = solution_make_sharded_step(loss_fn, optimizer, mesh)
+        return lambda *args: change(*step(*args))
+    return make
+
+
+def test_07_2_host_state_and_the_state_first_are_named():
+    fb = check("07.2", _wrapped_step(lambda p, s, loss: (jax.device_get(p), s, loss)))
+    assert not fb and "has a leaf on the host" in fb.message
+    fb = check("07.2", _wrapped_step(lambda p, s, loss: (s, p, loss)))
+    assert not fb and "the optimizer state as output [0]" in fb.message
+
+
+def test_07_1_an_all_gather_declared_replicated_gets_the_course_s_sentence():
+    def ported(x, w, mesh):
+        def body(xb, wb):
+            h = jnp.tanh(xb @ wb)
+            return h, jax.lax.all_gather(h.sum(0), "i").sum(0)
+        return jax.shard_map(body, mesh=mesh, in_specs=(jax.P("i"), jax.P()), out_specs=(jax.P("i"), jax.P()))(x, w)
+
+    fb = check("07.1", ported)
+    assert not fb and "to='invarying'" in fb.message and "_rem_singleton" not in fb.message

@@ -28,7 +28,7 @@ def per_chip(bytes_per_param, split_rest=False, split_layers=True):
 
 WRONG = {
     "parameters only": (per_chip(4), "besides the parameters?"),
-    "one moment": (per_chip(8), "besides the parameters?"),
+    "one moment": (per_chip(8), "and in which dtype?"),
     "gradients counted (16 bytes)": (per_chip(16), "free before it returns?"),
     "bfloat16 state": (per_chip(6), "In which dtype"),
     "everything divided by the chips": (lambda c, n, f: 12 * sum(counts(c)) / n, "which does FSDP?"),
