@@ -420,3 +420,44 @@ def test_07_1_an_all_gather_declared_replicated_gets_the_course_s_sentence():
 
     fb = check("07.1", ported)
     assert not fb and "to='invarying'" in fb.message and "_rem_singleton" not in fb.message
+
+
+# ---- round 4, lesson 10
+
+
+def test_10_2_gathering_the_gradient_and_updating_the_whole_matrix_fails():
+    def whole(params, grads, lr):
+        g = jax.lax.psum_scatter(grads, "data", scatter_dimension=1, tiled=True) / jax.lax.axis_size("data")
+        return params - lr * jax.lax.all_gather(g, "data", axis=1, tiled=True, to="invarying")
+
+    fb = check("10.2", whole)
+    assert not fb and "no all-gather carries parameters" in fb.message
+
+
+def test_10_3_trying_only_k_1_is_not_called_powers_of_two():
+    def only_one(make_step, state, batch, n_devices, budget):
+        m = make_step(1).compile(state, batch).memory_analysis()
+        need = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
+        return 1 if need <= budget else None
+
+    fb = check("10.3", only_one)
+    assert not fb and "K = 3 (a divisor of the 6 examples per device) fits" in fb.message
+    assert "powers of two" not in fb.message
+
+
+def test_10_4_a_state_restarted_every_step_and_the_old_state_are_told_apart():
+    def make(fresh):
+        def make_fsdp_step(loss_fn, optimizer):
+            def step(my_params, opt_state, batch):
+                n = jax.lax.axis_size("data")
+                loss, g = jax.value_and_grad(lambda m: loss_fn(jax.tree.map(
+                    lambda s: jax.lax.all_gather(s, "data", tiled=True), m), batch))(my_params)
+                old = optimizer.init(my_params) if fresh else opt_state
+                updates, new = optimizer.update(jax.tree.map(lambda x: x / n, g), old, my_params)
+                return optax.apply_updates(my_params, updates), new if fresh else old, jax.lax.pmean(loss, "data")
+            return step
+        return make_fsdp_step
+
+    restarted, old = check("10.4", make(True)), check("10.4", make(False))
+    assert not restarted and "the opt_state passed in is never read" in restarted.message
+    assert not old and "The optimizer state returned is always a fresh one" in old.message

@@ -280,7 +280,7 @@ def check_zero2_sgd(zero2_sgd):
         (rows, c), cols = whole.shape, whole.shape[1] // mesh.size
         what = case.label.rsplit(", each", 1)[0]
         # The mechanism, read from the compiled program: each device must receive its block of the summed gradient.
-        found = _collectives(_zero2_program(zero2_sgd, mesh, lr), (whole, grads), 4 * rows * c)
+        found = _collectives(program := _zero2_program(zero2_sgd, mesh, lr), (whole, grads), 4 * rows * c)
         ops = [x.op for x in found]
         blocks = [x for x in found if x.op == "reduce-scatter"           # axes of size 1 aside (an untiled scatter)
                   and sorted(d for d in x.shape if d != 1) == sorted((rows, cols))]
@@ -288,13 +288,17 @@ def check_zero2_sgd(zero2_sgd):
             raise _not_the_mechanism(what, found, "gradient-sized collectives", f"ZeRO's are a reduce-scatter that "
                                      f"hands each device its ({rows}, {cols}) block of columns of the summed gradient, "
                                      "and an all-gather of the updated blocks, with no all-reduce.")
+        linear = _or_none(lambda: str(jax.make_jaxpr(jax.linearize(lambda p: program(p, grads), whole)[1])(whole)))
+        if linear and "all_gather" not in linear:            # the derivative by params has no gather: none carries them
+            raise Mismatch(f"{what}: the values are right, but no all-gather carries parameters: every device updates "
+                           "the whole matrix with the gathered gradient. Each device is to update only its block of "
+                           "columns (ZeRO keeps only that block's optimizer state on it), then gather the blocks.")
         # section 2: the gathered matrix is the same on every device, and typed so (out_specs=P() accepts it)
         if _or_none(lambda: jax.eval_shape(jax.shard_map(lambda p, g: zero2_sgd(p, g, lr), mesh=mesh, in_specs=(
                 P(), P(AXIS)), out_specs=P(), check_vma=True), whole, grads)) is None:
             raise Mismatch(f"{what}: the values are right, but shard_map refuses the result as one matrix the same "
                            "on every device (out_specs=P(), check_vma=True): JAX types the gathered matrix as "
-                           f"varying over {AXIS!r}. Section 2: the gather that rebuilds the parameters says so "
-                           "itself.")
+                           f"varying over {AXIS!r}. Section 2: the gather that rebuilds the parameters says so itself.")
     return ("each device receives its block of columns of the reduced gradient (a reduce-scatter along axis 1), "
             "updates only that block, and an all-gather along the same axis hands every device every block: the "
             "same traffic as data parallelism's all-reduce, whichever axis the state is split along.")
@@ -306,9 +310,7 @@ def check_zero2_sgd(zero2_sgd):
 
 def solution_choose_k(make_step, state, batch, n_devices, budget):
     per_device = jax.tree.leaves(batch)[0].shape[0] // n_devices
-    for k in range(1, per_device + 1):
-        if per_device % k:
-            continue
+    for k in [k for k in range(1, per_device + 1) if per_device % k == 0]:     # K must divide a device's examples
         m = make_step(k).compile(state, batch).memory_analysis()
         needed = m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes + m.temp_size_in_bytes
         if needed <= budget:
@@ -389,8 +391,6 @@ MISTAKES_10_3 = [
             _search(fits=lambda need, budget: need < budget)),
     Mistake("largest K", "Your answer takes the largest K that fits; every extra micro-batch is one more pass "
             "through the model: take the smallest K that fits.", _search(order=lambda ks: ks[::-1])),
-    Mistake("powers of two", "Your answer tried only powers of two; other divisors of the batch fit too. Try every "
-            "divisor.", _search(candidates=lambda ks: [k for k in ks if not k & (k - 1)])),
     Mistake("the count itself left out", "Wherever only K equal to the examples per device fits, your answer "
             "finds none: does its search reach that K (a range's end is excluded), and every divisor before it?",
             _search(candidates=lambda ks: ks[:-1])),
@@ -557,18 +557,20 @@ def _fsdp_run(make, case):
         raise Mismatch("your step never calls the update of the optimizer it was given. Whatever optimizer "
                        "make_fsdp_step receives (SGD, momentum, Adam) must make the update.")
     _RAN[make, case.label] = (f, args, sum(v.size for v in params.values()))
-    return {"first update": first, "losses": np.stack(losses), "params after 3 steps": dict(p)}
+    return {"first update": first, "losses": np.stack(losses), "params after 3 steps": dict(p),
+            "opt_state after 3 steps": jax.tree.map(np.asarray, o)}
 
 
-def _fsdp_as(by=lambda n: n, then=lambda g: g, new_state=True):
-    """The FSDP step, its gradient divided by ``by(n)`` then put through ``then``; the old state if not new_state."""
+def _fsdp_as(by=lambda n: n, then=lambda g: g, state="new"):
+    """The FSDP step: gradient / ``by(n)``, through ``then``; the state in returned ("old") or never read ("init")."""
     def make(loss_fn, optimizer):
         def step(my_params, opt_state, batch):
             n = jax.lax.axis_size(AXIS)
             loss, grads = jax.value_and_grad(lambda p: loss_fn(jax.tree.map(
                 lambda s: jax.lax.all_gather(s, AXIS, tiled=True), p), batch))(my_params)
-            updates, state = optimizer.update(jax.tree.map(lambda g: then(g / by(n)), grads), opt_state, my_params)
-            return optax.apply_updates(my_params, updates), state if new_state else opt_state, jax.lax.pmean(loss, AXIS)
+            old = optimizer.init(my_params) if state == "init" else opt_state
+            updates, new = optimizer.update(jax.tree.map(lambda g: then(g / by(n)), grads), old, my_params)
+            return optax.apply_updates(my_params, updates), old if state == "old" else new, jax.lax.pmean(loss, AXIS)
         return step
     return make
 
@@ -585,8 +587,10 @@ MISTAKES_10_4 = [
                                "; divide it by the device count, with no collective."),
               _fsdp_as(by=by or (lambda n: 1), then=lambda g: jax.lax.pmean(g, AXIS)))
       for name, by in [("pmean of the scattered slices", None), ("pmean after dividing", lambda n: n)]],
-    Mistake("old optimizer state", "The optimizer state returned is the one that came in: return the new state "
-            "that optimizer.update gives, or the next step starts from the old one.", _fsdp_as(new_state=False)),
+    Mistake("old optimizer state", "The optimizer state returned is always a fresh one, as optimizer.init gives (the "
+            "one that came in, or a new init): return the state optimizer.update gives.", _fsdp_as(state="old")),
+    Mistake("state restarted", "Every step's numbers are those of a fresh optimizer.init state: the opt_state "
+            "passed in is never read, so momentum and Adam's moments never build up.", _fsdp_as(state="init")),
 ]
 
 

@@ -43,7 +43,7 @@ WRONG = [
     ("the largest K that fits", search(order=lambda ks: ks[::-1]), "take the smallest K that fits"),
     ("powers of two only", search(candidates=lambda batch, n: [k for k in (1, 2, 4, 8, 16)
                                                                if per_device(batch, n) % k == 0]),
-     "tried only powers of two"),
+     "(a divisor of the 6 examples per device) fits"),
     ("K from the global batch", search(candidates=lambda batch, n: [k for k in range(1, 2 * n + 1)
                                                                     if jax.tree.leaves(batch)[0].shape[0] % k == 0]),
      "must divide each device's examples"),
