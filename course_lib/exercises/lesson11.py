@@ -16,7 +16,6 @@ from .. import checkpoint, profile
 from . import Case, Mismatch, Mistake, Said, call, diagnose, exercise, placement, same
 from .lesson08 import _split, mixed_devices
 
-# Graded hints, weakest first (the exercise framework shows them one at a time).
 HINTS = {
     "11.1": ["Orbax reads each array straight onto the devices you ask for: you do not need to move it afterwards.",
              "Section 1, 'Restoring: where it was, or where you say': read which of checkpoint.restore's "
@@ -337,12 +336,11 @@ def _marker_runner(fn, case):
     ratio of step numbers means nothing)."""
     from .lesson12 import _whole
     got, markers = _trace_runner("stalled_step", [])(fn, case), case.args[0].markers
-    if _whole(got) is None:                 # a bool too: True is no step
+    if (step := _whole(got)) is None:       # a bool too: True is no step
         return Said(f"{got!r:.60} ({type(got).__name__}), not a step number")
-    got = _whole(got)
     found = [f"marker {i + 1} of {len(markers)}, which lasted {m.dur_us:,.0f} µs" for i, m in enumerate(markers)
-             if m.step == got] or [f"which no marker carries: they run from {markers[0].step} to {markers[-1].step}"]
-    return Said(f"step {got} ({found[0]})")
+             if m.step == step] or [f"which no marker carries: they run from {markers[0].step} to {markers[-1].step}"]
+    return Said(f"step {step} ({found[0]})")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -351,7 +349,6 @@ def _marker_runner(fn, case):
 
 def solution_restore_resharded(directory, like, mesh):
     import orbax.checkpoint as ocp
-    from jax.sharding import NamedSharding
 
     target = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, x.sharding.spec)), like)
@@ -536,12 +533,11 @@ def check_restore_resharded(restore_resharded):
             directory, (axis, values, specs) = pathlib.Path(tmp) / f"run{index}", case()
             saved_mesh = jax.make_mesh((len(from_devices),), (axis,), devices=from_devices)
             saved = {step: values if step == steps[0] else _bump(values, step) for step in steps}
-            for step in steps:
-                placed = jax.tree.map(lambda v, spec: jax.device_put(v, NamedSharding(saved_mesh, P(*spec))),
-                                      saved[step], specs, is_leaf=lambda x: isinstance(x, tuple))
-                with ocp.CheckpointManager(directory) as manager:
+            with ocp.CheckpointManager(directory) as manager:      # closing it waits for the saves
+                for step in steps:
+                    placed = jax.tree.map(lambda v, spec: jax.device_put(v, NamedSharding(saved_mesh, P(*spec))),
+                                          saved[step], specs, is_leaf=lambda x: isinstance(x, tuple))
                     manager.save(step, args=ocp.args.StandardSave(placed))
-                    manager.wait_until_finished()
             like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), placed)
             cases += [Case((directory, like, jax.make_mesh((count,), (axis,), devices=mixed[:count]), saved),
                            f"restore_resharded(directory of steps {steps}, like, mesh of {count} devices '{axis}')",
