@@ -140,10 +140,9 @@ def check_restore_onto(restore_onto):
 # 11.2 The fraction of the devices' time spent in collectives
 
 
-def _synthetic(n_devices=4, steps=3, compute=(30.0, 50.0), wait=(10.0, 70.0), gap=500.0, seed=0, collectives=1,
-               loop=False):
-    """A trace of `steps` dispatches per device: compute, then `collectives` collectives (an all-gather, a
-    reduce-scatter, an all-reduce), then a gap. Every device and op its own duration. Times in us.
+def _synthetic(n_devices, wait, seed, collectives, loop):
+    """A trace of 3 dispatches per device: compute (30-50 us, times 1 to 3), then `collectives` collectives (an
+    all-gather, a reduce-scatter, an all-reduce), then a 500 us gap. Every device and op its own duration.
 
     ``loop=True``: as in a fused ``step.steps`` dispatch, a loop op (a while) encloses its body, the fusion and the
     collectives (ops nest), and the device sits idle for a while inside the dispatch between its ops."""
@@ -151,10 +150,10 @@ def _synthetic(n_devices=4, steps=3, compute=(30.0, 50.0), wait=(10.0, 70.0), ga
     names = ["all-reduce.1", "all-gather.2", "reduce-scatter.3", "all-reduce.4"][-collectives:]
     ops, markers = [], []
     t = 0.0
-    for s in range(steps):
+    for s in range(3):
         markers.append(profile.Marker(100 + s, t, 0.0))
         for d in range(n_devices):
-            c = rng.uniform(*compute) * (1 + d % 3)          # some devices compute longer than others
+            c = rng.uniform(30.0, 50.0) * (1 + d % 3)         # some devices compute longer than others
             start = t + (rng.uniform(5.0, 25.0) if loop else 0.0)
             ops.append(profile.Op(d, f"run{s}", "fusion", start, c, False))
             at = start + c
@@ -165,7 +164,7 @@ def _synthetic(n_devices=4, steps=3, compute=(30.0, 50.0), wait=(10.0, 70.0), ga
                 at += w
             if loop:
                 ops.append(profile.Op(d, f"run{s}", "while.7", t, at - t, False))
-        t += 3 * compute[1] + collectives * (wait[1] + (45.0 if loop else 0.0)) + gap
+        t += 3 * 50.0 + collectives * (wait[1] + (45.0 if loop else 0.0)) + 500.0
     return profile.from_ops(ops, markers)
 
 
