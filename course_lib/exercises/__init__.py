@@ -278,7 +278,6 @@ def check(id: str, answer) -> Feedback:
 def _record(id: str, event: str, passed: bool | None = None) -> None:
     """Add the event to the progress file (course_lib/progress.py). A file that cannot be read or written is
     reported once per kernel and left alone: the exercise itself goes on."""
-    from course_lib import progress as _progress_file
     try:
         _progress_file.record(id, event, passed)
     except (ValueError, OSError) as e:
@@ -293,7 +292,6 @@ _record_problems: set[str] = set()
 def hint(id: str) -> None:
     """Print the next hint for exercise ``id``: a nudge, then the API or cell to read;
     ``solution(id)`` comes after. Hints are shown even where solutions are withheld (``COURSE_SOLUTIONS=off``)."""
-    from course_lib import solutions as _solutions
     ex = _get(id)
     id = ex.id                          # as the course writes it (" 7.1" is "07.1")
     shown = _hints_shown[id]
@@ -322,7 +320,6 @@ def solution(id: str) -> None:
     next to the notebook, as a student copy carries), it prints no code and says the instructor withheld them.
     """
     ex = _get(id)
-    from course_lib import solutions as _solutions
     if _solutions.withheld():
         print(_solutions.withheld_message(ex.id))
         return
@@ -331,6 +328,7 @@ def solution(id: str) -> None:
     print(_solutions.code(ex.id))
 
 
+from course_lib import progress as _progress_file, solutions as _solutions  # noqa: E402
 from course_lib.progress import NoSuchLesson, Progress, _lesson_key, report as progress  # noqa: E402,F401
 
 

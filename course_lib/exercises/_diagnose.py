@@ -30,8 +30,6 @@ import numpy as np
 
 from . import Mismatch, _NotStarted, _last_call, call, describe_tree
 
-__all__ = ["Mistake", "Case", "Said", "diagnose", "difference", "relation", "same", "placement"]
-
 
 class Said(str):
     """A fact about a result in words ("on device 3", "on the host"): compared as text, shown as it is."""

@@ -16,7 +16,6 @@ from .. import checkpoint, profile
 from . import Case, Mismatch, Mistake, Said, call, diagnose, exercise, placement, same
 from .lesson08 import _split, mixed_devices
 
-# Graded hints, weakest first (the exercise framework shows them one at a time).
 HINTS = {
     "11.1": ["Orbax reads each array straight onto the devices you ask for: you do not need to move it afterwards.",
              "Section 1, 'Restoring: where it was, or where you say': read which of checkpoint.restore's "
@@ -141,10 +140,9 @@ def check_restore_onto(restore_onto):
 # 11.2 The fraction of the devices' time spent in collectives
 
 
-def _synthetic(n_devices=4, steps=3, compute=(30.0, 50.0), wait=(10.0, 70.0), gap=500.0, seed=0, collectives=1,
-               loop=False):
-    """A trace of `steps` dispatches per device: compute, then `collectives` collectives (an all-gather, a
-    reduce-scatter, an all-reduce), then a gap. Every device and op its own duration. Times in us.
+def _synthetic(n_devices, wait, seed, collectives, loop):
+    """A trace of 3 dispatches per device: compute (30-50 us, times 1 to 3), then `collectives` collectives (an
+    all-gather, a reduce-scatter, an all-reduce), then a 500 us gap. Every device and op its own duration.
 
     ``loop=True``: as in a fused ``step.steps`` dispatch, a loop op (a while) encloses its body, the fusion and the
     collectives (ops nest), and the device sits idle for a while inside the dispatch between its ops."""
@@ -152,10 +150,10 @@ def _synthetic(n_devices=4, steps=3, compute=(30.0, 50.0), wait=(10.0, 70.0), ga
     names = ["all-reduce.1", "all-gather.2", "reduce-scatter.3", "all-reduce.4"][-collectives:]
     ops, markers = [], []
     t = 0.0
-    for s in range(steps):
+    for s in range(3):
         markers.append(profile.Marker(100 + s, t, 0.0))
         for d in range(n_devices):
-            c = rng.uniform(*compute) * (1 + d % 3)          # some devices compute longer than others
+            c = rng.uniform(30.0, 50.0) * (1 + d % 3)         # some devices compute longer than others
             start = t + (rng.uniform(5.0, 25.0) if loop else 0.0)
             ops.append(profile.Op(d, f"run{s}", "fusion", start, c, False))
             at = start + c
@@ -166,7 +164,7 @@ def _synthetic(n_devices=4, steps=3, compute=(30.0, 50.0), wait=(10.0, 70.0), ga
                 at += w
             if loop:
                 ops.append(profile.Op(d, f"run{s}", "while.7", t, at - t, False))
-        t += 3 * compute[1] + collectives * (wait[1] + (45.0 if loop else 0.0)) + gap
+        t += 3 * 50.0 + collectives * (wait[1] + (45.0 if loop else 0.0)) + 500.0
     return profile.from_ops(ops, markers)
 
 
@@ -337,12 +335,11 @@ def _marker_runner(fn, case):
     ratio of step numbers means nothing)."""
     from .lesson12 import _whole
     got, markers = _trace_runner("stalled_step", [])(fn, case), case.args[0].markers
-    if _whole(got) is None:                 # a bool too: True is no step
+    if (step := _whole(got)) is None:       # a bool too: True is no step
         return Said(f"{got!r:.60} ({type(got).__name__}), not a step number")
-    got = _whole(got)
     found = [f"marker {i + 1} of {len(markers)}, which lasted {m.dur_us:,.0f} µs" for i, m in enumerate(markers)
-             if m.step == got] or [f"which no marker carries: they run from {markers[0].step} to {markers[-1].step}"]
-    return Said(f"step {got} ({found[0]})")
+             if m.step == step] or [f"which no marker carries: they run from {markers[0].step} to {markers[-1].step}"]
+    return Said(f"step {step} ({found[0]})")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -351,7 +348,6 @@ def _marker_runner(fn, case):
 
 def solution_restore_resharded(directory, like, mesh):
     import orbax.checkpoint as ocp
-    from jax.sharding import NamedSharding
 
     target = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, x.sharding.spec)), like)
@@ -536,12 +532,11 @@ def check_restore_resharded(restore_resharded):
             directory, (axis, values, specs) = pathlib.Path(tmp) / f"run{index}", case()
             saved_mesh = jax.make_mesh((len(from_devices),), (axis,), devices=from_devices)
             saved = {step: values if step == steps[0] else _bump(values, step) for step in steps}
-            for step in steps:
-                placed = jax.tree.map(lambda v, spec: jax.device_put(v, NamedSharding(saved_mesh, P(*spec))),
-                                      saved[step], specs, is_leaf=lambda x: isinstance(x, tuple))
-                with ocp.CheckpointManager(directory) as manager:
+            with ocp.CheckpointManager(directory) as manager:      # closing it waits for the saves
+                for step in steps:
+                    placed = jax.tree.map(lambda v, spec: jax.device_put(v, NamedSharding(saved_mesh, P(*spec))),
+                                          saved[step], specs, is_leaf=lambda x: isinstance(x, tuple))
                     manager.save(step, args=ocp.args.StandardSave(placed))
-                    manager.wait_until_finished()
             like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), placed)
             cases += [Case((directory, like, jax.make_mesh((count,), (axis,), devices=mixed[:count]), saved),
                            f"restore_resharded(directory of steps {steps}, like, mesh of {count} devices '{axis}')",

@@ -347,7 +347,7 @@ MISTAKES_12_2 = [
                                        layer)),
     Mistake("gradient stopped", "No gradient reaches the slices: the gather's result was cut from the gradient path "
             "(stop_gradient), so its transpose, the reduce-scatter, never runs.",
-            lambda layer: jax.tree.map(lambda w: jax.lax.stop_gradient(solution_gather_layer({"w": w})["w"]), layer)),
+            lambda layer: jax.tree.map(jax.lax.stop_gradient, solution_gather_layer(layer))),
 ]
 
 

@@ -34,15 +34,13 @@ CASES = [
 def _counts(c):
     """(parameters in the stacked layers, parameters elsewhere)."""
     D, MLP, L, V = c["D"], c["MLP"], c["LAYERS"], c["VOCAB"]
-    layers = L * (3 * D * D + D * D + 2 * D * MLP + 2 * D)
-    rest = V * D + c["SEQ"] * D + D + D * V
-    return layers, rest
+    in_layers = L * (3 * D * D + D * D + 2 * D * MLP + 2 * D)      # wqkv, wo, w1, w2, norm1, norm2
+    elsewhere = V * D + c["SEQ"] * D + D + D * V                     # embed, pos, norm, unembed
+    return in_layers, elsewhere
 
 
 def solution_predict_state_bytes(c, n_chips, fsdp):
-    D, MLP, L, V = c["D"], c["MLP"], c["LAYERS"], c["VOCAB"]
-    in_layers = L * (3 * D * D + D * D + 2 * D * MLP + 2 * D)      # wqkv, wo, w1, w2, norm1, norm2
-    elsewhere = V * D + c["SEQ"] * D + D + D * V                     # embed, pos, norm, unembed
+    in_layers, elsewhere = _counts(c)
     per_chip = in_layers / n_chips if fsdp else in_layers            # FSDP splits the stacked layers only
     return 12 * (per_chip + elsewhere) + 4                           # float32 params, mu, nu; the int32 count
 
