@@ -84,10 +84,11 @@ WRONG = {
          "every n-th row"),
         ("jax.devices() instead of the list given",
          lambda x, ds: [jax.device_put(p, jax.devices()[i]) for i, p in enumerate(np.split(x, len(ds)))],
-         "expected pieces on: device 5, device 2, device 6, device 1, got pieces on: device 0"),
+         "expected pieces on: device 5, device 2, device 6, device 1, device 3, device 4, device 0, device 7, got "
+         "pieces on: device 0"),
         ("n from jax.devices()", lambda x, ds: [jax.device_put(x[i * (len(x) // 8):(i + 1) * (len(x) // 8)], d)
                                                 for i, d in enumerate(jax.devices())],
-         "It is right in the other case; wrong also in"),
+         "split_across returned 8 items; expected a list of 4"),
         ("not placed", lambda x, ds: np.split(x, len(ds)), "The pieces are NumPy arrays in host memory"),
         ("float16", lambda x, ds: [jax.device_put(p.astype(np.float16), d) for p, d in zip(np.split(x, len(ds)), ds)],
          "dtype float16"),
