@@ -37,15 +37,14 @@ def test_06_1_the_mesh_given_in_its_order():
         devs = list(m.devices.flat)
         return solution_place(p, b, jax.sharding.Mesh(np.array(devs[1:] + devs[:1]), ("i",)))
     fb = check("06.1", rotated)
-    assert not fb and "got params['b'] on a mesh of its own, devices [2, 6, 1, 3, 4, 0, 7, 5] where the mesh given " \
-        "has [5, 2, 6, 1, 3, 4, 0, 7] (the same devices in another order" in fb.message
+    assert not fb and "on a mesh of its own (axes ('i',), devices [2, 6, 1, 3, 4, 0, 7, 5]; the mesh given: " \
+        "('i',), [5, 2, 6, 1, 3, 4, 0, 7])" in fb.message
 
     def renamed(p, b, m):          # the mesh's devices in its order, its axis named "data"
         data = jax.sharding.Mesh(m.devices, ("data",))
         return jax.device_put(p, NamedSharding(data, P())), jax.device_put(b, NamedSharding(data, P("data")))
     fb = check("06.1", renamed)
-    assert not fb and "got params['b'] on a mesh of its own, axes named ('data',) where the mesh given names " \
-        "('i',)" in fb.message
+    assert not fb and "on a mesh of its own (axes ('data',)" in fb.message and "the mesh given: ('i',)" in fb.message
     assert not check("06.1", lambda p, b, m: solution_place(p, b, jax.make_mesh((m.size,), ("i",))))  # its own mesh
 
 

@@ -117,8 +117,7 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
         raise type(error)(f"{case.label}: {text}{'' if text.endswith(('.', '?', '!')) else '.'}{where}") from None
     _, expected, got, diff = next(r for r in rows if r[0] is case)
     named = _confirmed(mistakes, rows, run, opts, keys)       # on the cases that ran: their numbers confirm it or not
-    # a factor is the device count's only if it follows n: a case with another count shows its own count's factor
-    # (one case's 2x on 2 devices may be anything), none shows the same factor, and no mistake is named
+    # the count's factor only if another count's case shows its own, none shows the same, and no mistake is named
     size = re.search(r"(?<![\d.])[\d.]+x too \w+", diff or "")
     other = [d for c, _, _, d in rows if d is not None and c.n != case.n]
     n = None if len(named) == 1 or not any(", a factor" in d for d in other) or size and any(

@@ -430,12 +430,6 @@ def _reduce_scatter_only(x, a):  # the finished piece in its place, the all-gath
     return jnp.zeros_like(total).at[mine].set(total[mine]).reshape(x.shape)
 
 
-def _one_hop_short(x, a, k):  # piece c summed over every device but c - k (the ring's direction: k = +-1)
-    n, c = jax.lax.axis_size(a), jnp.arange(jax.lax.axis_size(a))
-    parts = jax.lax.all_gather(x.reshape(n, -1), a)          # (device, piece, V / n)
-    return (parts.sum(0) - parts[(c - k) % n, c]).reshape(x.shape)
-
-
 MISTAKES_04_5 = [
     *[Mistake(f"pieces {k:+d} row", "Every device holds all the summed pieces, but each one is stored one "
               "piece-row off from its place: the bookkeeping of which piece is in transit at each hop is off by one.",
@@ -444,9 +438,6 @@ MISTAKES_04_5 = [
     Mistake("no all-gather phase", "Each device holds one fully summed piece and zeros elsewhere: the "
             "reduce-scatter is done, but the finished pieces were never passed round (the all-gather phase).",
             _reduce_scatter_only),
-    *[Mistake(f"reduce-scatter one hop short {k:+d}", "Every piece is passed round, but each lacks one device's "
-              "part (its owner's neighbour's): the reduce-scatter phase stopped one hop short. It takes n - 1 hops "
-              "for a piece to collect all n parts.", lambda x, a, k=k: _one_hop_short(x, a, k)) for k in (1, -1)],
 ]
 
 

@@ -59,18 +59,15 @@ def _leaves(tree):
 
 def _layout(leaf, mesh) -> str:
     """How ``leaf`` is laid out, in words: ``on the host``, ``whole on devices [0, 1]``, ``in blocks of (3, 2) on
-    devices [7, 6, 5, 4]`` (in block order: ``placement``); first, how its mesh differs from ``mesh``, if it does."""
+    devices [7, 6, 5, 4]`` (in block order: ``placement``); and its mesh's axes and devices, if not ``mesh``'s."""
     if not isinstance(leaf, jax.Array):
         return "on the host"
-    (names, ids), (names0, ids0) = ((m.axis_names, m.device_ids.tolist()) for m in (getattr(
-        leaf.sharding, "mesh", mesh), mesh))
-    other = (f"on a mesh of its own, axes named {names} where the mesh given names {names0} (a spec or a collective "
-             "finds a mesh axis by its name), " if names != names0 else "" if ids == ids0 else
-             f"on a mesh of its own, devices {ids} where the mesh given has {ids0} (" + ("the same devices in another "
-             "order: a step on the mesh given refuses it), " if sorted(ids) == sorted(ids0) else "others), "))
+    own, given = ((m.axis_names, m.device_ids.tolist()) for m in (getattr(leaf.sharding, "mesh", mesh), mesh))
+    other = "" if own == given else (f", on a mesh of its own (axes {own[0]}, devices {own[1]}; the mesh given: "
+                                     f"{given[0]}, {given[1]})")
     blocks = sorted({s.data.shape for s in leaf.addressable_shards})
     how = "whole" if leaf.sharding.is_fully_replicated else f"in blocks of {blocks[0] if len(blocks) == 1 else blocks}"
-    return f"{other}{how} {placement(leaf)}"
+    return f"{how} {placement(leaf)}{other}"
 
 
 _PLACE_HINTS = {

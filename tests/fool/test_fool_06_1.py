@@ -33,7 +33,8 @@ WRONG = {
     "an 8-device mesh of its own": (_put(P(), P("i"), mesh=jax.make_mesh((8,), ("i",))),
                                     ["the mesh you were given"]),
     "its own Mesh of all devices": (_put(P(), P("i"), mesh=jax.sharding.Mesh(np.array(jax.devices()), ("i",))),
-                                    ["the same devices in another order", "On a mesh of 4 devices, it raised: it "
+                                    ["devices [0, 1, 2, 3, 4, 5, 6, 7]; the mesh given: ('i',), [5, 2, 6, 1, 3, 4, 0, "
+                                     "7]", "On a mesh of 4 devices, it raised: it "
                                      "split an array over 8 devices, and the mesh given has 4: build the "
                                      "NamedSharding on the mesh you were given"]),
     "one device only": (lambda p, b, m: (jax.device_put(p, jax.devices()[0]), _put(P(), P("i"))(p, b, m)[1]),
