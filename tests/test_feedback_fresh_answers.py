@@ -173,13 +173,19 @@ def test_05_1_another_optimizers_update_on_the_given_state_is_explained():
     assert not fb and "an update of another optimizer cannot read it" in fb.message
 
 
-def test_07_1_a_total_summed_from_an_all_gather_inside_the_shard_map_passes():
+def _all_gather_port(check_vma):
+    """07.1's port with the total summed from an all_gather inside the shard_map."""
     def ported(x, w, mesh):
         def per_device(xb, wb):
             h = jnp.tanh(xb @ wb)
             return h, jax.lax.all_gather(h.sum(0), "i").sum(0)
         return jax.shard_map(per_device, mesh=mesh, in_specs=(jax.P("i"), jax.P()),
-                             out_specs=(jax.P("i"), jax.P()), check_vma=False)(x, w)
+                             out_specs=(jax.P("i"), jax.P()), check_vma=check_vma)(x, w)
+    return ported
+
+
+def test_07_1_a_total_summed_from_an_all_gather_inside_the_shard_map_passes():
+    ported = _all_gather_port(check_vma=False)
 
     assert check("07.1", ported)
 
@@ -412,13 +418,7 @@ def test_07_2_host_state_and_the_state_first_are_named():
 
 
 def test_07_1_an_all_gather_declared_replicated_gets_the_course_s_sentence():
-    def ported(x, w, mesh):
-        def body(xb, wb):
-            h = jnp.tanh(xb @ wb)
-            return h, jax.lax.all_gather(h.sum(0), "i").sum(0)
-        return jax.shard_map(body, mesh=mesh, in_specs=(jax.P("i"), jax.P()), out_specs=(jax.P("i"), jax.P()))(x, w)
-
-    fb = check("07.1", ported)
+    fb = check("07.1", _all_gather_port(check_vma=True))
     assert not fb and "to='invarying'" in fb.message and "_rem_singleton" not in fb.message
 
 
