@@ -115,11 +115,7 @@ WRONG = [
     ("plain SGD, no optimizer call", plain_sgd_no_optimizer, "never calls the update of the optimizer"),
     ("divided by n twice (4x too small on 4 devices)", lambda l, o: fsdp(l, o, divide=lambda n: n * n),
      "too small, a factor of the device count"),
-<<<<<<< HEAD
-    ("divided by a written-in 8", lambda l, o: fsdp(l, o, divide=lambda n: 8), "4x too small"),
-=======
     ("divided by a written-in 8", lambda l, o: fsdp(l, o, divide=lambda n: 8), "a factor 4/8"),
->>>>>>> fixO
     ("two things back", lambda l, o: (lambda p, s, b: (p, s)),
      "shaped like (params, opt_state); expected (params, opt_state, loss), three things"),
 ]
@@ -166,11 +162,7 @@ def _no_params(loss_fn, optimizer):                          # optimizer.update(
 
 FRESH = [
     ("divided by jax.device_count()", lambda l, o: fsdp(l, o, divide=lambda n: jax.device_count()),
-<<<<<<< HEAD
-     "4x too small"),
-=======
      "2x too small, a factor 4/8"),
->>>>>>> fixO
     ("the loss summed", _psum_loss, "8x too large, a factor of the device count"),
     ("an extra pmean of the slices", _extra_pmean,
      "a pmean after the reduce-scatter mixes them"),
