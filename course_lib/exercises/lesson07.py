@@ -338,6 +338,8 @@ def _step_as(pcast=True, reduce=jax.lax.pmean, loss_reduce=jax.lax.pmean, state=
 
 _SUMMED = ("Under shard_map, the gradient of a replicated (P()) parameter that is not marked varying comes back "
            "already summed over the devices (lesson 06, section 3)")
+RESTARTED = ("Every step's numbers are those of a fresh optimizer.init state: the opt_state passed in is never read, "
+             "so momentum and Adam's moments never build up.")          # 07.2's and 10.4's "state restarted"
 MISTAKES_07_2 = [
     Mistake("gradient summed", "The optimizer was fed {n} times the mean gradient: the devices' gradients "
             "were summed, not averaged. Two ways give that: a psum (it sums), or a pmean of gradients that were "
@@ -355,8 +357,7 @@ MISTAKES_07_2 = [
             _step_as(reduce=jax.lax.psum, loss_reduce=jax.lax.psum)),
     Mistake("old optimizer state", "The optimizer state returned is the one that came in: return the new state "
             "that optimizer.update gives, or the next step starts from the old one.", _step_as(state="old")),
-    Mistake("state restarted", "Every step's numbers are those of a fresh optimizer.init state: the opt_state "
-            "passed in is never read, so momentum and Adam's moments never build up.", _step_as(state="init")),
+    Mistake("state restarted", RESTARTED, _step_as(state="init")),
     Mistake("averaged after the optimizer", "Each device ran the optimizer on its own gradient, and the results "
             "were averaged afterwards: that equals the update of the averaged gradient only for an optimizer linear "
             "in the gradient (SGD, momentum), not with clipping or Adam. Average the gradients first.",

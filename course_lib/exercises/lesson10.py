@@ -14,7 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from .. import sharded_state
 from . import Case, Mismatch, Mistake, call, describe_tree, diagnose, exercise, is_placeholder, returned_none
 from .lesson12 import _expect_whole, _or_none, _read_counts
-from .lesson07 import _OWN_OPTIMIZER, _Spy
+from .lesson07 import RESTARTED, _OWN_OPTIMIZER, _Spy
 from .lesson08 import mixed_devices
 
 AXIS = "data"
@@ -589,8 +589,7 @@ MISTAKES_10_4 = [
       for name, by in [("pmean of the scattered slices", None), ("pmean after dividing", lambda n: n)]],
     Mistake("old optimizer state", "The optimizer state returned is always a fresh one, as optimizer.init gives (the "
             "one that came in, or a new init): return the state optimizer.update gives.", _fsdp_as(state="old")),
-    Mistake("state restarted", "Every step's numbers are those of a fresh optimizer.init state: the opt_state "
-            "passed in is never read, so momentum and Adam's moments never build up.", _fsdp_as(state="init")),
+    Mistake("state restarted", RESTARTED, _fsdp_as(state="init")),
 ]
 
 
