@@ -362,6 +362,8 @@ MISTAKES_05_3 = [
     Mistake("0 / 0", "With no real rows the count is 0, and 0 / 0 is NaN: it must stay finite (0.0), or the NaN "
             "spreads to every device through the gradient average.",
             lambda p, y, m: jnp.sum(_squared(p, y, m)) / jnp.sum(m)),
+    Mistake("only pred masked", "pred * mask zeroes pred's padding rows but leaves y's in the sum (they need not "
+            "be 0): mask the squared error.", lambda p, y, m: jnp.sum((m * p - y) ** 2) / max(m.sum(), 1)),
     Mistake("mask inverted", "That is the mean over the PADDING rows: the mask was inverted (True marks the real "
             "rows, the ones to keep).", lambda p, y, m: solution_masked_mse(p, y, ~m)),
     Mistake("root", "That is the square root of the mean squared error (an RMSE): the exercise asks for the mean of "

@@ -109,9 +109,8 @@ _SPEC_HINTS = {
 # JAX's long message (device ids, a cut-off location) in one sentence
 _OTHER_MESH = {"incompatible devices": "the shard_map runs on another mesh than the one its inputs live on: use the "
                                        "mesh you were given."}
-_PORT_SUMMARIES = {**_OTHER_MESH, **dict.fromkeys(("passed args[1] of", "contracting"), (
-    "w is split over 'i' too. w is broadcast in the pmap version (in_axes=None), so every device needs all of it, "
-    "and its in_specs entry should split nothing."))}
+_PORT_SUMMARIES = {**_OTHER_MESH, "passed args[1] of": "w is split over 'i' too. w is broadcast in the pmap version "
+                   "(in_axes=None), so every device needs all of it, and its in_specs entry should split nothing."}
 _PORT_HINTS = {**_SPEC_HINTS,
                "does not match the specs of the input": "in_specs must match how the inputs are placed: x split "
                                                         "over 'i', w whole on every device.",
