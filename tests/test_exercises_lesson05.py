@@ -227,7 +227,7 @@ def _max_divergence_in(dtype, as_float):
 
 def test_05_2_lower_precision_is_named():
     fb = check("05.2", _max_divergence_in(np.float16, as_float=False))
-    assert not fb and "dtype float16 where float32 was expected" in fb.message
+    assert not fb and "dtype float16 where a Python float was expected" in fb.message
     fb = check("05.2", _max_divergence_in(np.float16, as_float=True))
     assert not fb and "rounded to 3 decimals (or to float16 precision: both give these numbers)" in fb.message
     assert check("05.2", _max_divergence_in(np.float32, as_float=True))

@@ -380,7 +380,7 @@ def _leaf_difference(g, e, n, rtol, atol, dtype) -> str | None:
     lower = gv.ndim == 0 and floats and gv.dtype.itemsize < want.itemsize
     close = np.allclose(gv.astype(np.float64), ev.astype(np.float64), rtol=rt, atol=at, equal_nan=True)
     if dtype and hasattr(g, "dtype") and ((gv.ndim and hasattr(e, "dtype") and np.dtype(g.dtype) != want) or lower):
-        return (f"dtype {np.dtype(g.dtype).name} where {want.name} was expected"
+        return (f"dtype {np.dtype(g.dtype).name} where {want if hasattr(e, 'dtype') else 'a Python float'} was expected"
                 + ("" if close else f"; and {relation(gv, ev, n=n, rtol=rt, atol=at)}"))
     if gv.dtype == bool and ev.dtype != bool:           # True where 103 was expected is a type, not a factor
         return f"expected {_describe_leaf(e)}, got {describe_tree(g)}: a bool (True/False), not a number"

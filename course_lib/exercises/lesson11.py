@@ -302,11 +302,12 @@ MISTAKES_11_3 = [
 
 
 def _stall_trace(stalled, first, count, stall_us):
-    """Host step marks starting at step ``first``, step ``stalled`` (a position) ``stall_us`` long, on two devices
-    whose longest dispatch is at another step (not the stalled one, the first, the last or the shortest)."""
-    markers, ops, t = [], [], 0.0
-    durations = [stall_us if i == stalled else 900.0 + 37 * ((i * 7 + 3) % 5) for i in range(count)]
-    others = [i for i in range(count) if i not in (stalled, 0, count - 1, int(np.argmin(durations)))]
+    """Host marks from step ``first``, step ``stalled`` (a position) ``stall_us`` long after a slow one, on two devices
+    whose longest dispatch is at another step (not those, the first, the last, the shortest: it moves, as gaps do)."""
+    markers, ops, t, slow = [], [], 0.0, stalled // 2 if stalled > 1 else None   # slow: 1.4x a step, not stalled
+    durations = [stall_us if i == stalled else 1300.0 if i == slow else 900 + 37 * ((i * 7 + 3 + stalled) % 5)
+                 for i in range(count)]
+    others = [i for i in range(count) if i not in (stalled, slow, 0, count - 1, int(np.argmin(durations)))]
     for i, dur in enumerate(durations):
         markers.append(profile.Marker(first + i, t, dur))
         for d in range(2):
@@ -314,7 +315,7 @@ def _stall_trace(stalled, first, count, stall_us):
             work = 200.0 + 11 * ((i + 3 * d) % 4) + (350.0 + 40 * d if longest else 0.0)
             ops.append(profile.Op(d, f"run{i}", "fusion", t + 100, work, False))
             ops.append(profile.Op(d, f"run{i}", "all-reduce", t + 100 + work, 100.0, True))
-        t += dur + 50
+        t += dur + 50 + 15 * (i % 3)
     return profile.from_ops(ops, markers)
 
 
