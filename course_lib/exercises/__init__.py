@@ -178,7 +178,7 @@ class Exercise:
             name = getattr(answer, "__name__", "your function")
             return Feedback(self.id, False, f"checking {name} took over {LIMIT_S} s and was stopped: {name} may "
                                             "never return. Call it once yourself on a small input.")
-        except Exception as e:  # a safety net: the answer broke the checker itself
+        except (Exception, SystemExit) as e:  # a safety net: the answer broke the checker itself
             return Feedback(self.id, False, self._could_not_use(e))
         finally:
             _answer_is_stub[0] = False      # a later call() outside check reads its own function only
@@ -444,11 +444,11 @@ def call(fn, *args, name: str | None = None, hints: dict[str, str] | None = None
     before = [_snapshot(a) for a in args]
     try:
         result = fn(*args, **kwargs)
-    except Exception as e:  # the learner's error, reported rather than raised
+    except (Exception, SystemExit) as e:  # the learner's error (exit() too), reported rather than raised
         first = _error_text(e)
         extra = [hint for fragment, hint in (hints or {}).items() if fragment in str(e)]
         summary = [text for fragment, text in (summaries or {}).items() if fragment in str(e)]
-        shown_error = summary[0] if summary else first if len(first) <= 300 else first[:300] + " ..."
+        shown_error = (summary or [first if len(first) <= 300 else first[:300] + " ..."])[0] or "(no message)"
         if extra and not shown_error.endswith((".", "?", "!", ":")):
             shown_error += "."
         raise Mismatch(" ".join([f"{name}({shown}) raised {type(e).__name__}: {shown_error}", *extra])) from None

@@ -111,9 +111,9 @@ MISTAKES_05_1 = [
     Mistake("no collective", "The copies of the parameters differ after one step: on every case, each device's "
             "update is the one its own shard's gradient alone gives. The gradients that reach the optimizer are not "
             "averaged over the devices.", _step_with(grads_of=lambda g: g)),
-    Mistake("psum", "The {n} gradients were added (psum), not averaged: the update is {n} times too large, or, "
-            "with an optimizer that rescales the gradient (Adam, RMSprop), its state holds {n} times the right "
-            "gradient.", _step_with(grads_of=lambda g: jax.lax.psum(g, AXIS))),
+    Mistake("psum", "The gradient is the sum of the {n} devices' (what psum gives), not their mean: the update is {n} "
+            "times too large, or, with an optimizer that rescales the gradient (Adam, RMSprop), its state holds {n} "
+            "times the right gradient.", _step_with(grads_of=lambda g: jax.lax.psum(g, AXIS))),
     Mistake("fixed count", "The average divides by a fixed count, all the devices, not by the number of devices "
             "the step runs on.", _step_with(grads_of=lambda g: jax.tree.map(
                 lambda v: jax.lax.psum(v, AXIS) / len(jax.devices()), g))),

@@ -111,9 +111,9 @@ MISTAKES_09_2 = [
                  "a straight line. Which feature of that line is the cost of a dispatch, and which the cost of a "
                  "step? Check the fit against every point, not two."])
 def check_fit_dispatch_and_step(fit_dispatch_and_step):
-    cases = []           # timings made up from the model, with noise; ks of other values, lengths and orders
+    cases = []           # timings made up from the model, with noise; ks of other values, lengths, orders, repeats
     for ks, dispatch, step, noise, seed in [([1, 2, 5, 10, 25], 0.6, 0.12, 0.0, 0), ([3, 1, 8, 4], 1.5, 0.05, 0.03, 1),
-                                            ([2, 16, 6, 40, 12, 1], 0.3, 0.9, 0.05, 2)]:
+                                            ([2, 16, 6, 2, 40, 12, 2, 1], 0.3, 0.9, 0.05, 2)]:
         ms = (dispatch / np.asarray(ks, float) + step) * (1 + noise * np.random.default_rng(seed).normal(size=len(ks)))
         cases.append(Case((list(ks), ms), f"fit_dispatch_and_step(ks={ks}, ms=[{', '.join(f'{m:.3f}' for m in ms)}])"))
     diagnose(fit_dispatch_and_step, cases, solution=solution_fit_dispatch_and_step, mistakes=MISTAKES_09_2,

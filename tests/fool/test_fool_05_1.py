@@ -85,7 +85,7 @@ def wrong_axis_name(loss_fn, optimizer, params, opt_state, batch):
 
 WRONG = [
     (no_pmean, ["the copies of the parameters differ", "its own shard"]),
-    (psum_grads, ["8 times too large", "added (psum), not averaged"]),
+    (psum_grads, ["8 times too large", "sum of the 8 devices' (what psum gives), not their mean"]),
     (fixed_eight, ["divides by a fixed count, all the devices"]),
     (own_sgd, ["the one optax.sgd(0.1) makes", "ignored its optimizer argument"]),
     (local_loss, ["Each device returned the loss of its own shard"]),
