@@ -201,7 +201,7 @@ def _drift_cases():
     n_all = len(jax.devices())
     rng = np.random.default_rng(52)
     for n, shapes, worst_leaf in [(n_all, {"b": (3,), "w": (2, 3)}, "w"), (4, {"b": (3,), "w": (4,)}, "b"),
-                                  (2, {"bias": (5,), "kernel": (3, 2), "scale": ()}, "kernel")]:
+                                  (2, {"bias": (5,), "scale": (), "w_out": (3, 2)}, "w_out")]:   # the worst leaf last
         copies = {}
         for name, shape in shapes.items():
             base = rng.normal(size=shape).astype(np.float32)

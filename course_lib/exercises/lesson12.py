@@ -337,6 +337,12 @@ def _gather_and_transpose(text) -> Said:
         return Said(f"a compiled program with no reduce-scatter {holds}: each device receives the whole summed "
                     "gradient and keeps a slice. A gather declared the same on every device (all_gather with "
                     "to=\"invarying\") has that transpose; a plain all_gather's is a reduce-scatter")
+    runs, size = found.get("all-reduce", (1, 0))      # the loss's: one number per all-reduce
+    other = [k for k in found if k not in ("all-gather", "reduce-scatter", "all-reduce")] + [
+        "all-reduces of more than one number"][:size > 4 * runs]
+    if other:
+        return Said(f"a compiled program with {' and '.join(other)} {holds}: some slices were combined another way "
+                    "than by an all-gather, which moves more data. FSDP gathers every leaf with an all-gather")
     return Said("a compiled program with all-gathers and their transposes, reduce-scatters")
 
 
