@@ -1,4 +1,4 @@
-"""Answers from the seventh and eighth hidden testers' sets: each once passed falsely, was refused, or was told a
+"""Answers from the hidden testers' sets (seventh to sixteenth): each once passed falsely, was refused, or was told a
 cause it did not make."""
 
 import math
@@ -461,3 +461,95 @@ def test_10_4_a_state_restarted_every_step_and_the_old_state_are_told_apart():
     restarted, old = check("10.4", make(True)), check("10.4", make(False))
     assert not restarted and "the opt_state passed in is never read" in restarted.message
     assert not old and "The optimizer state returned is always a fresh one" in old.message
+
+# ---- round 5 (the fifth set of hidden testers and two readings)
+
+
+def test_exit_and_errors_without_a_message_are_reported_as_the_answers():
+    def leaves(x):
+        raise SystemExit("done")
+
+    def unfinished(x):
+        raise NotImplementedError
+
+    exits, bare = check("00.1", leaves), check("00.1", unfinished)
+    assert not exits and "raised SystemExit: done" in exits.message
+    assert not bare and "raised NotImplementedError: (no message)" in bare.message
+
+
+def test_05_2_an_answer_reading_only_the_first_leaves_fails():
+    def first_two(replicated):
+        return max(float(np.max(np.abs(np.asarray(s.data) - np.asarray(leaf.addressable_shards[0].data))))
+                   for leaf in jax.tree.leaves(replicated)[:2] for s in leaf.addressable_shards)
+
+    fb = check("05.2", first_two)
+    assert not fb and "3 leaves in a nested tree on 2 devices" in fb.message
+
+
+def test_05_1_a_pmean_times_n_is_told_what_its_numbers_are_not_that_it_used_psum():
+    def scaled(loss_fn, optimizer, params, opt_state, batch):
+        n = jax.lax.axis_size("devices")
+        return solution_dp_step(lambda p, b: n * loss_fn(p, b), optimizer, params, opt_state, batch)
+
+    fb = check("05.1", scaled)
+    assert not fb and "were added (psum)" not in fb.message
+
+
+def test_07_1_a_shape_error_in_the_answers_own_matmul_is_not_called_w_split():
+    def ported(x, w, mesh):
+        def body(xb, wb):
+            h = jnp.tanh(wb @ xb)
+            return h, jax.lax.psum(h.sum(axis=0), "i")
+        return jax.shard_map(body, mesh=mesh, in_specs=(jax.P("i"), jax.P()), out_specs=(jax.P("i"), jax.P()))(x, w)
+
+    fb = check("07.1", ported)
+    assert not fb and "contracting dimensions" in fb.message and "w is split" not in fb.message
+
+
+def test_09_2_a_fit_of_the_means_per_k_fails_where_ks_repeat():
+    def means_first(ks, ms):
+        ks, ms = np.asarray(ks), np.asarray(ms)
+        u = np.unique(ks)
+        return tuple(np.polyfit(1 / u, [ms[ks == k].mean() for k in u], 1))
+
+    fb = check("09.2", means_first)
+    assert not fb and "ks=[2, 16, 6, 2, 40, 12, 2, 1]" in fb.message
+
+
+def test_10_1_a_padded_count_with_one_mistake_lists_only_the_cases_that_differ():
+    def padded(p, n, stage):
+        split = {"replicated": 0, "zero1": 1, "zero2": 2, "fsdp": 3}[stage]
+        per = lambda b, k: b * (math.ceil(p / n) if split >= k else p)  # noqa: E731
+        return {"params": per(4, 3), "grads": 4 * p if stage == "fsdp" else per(4, 2), "opt_state": per(8, 1)}
+
+    fb = check("10.1", padded)
+    assert not fb and "'zero1'" not in fb.message and "'zero2'" not in fb.message
+    assert "wrong also in: zero_bytes(19_210, 4, 'fsdp'), zero_bytes(3_001, 8, 'fsdp')" in fb.message
+
+
+def test_11_3_the_first_step_above_the_mean_and_the_second_marker_are_not_the_stalled_step():
+    above = check("11.3", lambda t: next(m.step for m in t.markers
+                                         if m.dur_us > np.mean([k.dur_us for k in t.markers])))
+    second = check("11.3", lambda t: t.markers[1].step)
+    assert not above and "which lasted 1,300 µs" in above.message
+    assert not second and "shortest" not in second.message
+
+
+@pytest.mark.parametrize("how", ["psum", "all_to_all"])
+def test_12_2_matrices_combined_another_way_than_an_all_gather_fail(how):
+    def gather_layer(layer):
+        def one(w):
+            if w.ndim == 1:
+                return jax.lax.all_gather(w, "data", axis=0, tiled=True)
+            n, c = jax.lax.axis_size("data"), w.shape[-1]
+            if how == "all_to_all":
+                return jax.lax.all_to_all(jnp.concatenate([w] * n, axis=-1), "data", w.ndim - 1, w.ndim - 1,
+                                          tiled=True)
+            full = jnp.zeros(w.shape[:-1] + (n * c,), w.dtype)
+            full = jax.lax.dynamic_update_slice_in_dim(full, w, jax.lax.axis_index("data") * c, axis=-1)
+            return jax.lax.psum(full, "data")
+        return jax.tree.map(one, layer)
+
+    fb = check("12.2", gather_layer)
+    said = "all-reduces of more than one number" if how == "psum" else "with all-to-all"
+    assert not fb and said in fb.message and "another way than by an all-gather" in fb.message
