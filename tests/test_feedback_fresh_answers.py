@@ -553,3 +553,17 @@ def test_12_2_matrices_combined_another_way_than_an_all_gather_fail(how):
     fb = check("12.2", gather_layer)
     said = "all-reduces of more than one number" if how == "psum" else "with all-to-all"
     assert not fb and said in fb.message and "another way than by an all-gather" in fb.message
+
+
+def test_02_3_arithmetic_and_a_copy_on_device_i_are_judged_alike():
+    times_one = check("02.3", lambda y, i: y.addressable_shards[i].data[0] * 1)
+    copied = check("02.3", lambda y, i: jnp.copy(y.addressable_shards[i].data[0]))
+    assert times_one and copied, (times_one.message, copied.message)
+
+
+def test_10_5_a_zero_for_a_collective_the_program_lacks_is_right():
+    from course_lib.exercises.lesson10 import solution_predict_collectives
+    fb = check("10.5", lambda stage, k: {**solution_predict_collectives(stage, k), "all-to-all": 0})
+    assert fb, fb.message
+    fb = check("10.5", lambda stage, k: {**solution_predict_collectives(stage, k), "all-to-all": 1})
+    assert not fb and "the prediction counts 'all-to-all'" in fb.message

@@ -103,10 +103,11 @@ def check_sum_of_squares(sum_of_squares):
 
 def _moves_data(fn, *args, guard=lambda: jax.transfer_guard("disallow_explicit")) -> bool:
     """Whether ``fn(*args)`` copies data between devices or through the host (the copies ``guard()`` refuses;
-    by default explicit device_puts too: JAX 0.11 lets those through): JAX's transfer guard says."""
+    by default explicit device_puts too: JAX 0.11 lets those through): JAX's transfer guard says. A value sent from
+    the host to a device is no copy of a block (``x * 1`` sends its 1)."""
     jax.block_until_ready(args)  # the inputs' own transfers are done before the guard starts
     try:
-        with guard():
+        with guard(), jax.transfer_guard_host_to_device("allow"):
             fn(*args)
     except Exception as e:  # only the guard's own refusal counts; the checker has already run fn once
         return "Disallowed" in str(e)
@@ -134,9 +135,8 @@ _READ_IN_PLACE = " Read the block the device already holds instead (section 3)."
 MISTAKES_02_3 = [
     Mistake("global index", "Indexing the global array (y[i]) computes the value on every device and copies it to "
             "all of them." + _READ_IN_PLACE, lambda y, i: y[i]),
-    Mistake("copied back", "Building it ran a copy or a computation: the result is a new array on device i, not "
-            "the block that device already holds (an index into y then a device_put does this, as does arithmetic "
-            "on the block)." + _READ_IN_PLACE, lambda y, i: jax.device_put(y[i], jax.devices()[i])),
+    Mistake("copied back", "Building it moved data: the result is a new array on device i, copied from elsewhere, "
+            "not the block that device already holds (an index into y then a device_put does this)." + _READ_IN_PLACE, lambda y, i: jax.device_put(y[i], jax.devices()[i])),
     Mistake("on the host", "It was copied to the host: return the jax.Array that the device holds.",
             lambda y, i: np.asarray(y)[i]),
     Mistake("device axis kept", "The extra leading axis of size 1 is pmap's device axis, which a shard's data "

@@ -12,8 +12,8 @@ ID = "02.3"
 WRONG = [
     ("global index", lambda y, i: y[i], "Indexing the global array"),
     ("global index moved back", lambda y, i: jax.device_put(y[i], jax.devices()[i]),
-     "got ([4.08184, -5.11133, 0.836198], on device 0, building it moved data). Building it ran a copy or a "
-     "computation"),
+     "got ([4.08184, -5.11133, 0.836198], on device 0, building it moved data). Building it moved data: the result is a "
+     "new array on device i, copied from elsewhere"),
     ("through NumPy", lambda y, i: jax.device_put(np.asarray(y)[i], jax.devices()[i]), "moved data"),
     ("on the host", lambda y, i: np.asarray(y)[i], "It was copied to the host"),
     ("keeps the device axis", lambda y, i: y.addressable_shards[i].data, "pmap's device axis"),

@@ -26,7 +26,7 @@ WRONG = [
     ("zero1 all-reduces", table(zero1=lambda k: {"all-reduce": 1, "all-gather": 1}), "only its slice of it?"),
     ("zero2 without its gather", table(zero2=lambda k: {"reduce-scatter": k}), "prediction has no all-gather"),
     ("half counts", lambda stage, k: {op: v / 2 for op, v in RIGHT_TABLE[stage](k).items()}, "whole number"),
-    ("made-up names", lambda stage, k: {"gather": 1}, "compiled program's names"),
+    ("made-up names", lambda stage, k: {"gather": 1}, "the counts asked for are of 'all-gather'"),
     ("a list", lambda stage, k: list(RIGHT_TABLE[stage](k)), "expected a dict"),
 ]
 RIGHT = [
