@@ -197,7 +197,9 @@ def _sharded_step(variant):
         def body(params, opt_state, x, y):
             local = jax.tree.map(lambda p: jax.lax.pcast(p, "i", to="varying"), params)
             loss, g = jax.value_and_grad(loss_fn)(local, x, y)
-            g = jax.tree.map(lambda a: a / 8, jax.lax.psum(g, "i")) if variant == "/ 8" else jax.lax.pmean(g, "i")
+            g = jax.tree.map(lambda a: a / 8, jax.lax.psum(g, "i")) if variant == "/ 8" else jax.tree.map(
+                lambda a: jax.lax.all_gather(a, "i", to="invarying").mean(0), g) if variant == "gather" else (
+                jax.lax.pmean(g, "i"))
             u, s = optimizer.update(g, optimizer.init(params) if variant == "init" else opt_state, params)
             new = optax.apply_updates(params, u)
             new = jax.tree.map(lambda a: a.astype(jnp.bfloat16), new) if variant == "bfloat16" else new
@@ -567,3 +569,9 @@ def test_10_5_a_zero_for_a_collective_the_program_lacks_is_right():
     assert fb, fb.message
     fb = check("10.5", lambda stage, k: {**solution_predict_collectives(stage, k), "all-to-all": 1})
     assert not fb and "the prediction counts 'all-to-all'" in fb.message
+
+
+def test_07_2_gradients_averaged_from_an_all_gather_are_not_told_they_gathered_the_batch():
+    fb = check("07.2", _sharded_step("gather"))
+    assert not fb and "gathers values onto every device (the batch, or the devices' gradients)" in fb.message
+    assert "own rows" not in fb.message

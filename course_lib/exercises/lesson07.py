@@ -475,8 +475,8 @@ def check_make_sharded_step(make_sharded_step):
                            "from outside (jax.jit(step).lower(...)): the checker cannot read its collectives. Return a "
                            "jitted function of (params, opt_state, x, y), called inside the checker's jax.set_mesh.")
         counts = compiled_collectives(compiled.as_text())       # {kind: (runs, bytes)}
-        wrong = (f"{counts['all-gather'][0]} all-gather(s): it gathers the batch (or the gradients) onto every "
-                 "device, so each device computes on more than its own rows. Leave the batch split as it comes in"
+        wrong = (f"{counts['all-gather'][0]} all-gather(s): it gathers values onto every device (the batch, or the "
+                 "devices' gradients) where a data-parallel step gathers nothing and averages the gradients (pmean)"
                  if "all-gather" in counts else "no all-reduce: its devices never combine their gradients, so it "
                  "cannot be data parallel" if not {"all-reduce", "reduce-scatter"} & set(counts) else None)
         if wrong:
