@@ -238,7 +238,7 @@ def test_04_2_psum_instead_of_pmean_is_named():
         return mean, jax.lax.psum(jnp.mean((x - mean) ** 2), a)
 
     fb = check("04.2", summed)
-    assert not fb and "8 times the mean of all the data" in fb.message and "instead of averaging" in fb.message
+    assert not fb and "8 times the mean of all the data" in fb.message and "what adding the 8 shard means gives" in fb.message
 
 
 def test_04_5_summed_pieces_in_the_wrong_places():

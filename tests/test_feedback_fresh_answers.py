@@ -575,3 +575,12 @@ def test_07_2_gradients_averaged_from_an_all_gather_are_not_told_they_gathered_t
     fb = check("07.2", _sharded_step("gather"))
     assert not fb and "gathers values onto every device (the batch, or the devices' gradients)" in fb.message
     assert "own rows" not in fb.message
+
+
+def test_03_1_a_static_scalar_and_a_numpy_reshape_pass():
+    def scale_on_two(x, s):
+        f = jax.pmap(lambda b, s: s * b, static_broadcasted_argnums=1, devices=jax.devices()[:2])
+        return f(np.asarray(x).reshape(2, -1, x.shape[-1]), s).reshape(x.shape)
+
+    fb = check("03.1", scale_on_two)
+    assert fb and "in_axes=None" not in fb.message, fb.message

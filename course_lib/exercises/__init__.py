@@ -552,7 +552,7 @@ def pmap_program(fn, *args, name: str = "your function") -> list:
             mapped = real(f, *a, **k)
 
             def run(*xs):
-                programs.append(jax.make_jaxpr(mapped)(*xs).jaxpr)
+                programs.append(jax.make_jaxpr(mapped, k.get("static_broadcasted_argnums", ()))(*xs).jaxpr)
                 return mapped(*xs)
             return run
 

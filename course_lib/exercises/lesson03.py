@@ -73,7 +73,7 @@ def check_scale_on_two(scale_on_two):
     if not any(len(m.params["in_specs"]) == 1 or _unmapped([m]) for m in maps):
         raise Mismatch("scale_on_two has the right values, but the scalar was mapped too (made into an array with "
                        "one copy per device), although it is the same for both devices.")
-    return "one block per device, the scalar broadcast with in_axes=None, and the result reshaped back."
+    return "one block per device, the scalar whole on both devices (not split), and the result reshaped back."
 
 
 # ----------------------------------------------------------------------------------------------

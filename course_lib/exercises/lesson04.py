@@ -261,8 +261,8 @@ MISTAKES_04_2 = [
     Mistake("mean of the variances", "Your variance equals the mean of the {n} per-device variances, each taken "
             "about its own shard's mean.",
             lambda x, a: (jax.lax.pmean(jnp.mean(x), a), jax.lax.pmean(jnp.var(x), a))),
-    Mistake("summed means", "The mean is {n} times the mean of all the data: it adds the {n} shard means instead "
-            "of averaging them.", lambda x, a: (jax.lax.psum(jnp.mean(x), a),
+    Mistake("summed means", "The mean is {n} times the mean of all the data, what adding the {n} shard means gives "
+            "(or the total divided by one shard's count).", lambda x, a: (jax.lax.psum(jnp.mean(x), a),
                                                 jax.lax.psum(jnp.mean((x - jax.lax.psum(jnp.mean(x), a)) ** 2), a))),
     Mistake("standard deviation", "The second value is the standard deviation of all the data, not its variance.",
             _right_mean(lambda x, a, m, v: jnp.sqrt(v))),

@@ -63,7 +63,7 @@ WRONG = [
     (pmean_of_sums_over_n_minus_1, ["the variance (output [1]): expected [57.085,", "]: 1.31x too small"]),
     (local, ["The devices disagree", "own shard's statistics"]),
     (mean_of_variances, ["per-device variances", "its own shard's mean"]),
-    (summed_means, ["times the mean of all the data", "adds the"]),
+    (summed_means, ["times the mean of all the data", "what adding the 8 shard means gives"]),
     (standard_deviation, ["the standard deviation of all the data"]),
     (sample_variance, ["the sample variance"]),
     (squared_deviations_summed, ["times too large", "added, not averaged"]),
