@@ -264,8 +264,9 @@ def _leaf(x) -> bool:
     return not isinstance(x, (tuple, list, dict))
 
 
-def _pairs(got, expected, strict: bool, path: tuple = ()):
-    """(path, got leaf, expected leaf) pairs, or a ``str`` saying how the structures differ."""
+def _pairs(got, expected, strict: bool, path: tuple = (), names: str | Sequence[str] = "output"):
+    """(path, got leaf, expected leaf) pairs, or a ``str`` saying how the structures differ, and where."""
+    at = f"{_readable(path, names)}: " if path else ""
     if got is None and not _leaf(expected) and path:       # a None where a structure was expected: named by its path
         return [(path, got, expected)]
     if isinstance(expected, dict) and isinstance(got, dict) and set(got) == set(expected):
@@ -274,26 +275,26 @@ def _pairs(got, expected, strict: bool, path: tuple = ()):
         items = got
         if isinstance(got, (tuple, list)) and strict and type(got) is not type(expected) \
                 and not hasattr(expected, "_fields"):
-            return f"expected a {type(expected).__name__}, got a {type(got).__name__}: {describe_tree(got)}"
+            return f"{at}expected a {type(expected).__name__}, got a {type(got).__name__}: {describe_tree(got)}"
         if not isinstance(got, (tuple, list)) and hasattr(got, "shape") and hasattr(got, "dtype") \
                 and np.ndim(got) >= 1 and len(got) == len(expected) \
                 and all(_leaf(e) and np.shape(e) == tuple(got.shape[1:]) for e in expected):
             items = [got[i] for i in range(len(expected))]   # an array standing for a tuple of equal items
         if isinstance(items, (tuple, list)) and len(items) != len(expected):   # the count first: 7, not 8
             tree = describe_tree(got)
-            return (f"expected {_kind(expected)} of {len(expected)} items, got {_kind(got)} of {len(items)}"
+            return (f"{at}expected {_kind(expected)} of {len(expected)} items, got {_kind(got)} of {len(items)}"
                     + (f": {tree}" if len(tree) <= 120 else ""))
         if not isinstance(items, (tuple, list)):
-            return (f"expected {_kind(expected)} of {len(expected)}, {describe_tree(expected)}; "
+            return (f"{at}expected {_kind(expected)} of {len(expected)}, {describe_tree(expected)}; "
                     f"got {describe_tree(got)}")
         children = list(zip(range(len(expected)), items, expected))
     elif isinstance(expected, dict) or not _leaf(got):
-        return f"expected {describe_tree(expected)}, got {describe_tree(got)}"
+        return f"{at}expected {describe_tree(expected)}, got {describe_tree(got)}"
     else:
         return [(path, got, expected)]
     out = []
     for key, g, e in children:
-        sub = _pairs(g, e, strict, path + (key,))
+        sub = _pairs(g, e, strict, path + (key,), names)
         if isinstance(sub, str):
             return sub
         out += sub
@@ -326,7 +327,7 @@ def difference(got, expected, *, n: int | None = None, rtol: float = 1e-5, atol:
                values: bool = False) -> str | None:
     """None when ``got`` equals ``expected``; otherwise what differs, with a measured relation, and where:
     ``output [0][1]: ...`` (``names``: see ``diagnose``; ``values``: the differing part's values too, if short)."""
-    pairs = _pairs(got, expected, strict)
+    pairs = _pairs(got, expected, strict, names=names)
     if isinstance(pairs, str):
         return pairs
     for path, g, e in sorted(pairs, key=lambda p: p[1] is not None):   # a None output first, by name
