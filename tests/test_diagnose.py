@@ -60,7 +60,8 @@ def test_a_device_count_written_in_is_measured_not_guessed():
         run(lambda x, a: jax.lax.psum(jnp.mean(x), a) / 8)
     text = str(e.value)
     assert text.startswith("on 4 devices: expected")
-    assert "2x too small, a factor 4/8" in text and "It is right in the other case; wrong also in: on 2 devices." in text
+    assert "2x too small, a factor 4/8" in text
+    assert "Its values are right in the other case; wrong also in: on 2 devices." in text
     assert "added, not averaged" not in text
 
 
@@ -74,7 +75,7 @@ def test_an_answer_matching_a_mistake_on_some_cases_only_is_not_told_that_cause(
     assert "added, not averaged" not in str(e.value)
     # one case with a factor equal to its count is no evidence that the count caused it (2x on 2 devices may be
     # a learning rate): the factor is said, the count is not
-    assert "8x too large. It is right" in str(e.value) and "a factor" not in str(e.value)
+    assert "8x too large. Its values are right" in str(e.value) and "a factor" not in str(e.value)
 
 
 def test_two_mistakes_matching_the_answer_name_neither():
@@ -92,7 +93,8 @@ def test_a_mistake_that_raises_is_not_named_and_an_answer_that_raises_says_where
 
     with pytest.raises(Mismatch) as e:
         run(fixed_shape)
-    assert "raised TypeError" in str(e.value) and "It is right in the other case; wrong also in: on 2 devices." in str(e.value)
+    assert "raised TypeError" in str(e.value)
+    assert "Its values are right in the other case; wrong also in: on 2 devices." in str(e.value)
     assert "It is right only on" not in str(e.value)      # one case right is no evidence of a count
 
 
@@ -101,7 +103,7 @@ def test_an_answer_right_only_on_one_smaller_device_count_is_told_where_and_no_c
     with pytest.raises(Mismatch) as e:       # a 4 written in where the device count belongs, two cases of each count
         diagnose(lambda x, a: jax.lax.psum(jnp.mean(x), a) / 4, twice, solution=solution_mean, run=under_pmap)
     text = str(e.value)
-    assert "It is right in the other 2 cases; wrong also in: on 8 devices, doubled, on 2 devices" in text
+    assert "Its values are right in the other 2 cases; wrong also in: on 8 devices, doubled, on 2 devices" in text
     assert "only on" not in text and "count" not in text          # the cases vary more than the count
     assert "written" not in text and "fixed" not in text
 

@@ -95,7 +95,7 @@ WRONG = {
         ("pieces stacked", lambda x, ds: jnp.stack([jax.device_put(p, d) for p, d in zip(np.split(x, len(ds)), ds)]),
          "cannot combine them: return them as they are, in a list"),
         ("8 pieces hard-coded", lambda x, ds: [jax.device_put(p, d) for p, d in zip(np.split(x, 8), ds)],
-         "It is right in the other case; wrong also in"),
+         "Its values are right in the other case; wrong also in"),
     ],
     "01.2": [
         ("no vmap", lambda x: jnp.linalg.norm(x, axis=1), "no jax.vmap ran"),

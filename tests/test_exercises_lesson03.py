@@ -27,7 +27,7 @@ def test_03_1_scale_on_two():
     no_pmap = check("03.1", lambda x, s: x * s)
     assert "has the right values but lives on one device" in no_pmap.message
     hard_coded = check("03.1", lambda x, s: on_two(x, 2.0).reshape(x.shape))
-    assert "It is right in the other case" in hard_coded.message
+    assert "Its values are right in the other case" in hard_coded.message
 
 
 def test_03_2_predict():
@@ -200,7 +200,7 @@ def test_03_4_works_on_8_devices_but_not_on_the_4_given():
         with jax.set_mesh(jax.make_mesh((8,), ("i",))):
             return _smap()(jax.device_put(x, P("i")), w)
     fb = check("03.4", own_mesh)
-    assert not fb and "It is right in the other case; wrong also in: own_mesh(x (10, 4)" in fb.message
+    assert not fb and "Its values are right in the other case; wrong also in: own_mesh(x (10, 4)" in fb.message
 
     def rotated(x, w, mesh):       # the mesh's devices rotated by one: block k is not on the mesh's k-th device
         devs = list(mesh.devices.flat)

@@ -273,7 +273,7 @@ def test_04_2_a_device_count_written_in_is_measured():
     fb = check("04.2", eight)
     assert not fb and fb.message.startswith("on 4 devices, per-device shape (6,): expected (")
     assert "the mean (output [0]): 2x too small, a factor 4/8 (this case's 4 devices against all 8)" in fb.message
-    assert "It is right in the other 2 cases" in fb.message
+    assert "Its values are right in the other 2 cases" in fb.message
 
 
 def test_04_5_sending_bfloat16_fails_and_the_gap_is_measured():

@@ -584,3 +584,40 @@ def test_03_1_a_static_scalar_and_a_numpy_reshape_pass():
 
     fb = check("03.1", scale_on_two)
     assert fb and "in_axes=None" not in fb.message, fb.message
+
+
+def _loop_norm(r):
+    s = 0.0
+    for k in range(r.shape[0]):
+        s = s + r[k] * r[k]
+    return jnp.sqrt(s)
+
+
+def test_01_2_and_01_3_a_norm_written_as_a_loop_inside_the_map_passes():
+    assert check("01.2", lambda x: jax.vmap(_loop_norm)(x))
+    assert check("01.2", lambda x: jax.vmap(lambda r: jnp.sqrt(jnp.cumsum(r * r)[-1]))(x))
+    assert check("01.3", lambda x: jax.pmap(_loop_norm)(x))
+    outside = check("01.2", lambda x: jnp.sqrt(jnp.sum(jax.vmap(lambda r: r * r)(x), axis=1)))
+    assert not outside and "runs inside its vmap" in outside.message
+
+
+def test_03_2_in_axes_as_a_list_is_explained():
+    fb = check("03.2", lambda params, xs: jax.pmap(lambda p, x: x @ p["w"] + p["b"], in_axes=[None, 0])(params, xs))
+    assert not fb and "a tuple (not a list) of one entry per argument" in fb.message
+
+
+def test_05_1_a_step_that_restarts_the_optimizer_state_fails():
+    def restarted(loss_fn, optimizer, params, opt_state, batch):
+        return solution_dp_step(loss_fn, optimizer, params, optimizer.init(params), batch)
+
+    fb = check("05.1", restarted)
+    assert not fb and "the update of params" in fb.message
+
+
+def test_05_3_a_loss_whose_gradient_is_cut_fails():
+    def cut(pred, y, mask):
+        pred = jax.lax.stop_gradient(pred)
+        return jnp.sum(jnp.where(mask, (pred - y) ** 2, 0.0)) / jnp.maximum(mask.sum(), 1)
+
+    fb = check("05.3", cut)
+    assert not fb and "its gradient with respect to pred differs" in fb.message

@@ -9,7 +9,7 @@ checker"). Where ``diagnose`` finds the answer and the solution disagree, it rai
   ``on 4 devices: expected 2.5, got 10.0. The shard means were added, not averaged: ...``;
 * otherwise saying what differs, with a relation measured from the numbers, never a guessed cause, e.g.
   ``on 4 devices: expected 2.5, got 1.25: 2x too small, a factor 4/8 (this case's 4 devices over all 8).
-  Right on 8 devices; not on 4 devices, 2 devices.``
+  Its values are right in the other case; wrong also in: on 2 devices.``
 
 Right answers in other forms pass: NumPy and JAX scalars, 0-d arrays and Python numbers are one number; an
 array of shape ``(k, ...)`` stands for a tuple of ``k`` equal-shaped items; tuples and lists are alike (unless
@@ -107,7 +107,7 @@ def diagnose(answer, cases: Sequence[Case], *, solution: Callable, mistakes: Seq
     if not failed:
         return [got for _, _, got, _ in rows]
     right = sum(d is None for *_, d in rows)     # where it is right and where it fails, by label: no count drawn
-    where = "" if not right else f" It is right in the other {f'{right} cases' if right > 1 else 'case'}" + (
+    where = "" if not right else f" Its values are right in the other {f'{right} cases' if right > 1 else 'case'}" + (
         "." if len(failed) == 1 else f"; wrong also in: {', '.join(c.label for c, _ in failed[1:])}.")
     case, error = failed[0]
     if isinstance(error, _NotStarted):

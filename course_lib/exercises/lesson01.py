@@ -11,7 +11,7 @@ from .lesson08 import mixed_devices
 
 
 # A row's norm reduces it: one of these must run inside the vmap/pmap, not only around it
-NORM = ({"reduce_sum", "dot_general", "reduce_max", "reduce_prod"}, "norm (a reduction of each row)")
+NORM = ({"reduce_sum", "dot_general", "reduce_max", "reduce_prod", "add", "cumsum"}, "norm (a reduction of each row)")
 MISTAKES_01_2 = MISTAKES_01_3 = [
     Mistake("squared norms", "That is the squared norm of each row (the sum of its squares): the square root is "
             "missing.", lambda x: jnp.sum(x ** 2, axis=1)),

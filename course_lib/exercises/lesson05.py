@@ -10,7 +10,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import data, sharding
-from . import Case, Mismatch, Mistake, Said, call, describe_tree, diagnose, exercise, watch
+from . import Case, Mismatch, Mistake, Said, call, describe_tree, diagnose, difference, exercise, watch
 from .lesson02 import _moves_data
 from .lesson07 import _OWN_OPTIMIZER, _Spy
 
@@ -74,7 +74,8 @@ def _stepped(fn, case):
         return loss(p, b)
 
     step = jax.pmap(functools.partial(fn, loss_fn, spy.transformation()), axis_name=AXIS, devices=devs)
-    out = call(step, sharding.replicate(params, devs), sharding.replicate(optimizer.init(params), devs),
+    state = optimizer.update(jax.tree.map(jnp.ones_like, params), optimizer.init(params), params)[1]  # not fresh
+    out = call(step, sharding.replicate(params, devs), sharding.replicate(state, devs),
                sharding.shard({"x": x, "y": y}, case.n), name="pmap(dp_step)", hints=_STEP_HINTS)
     if spy.updates == 0:
         raise Mismatch("dp_step never called the update of the optimizer it was given (its optimizer argument): "
@@ -407,5 +408,9 @@ def check_masked_mse(masked_mse):
                        "0 / 0 is still computed, and choosing 0.0 afterwards (jnp.where, jnp.nan_to_num) hides it "
                        "in the value, not in the gradient. The NaN gradient reaches every device through the "
                        "gradient average.")
+    wrong = difference(*(jax.grad(f)(*cases[0].args) for f in (masked_mse, solution_masked_mse)), rtol=1e-4)
+    if wrong:
+        raise Mismatch(f"{cases[0].label}: the value is right, but its gradient with respect to pred differs "
+                       f"({wrong}): training follows the gradient, not the value.")
     return ("padding rows count for nothing, wherever they are, and a device with only padding gives 0, not NaN, "
             "in the value and in the gradient.")

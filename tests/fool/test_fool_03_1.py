@@ -36,7 +36,7 @@ WRONG = [
     ("interleaved, never put back", lambda x, s: jax.pmap(lambda a, f: a * f, in_axes=(0, None), devices=TWO)(
         x.reshape(-1, 2, *x.shape[1:]).swapaxes(0, 1), s).reshape(x.shape), "never put back in order"),
     ("the scalar fixed", lambda x, s: jax.pmap(lambda a: a * 2.0, devices=TWO)(blocks(x)).reshape(x.shape),
-     "It is right in the other case"),
+     "Its values are right in the other case"),
     ("scaled before an identity pmap", lambda x, s: jax.pmap(lambda a: a, devices=TWO)(blocks(x * s)).reshape(
         x.shape), "no multiplication runs inside its pmap"),
 ]

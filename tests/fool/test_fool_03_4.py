@@ -94,7 +94,7 @@ WRONG = [
     ("input not placed", not_placed, "smap does not move an input for you"),
     ("weight mapped", w_mapped, "along an axis that count does not divide"),
     ("no mesh context", lambda x, w, mesh: smap(matmul)(jax.device_put(x, P("i")), w), "ran with no mesh in context"),
-    ("a mesh of its own", own_mesh, "It is right in the other case; wrong also in"),
+    ("a mesh of its own", own_mesh, "Its values are right in the other case; wrong also in"),
     ("out_axes=None", out_axes_none, "each device holds a different block of rows"),
     ("pmap, then placed", with_pmap, "shard_maps ran over other meshes"),
     ("sharded jit, no smap", sharded_jit, "no shard_map ran at all"),

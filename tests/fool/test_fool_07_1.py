@@ -50,7 +50,7 @@ WRONG = {
     "rows claimed replicated": (_port(out_specs=(P(), P())), ["same on every device", "one device's block"]),
     "total stacked per device": (_port(out_specs=(P("i"), P("i"))), ["once per device", "returned it once"]),
     "sums divided by a written-in 8": (_port(reduce=lambda v, a: jax.lax.psum(v, a) * jax.lax.axis_size(a) / 8),
-                                       ["It is right in the other case", "a factor"]),
+                                       ["Its values are right in the other case", "a factor"]),
     "no collective, check off": (_port(reduce=None, check_vma=False), ["device 0's sums only"]),
     "rows claimed replicated, check off": (_port(out_specs=(P(), P()), check_vma=False), ["one device's block"]),
     "pmean for psum": (_port(reduce=jax.lax.pmean), ["mean over the", "not their sum"]),
