@@ -85,11 +85,10 @@ MISTAKES_11_1 = [
 def _onto_runner(fn, case):
     """(the state, where each leaf lives, the mechanism: whether the restore read each array straight onto the
     devices it is returned on, or elsewhere, and it was moved afterwards)."""
-    directory, like, target = case.args
     restores, reads = [], []
     with _watch(checkpoint, "restore", restores), _watch(checkpoint.Checkpoints, "restore", restores), \
             _orbax_reads(reads) as watching:
-        got = call(fn, directory, like, target, name="restore_onto", hints={"rank at least 1": (
+        got = call(fn, *case.args, name="restore_onto", hints={"rank at least 1": (
             "The exercise asks for every leaf whole on each of the devices given, scalars too: no split.")})
     where = watching and _read_elsewhere(reads, got) or restores and not any(
         k.get("devices") is not None or k.get("sharding") is not None for k in restores) and "the arrays elsewhere"
