@@ -136,7 +136,8 @@ MISTAKES_02_3 = [
     Mistake("global index", "Indexing the global array (y[i]) computes the value on every device and copies it to "
             "all of them." + _READ_IN_PLACE, lambda y, i: y[i]),
     Mistake("copied back", "Building it moved data: the result is a new array on device i, copied from elsewhere, "
-            "not the block that device already holds (an index into y then a device_put does this)." + _READ_IN_PLACE, lambda y, i: jax.device_put(y[i], jax.devices()[i])),
+            "not the block that device already holds (an index into y then a device_put does this)." + _READ_IN_PLACE,
+            lambda y, i: jax.device_put(y[i], jax.devices()[i])),
     Mistake("on the host", "It was copied to the host: return the jax.Array that the device holds.",
             lambda y, i: np.asarray(y)[i]),
     Mistake("device axis kept", "The extra leading axis of size 1 is pmap's device axis, which a shard's data "

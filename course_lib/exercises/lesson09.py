@@ -66,9 +66,8 @@ def check_ms_per_step(ms_per_step):
     cases = [Case((d, s, k), f"ms_per_step(dispatch_ms={d}, step_ms={s}, k={k})")
              for d, s, k in [(0.5, 0.1, 1), (0.7, 0.13, 3), (2.0, 0.031, 7), (1.3, 0.4172, 6), (0.0, 0.2, 7),
                              (0.9, 0.05, 11)]]
-    diagnose(ms_per_step, cases, solution=solution_ms_per_step, mistakes=MISTAKES_09_1, name="ms_per_step",
-             rtol=1e-6, atol=1e-9, run=lambda fn, case: call(fn, *case.args, name="ms_per_step",
-                                                             hints=_AT_K1 if case.args[2] == 1 else None))
+    diagnose(ms_per_step, cases, solution=solution_ms_per_step, mistakes=MISTAKES_09_1, rtol=1e-6, atol=1e-9,
+             run=lambda fn, case: call(fn, *case.args, name="ms_per_step", hints=_AT_K1 if case.args[2] == 1 else None))
     return "the dispatch cost fades as 1/k; what is left is the step's own work, which fusing cannot remove."
 
 

@@ -54,17 +54,10 @@ def solution_restore_onto(directory, like, devices):
     return state
 
 
-@contextlib.contextmanager
 def _watch(module, attribute, calls):
     """Record the keyword arguments of every call of ``module.attribute`` (still calling it) while inside."""
     original = getattr(module, attribute)
-
-    def watched(*args, **kwargs):
-        calls.append(kwargs)
-        return original(*args, **kwargs)
-
-    with mock.patch.object(module, attribute, watched):
-        yield
+    return mock.patch.object(module, attribute, lambda *a, **k: calls.append(k) or original(*a, **k))
 
 
 MISTAKES_11_1 = [
@@ -92,11 +85,10 @@ MISTAKES_11_1 = [
 def _onto_runner(fn, case):
     """(the state, where each leaf lives, the mechanism: whether the restore read each array straight onto the
     devices it is returned on, or elsewhere, and it was moved afterwards)."""
-    directory, like, target = case.args
     restores, reads = [], []
     with _watch(checkpoint, "restore", restores), _watch(checkpoint.Checkpoints, "restore", restores), \
             _orbax_reads(reads) as watching:
-        got = call(fn, directory, like, target, name="restore_onto", hints={"rank at least 1": (
+        got = call(fn, *case.args, name="restore_onto", hints={"rank at least 1": (
             "The exercise asks for every leaf whole on each of the devices given, scalars too: no split.")})
     where = watching and _read_elsewhere(reads, got) or restores and not any(
         k.get("devices") is not None or k.get("sharding") is not None for k in restores) and "the arrays elsewhere"
@@ -131,8 +123,7 @@ def check_restore_onto(restore_onto):
             cases += [Case((directory, jax.tree.map(jnp.zeros_like, saved), mixed[:count]),
                            f"restore_onto(directory of steps {steps}, like, devices={count} device(s))", n=count)
                       for count in counts]
-        diagnose(restore_onto, cases, solution=solution_restore_onto, mistakes=MISTAKES_11_1,
-                 run=_onto_runner, name="restore_onto")
+        diagnose(restore_onto, cases, solution=solution_restore_onto, mistakes=MISTAKES_11_1, run=_onto_runner)
     return "the saved state came back, its values and dtypes, whole on each of the devices you were given."
 
 
@@ -217,10 +208,9 @@ MISTAKES_11_2 = [
     *[Mistake(f"busy plus gaps ({i})", _GAPS, lambda t, i=i: _share_of(t, sum(   # (dispatches - 1): the span
         v["busy_us"] + v["gap_us"] * (v["dispatches"], 1)[i] for v in profile.summarise(t).values())))
       for i in range(2)],
-    Mistake("op durations", _OP_SUMS, lambda t: sum(o.dur_us for o in t.ops if o.collective)
-            / sum(o.dur_us for o in t.ops)),
-    Mistake("op durations, loops left out", _OP_SUMS, lambda t: sum(o.dur_us for o in t.ops if o.collective)
-            / sum(o.dur_us for o in t.ops if not _encloses(o, t.ops))),
+    *[Mistake(name, _OP_SUMS, lambda t, loops=loops: sum(o.dur_us for o in t.ops if o.collective) / sum(
+        o.dur_us for o in t.ops if loops or not _encloses(o, t.ops)))
+      for name, loops in (("op durations", True), ("op durations, loops left out", False))],
 ]
 
 
@@ -250,7 +240,7 @@ def check_collective_fraction(collective_fraction):
                                             (2, (5.0, 400.0), 2, 2, False), (3, (20.0, 90.0), 4, 2, True)]]
     shortcut = []
     diagnose(collective_fraction, cases, solution=solution_collective_fraction, mistakes=MISTAKES_11_2,
-             name="collective_fraction", rtol=1e-6, atol=1e-9, run=_trace_runner("collective_fraction", shortcut))
+             rtol=1e-6, atol=1e-9, run=_trace_runner("collective_fraction", shortcut))
     if shortcut:
         raise Mismatch("collective_fraction(trace) calls profile.collective_fraction, the function this exercise "
                        "asks you to write. Compute it yourself from what profile.summarise reports per device.")
@@ -326,8 +316,7 @@ def check_stalled_step(stalled_step):
     # a step, while the other steps' durations vary
     cases = [Case((_stall_trace(*args),), f"stalled_step(trace of {args[2]} steps from step {args[1]})")
              for args in [(3, 100, 8, 5000.0), (6, 40, 8, 1700.0), (11, 7, 12, 2600.0), (0, 1000, 5, 1800.0)]]
-    diagnose(stalled_step, cases, solution=solution_stalled_step, mistakes=MISTAKES_11_3, name="stalled_step",
-             run=_marker_runner)
+    diagnose(stalled_step, cases, solution=solution_stalled_step, mistakes=MISTAKES_11_3, run=_marker_runner)
     return "the longest host step, named by its own step number."
 
 
@@ -543,7 +532,7 @@ def check_restore_resharded(restore_resharded):
                            f"restore_resharded(directory of steps {steps}, like, mesh of {count} devices '{axis}')",
                            n=count) for count in sizes]
         diagnose(restore_resharded, cases, solution=solution_restore_resharded, mistakes=MISTAKES_11_4,
-                 run=_resharded_runner, name="restore_resharded")
+                 run=_resharded_runner)
     return ("each device read its own part of the saved state straight onto the new mesh, with the same "
             "PartitionSpecs, from the newest step (steps past 9, other structures and axis names, onto smaller "
             "and larger meshes).")
