@@ -492,13 +492,15 @@ def expect_pmapped(fn, got, args, devices, *, what: str, name: str, how: str, wo
                        f"brought there afterwards. The exercise is jax.pmap, {how}, and the result returned as pmap "
                        "gives it.")
     expect_placed_on(got, devices, what=what, in_order=in_order)
-    maps = [e for e in pmap_program(fn, *args, name=name) if e.primitive.name == "shard_map"]
+    program = pmap_program(fn, *args, name=name)
+    maps = [e for e in program if e.primitive.name == "shard_map"]
     if not maps:
         raise Mismatch(f"{what} is spread over the devices, but its program has no jax.pmap (it was placed there "
                        f"some other way): the exercise is jax.pmap, {how}.")
-    ran = {e.primitive.name for m in maps for e in _eqns(m.params["jaxpr"])}
-    for names, words in work:
-        if not ran & names:
+    inner = {id(e): e.primitive.name for m in maps for e in _eqns(m.params["jaxpr"])}
+    ran, outside = set(inner.values()), {e.primitive.name for e in program if id(e) not in inner}
+    for names, words in work:     # the work outside, or nothing but data moved inside: evidence it ran outside
+        if not ran & names and (outside & names or ran <= {"reshape", "squeeze", "broadcast_in_dim", "copy"}):
             raise Mismatch(f"{what} has the right values, but no {words} runs inside its pmap: it ran before or "
                            "after the pmap, outside the devices' program. Do it inside the pmapped function.")
     return maps

@@ -77,10 +77,6 @@ def _stepped(fn, case):
     state = optimizer.update(jax.tree.map(jnp.ones_like, params), optimizer.init(params), params)[1]  # not fresh
     out = call(step, sharding.replicate(params, devs), sharding.replicate(state, devs),
                sharding.shard({"x": x, "y": y}, case.n), name="pmap(dp_step)", hints=_STEP_HINTS)
-    if spy.updates == 0:
-        raise Mismatch("dp_step never called the update of the optimizer it was given (its optimizer argument): "
-                       "the step must work for any optax optimizer, so the averaged gradients go to that "
-                       "optimizer's update.")
     if seen and max(seen) > rows:
         raise Mismatch(f"the loss function was called on a batch of {max(seen)} rows; each device's shard has "
                        f"{rows}: every device computed on the gathered global batch, {max(seen) // rows} times the "
@@ -92,6 +88,10 @@ def _stepped(fn, case):
     new_params, new_state, loss = out       # any order compares (a swapped triple is a mistake below)
     if new_params is None:
         raise Mismatch(f"new_params is None, where {describe_tree(params)} was expected.")
+    if spy.updates == 0:
+        raise Mismatch("dp_step never called the update of the optimizer it was given (its optimizer argument): "
+                       "the step must work for any optax optimizer, so the averaged gradients go to that "
+                       "optimizer's update.")
     return (_agree(new_params, "the parameters"), _agree(new_state, "the optimizer state"),
             _moved(new_params, params), _first_copy(new_state), jax.tree.map(np.asarray, loss))
 
