@@ -208,8 +208,7 @@ def _shard_maps_run(fn, *args):
     read an answer that enters ``jax.set_mesh`` itself, so this watches the calls instead (``watch``, with
     ``again``). A closed-over array is no operand: only what was passed to the mapped function shows."""
     try:
-        from jax._src import shard_map as _sm
-        prim = _sm.shard_map_p
+        from jax._src.shard_map import shard_map_p as prim
     except (ImportError, AttributeError):
         return None
     seen, original = [], prim.bind

@@ -9,7 +9,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from .. import sharding
 from . import Case, Mismatch, Mistake, Said, call, describe_tree, diagnose, exercise, placement
-from .lesson08 import mixed_devices
+from .lesson08 import SPEC_ALONE, mixed_devices
 
 AXIS = "i"
 
@@ -74,9 +74,7 @@ _PLACE_HINTS = {
     "must be >= the product of mesh_shape": "Use the mesh you were given (the argument mesh); do not build "
                                             "another one.",
     "is not found in mesh": "The mesh you were given names its axis 'i': a spec can only name the axes of "
-                                "that mesh.",
-    "if a PartitionSpec is passed": "A PartitionSpec alone does not say which mesh it refers to: pair it with "
-                                    "the mesh you were given (lesson 06, section 1).", **DUPLICATE,
+                                "that mesh.", **SPEC_ALONE, **DUPLICATE,
 }
 
 

@@ -279,6 +279,8 @@ def _batch_runner(fn, case):
 
 
 _ROWS_SPLIT = "Split the batch's rows (axis 0) over 'data', nothing else."
+SPEC_ALONE = {"if a PartitionSpec is passed": "A PartitionSpec alone does not say which mesh it refers to: pair it "
+                                              "with the mesh you were given (lesson 06, section 1)."}
 
 
 def _batch_hints(full, n):
@@ -290,9 +292,7 @@ def _batch_hints(full, n):
             "should be None or equal to local_data.shape": f"Here one process holds all {len(full)} rows, shape "
             f"{full.shape}: the global shape must follow from this process's rows and the number of processes, then "
             "every other axis of the rows, however many there are: no number written in.", **devices,
-            "pytree structure error": "The global shape is a tuple of ints, like an array's .shape.",
-            "if a PartitionSpec is passed": "A PartitionSpec alone does not say which mesh it refers to: pair it "
-            "with the mesh you were given (lesson 06, section 1)."}
+            "pytree structure error": "The global shape is a tuple of ints, like an array's .shape.", **SPEC_ALONE}
 
 
 def _batch_as(spec=P(DATA), rows=lambda r: r.shape[0] * jax.process_count()):

@@ -18,6 +18,7 @@ from ..hlo import compiled_collectives, gather_axes
 from . import (Case, Mismatch, Mistake, Said, _NotStarted, call, describe, describe_tree, diagnose, difference,
                exercise, returned_none)
 from ._diagnose import _numbers
+from .lesson06 import _leaves
 
 AXIS = "data"
 
@@ -146,17 +147,15 @@ def _specs_runner(fn, case):
     """What each of ``fn``'s specs does, in words (the mesh axes named, the axis split, whether it divides)."""
     mesh_shape, shapes, _ = _hybrid_cases()[case.args[0]]
     mesh = jax.make_mesh(mesh_shape, MESH_AXES, devices=jax.devices()[:mesh_shape[0] * mesh_shape[1]])
-    specs = call(fn, jax.tree.map(jnp.asarray, _cnn_params(shapes, 40 + case.args[0])), mesh, name="fsdp_specs",
-                 hints=_NESTED)
+    params = jax.tree.map(jnp.asarray, _cnn_params(shapes, 40 + case.args[0]))
+    specs = call(fn, params, mesh, name="fsdp_specs", hints=_NESTED)
     if any(isinstance(s, NamedSharding) for s in jax.tree.leaves(specs)):
         raise Mismatch("fsdp_specs returned NamedShardings; return the PartitionSpecs themselves (the checker places "
                        "the arrays on its meshes with them).")
-    if jax.tree.structure(specs, is_leaf=lambda s: isinstance(s, P)) != jax.tree.structure(
-            shapes, is_leaf=lambda s: isinstance(s, tuple)):
+    if jax.tree.structure(specs, is_leaf=lambda s: isinstance(s, P)) != jax.tree.structure(params):
         raise Mismatch(f"fsdp_specs should return a dict shaped like params (one PartitionSpec per array, the same "
                        f"keys); got {describe_tree(specs)}.")
-    named = [(jax.tree_util.keystr(path), shape) for path, shape in
-             jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda s: isinstance(s, tuple))[0]]
+    named = [(name, leaf.shape) for name, leaf in _leaves(params)]
     kinds = [_kind(name, spec, shape, mesh.shape["fsdp"])
              for (name, shape), spec in zip(named, jax.tree.leaves(specs, is_leaf=lambda s: isinstance(s, P)))]
     axes = [k if any(w in k for w in ("'data'", "not a PartitionSpec", "not an axis")) else
