@@ -603,7 +603,7 @@ def test_01_2_and_01_3_a_norm_written_as_a_loop_inside_the_map_passes():
 
 def test_03_2_in_axes_as_a_list_is_explained():
     fb = check("03.2", lambda params, xs: jax.pmap(lambda p, x: x @ p["w"] + p["b"], in_axes=[None, 0])(params, xs))
-    assert not fb and "a tuple (not a list) of one entry per argument" in fb.message
+    assert not fb and "in_axes must match the arguments: a tuple (not a list)" in fb.message
 
 
 def test_05_1_a_step_that_restarts_the_optimizer_state_fails():

@@ -108,10 +108,9 @@ def check_batched_norms(batched_norms):
 
     diagnose(batched_norms, cases, solution=solution_batched_norms, mistakes=MISTAKES_01_2, rtol=1e-4, run=run)
     if vmaps == 0 or vmaps and not inside & NORM[0]:
-        how = ("no jax.vmap ran while it computed them: it works on the whole batch at once (a norm or a sum over "
-               "axis 1) or takes the rows one at a time (a Python loop, jax.lax.map)" if vmaps == 0 else f"no "
-               f"{NORM[1]} runs inside its vmap: the vmapped function only passes the rows on, and the norm is taken "
-               "outside it, over the whole batch")
+        how = ("no jax.vmap ran while it computed them: it works on the whole batch at once (a norm over axis 1) or "
+               "takes the rows one at a time (a Python loop, jax.lax.map)" if vmaps == 0 else f"no {NORM[1]} runs "
+               "inside its vmap: the vmapped function only passes the rows on; the norm is taken outside it")
         raise Mismatch(f"batched_norms has the right values, but {how}. The exercise is vmap: write the norm of ONE "
                        "row, and let jax.vmap map it over the batch (section 3).")
     return "vmap turned a function of one example into a function of a batch."

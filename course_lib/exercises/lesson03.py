@@ -118,9 +118,8 @@ def check_predict(predict):
                                        f"{tuple(xs.shape)}).",
                      "rank at least 1": "pmap was asked to split a scalar (rank 0) over the devices.",
                      "squeeze out": "a mapped argument was cut into blocks of more than one slice each.",
-                     "different types at key path": "in_axes does not match the arguments' structure: a tuple (not a "
-                                                    "list) of one entry per argument, each None, an int or a pytree "
-                                                    "like that argument."}
+                     "different types at key path": "in_axes must match the arguments: a tuple (not a list), one "
+                                                    "entry (None, an int or a pytree) per argument."}
         return call(fn, dict(params), xs, name=name, hints=dict([PARAMS_MAPPED, SCALAR_MAPPED, LEAF_MAPPED]),
                     summaries=summaries)
 

@@ -363,8 +363,6 @@ MISTAKES_05_3 = [
     Mistake("0 / 0", "With no real rows the count is 0, and 0 / 0 is NaN: it must stay finite (0.0), or the NaN "
             "spreads to every device through the gradient average.",
             lambda p, y, m: jnp.sum(_squared(p, y, m)) / jnp.sum(m)),
-    Mistake("only pred masked", "pred * mask zeroes pred's padding rows but leaves y's in the sum (they need not "
-            "be 0): mask the squared error.", lambda p, y, m: jnp.sum((m * p - y) ** 2) / max(m.sum(), 1)),
     Mistake("mask inverted", "That is the mean over the PADDING rows: the mask was inverted (True marks the real "
             "rows, the ones to keep).", lambda p, y, m: solution_masked_mse(p, y, ~m)),
     Mistake("root", "That is the square root of the mean squared error (an RMSE): the exercise asks for the mean of "
@@ -408,8 +406,7 @@ def check_masked_mse(masked_mse):
                        "0 / 0 is still computed, and choosing 0.0 afterwards (jnp.where, jnp.nan_to_num) hides it "
                        "in the value, not in the gradient. The NaN gradient reaches every device through the "
                        "gradient average.")
-    wrong = difference(*(jax.grad(f)(*cases[0].args) for f in (masked_mse, solution_masked_mse)), rtol=1e-4)
-    if wrong:
+    if wrong := difference(*(jax.grad(f)(*cases[0].args) for f in (masked_mse, solution_masked_mse)), rtol=1e-4):
         raise Mismatch(f"{cases[0].label}: the value is right, but its gradient with respect to pred differs "
                        f"({wrong}): training follows the gradient, not the value.")
     return ("padding rows count for nothing, wherever they are, and a device with only padding gives 0, not NaN, "

@@ -159,7 +159,6 @@ def check_zero_bytes(zero_bytes):
     cases = [Case((p, n, stage), f"zero_bytes({p:_}, {n}, {stage!r})", n=n)
              for p, n in [(1_000_000_000, 8), (19_210, 4), (3_001, 8)] for stage in _SPLIT]   # 1500.5 B: no rounding
     library, padded = [], []
-
     def either(*args):      # section 2's padded slices, ceil(N / n) each, are right too, where the answer counts them
         exact, pad, got = solution_zero_bytes(*args), _padded_bytes(*args), _or_none(lambda: zero_bytes(*args))
         return pad if same(got, pad, rtol=1e-9) and not same(got, exact, rtol=1e-9) and not padded.append(1) else exact
