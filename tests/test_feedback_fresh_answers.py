@@ -621,3 +621,15 @@ def test_05_3_a_loss_whose_gradient_is_cut_fails():
 
     fb = check("05.3", cut)
     assert not fb and "its gradient with respect to pred differs" in fb.message
+
+
+def test_a_structure_that_differs_in_a_named_output_is_named():
+    def swapped_unpack(loss_fn, optimizer, params, opt_state, batch):
+        grads, loss = jax.value_and_grad(loss_fn)(params, batch)
+        updates, opt_state = optimizer.update(jax.lax.pmean(loss, "devices"), opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, jax.lax.pmean(loss, "devices")
+
+    fb = check("05.1", swapped_unpack)
+    assert not fb and "with SGD: loss: expected ndarray float32[8], got dict" in fb.message
+    pair = check("11.1", lambda d, like, devs: __import__("course_lib").checkpoint.restore(d, like, devices=devs))
+    assert not pair and "output [0]" not in pair.message

@@ -266,7 +266,7 @@ def _leaf(x) -> bool:
 
 def _pairs(got, expected, strict: bool, path: tuple = (), names: str | Sequence[str] = "output"):
     """(path, got leaf, expected leaf) pairs, or a ``str`` saying how the structures differ, and where."""
-    at = f"{_readable(path, names)}: " if path else ""
+    at = f"{_readable(path, names)}: " if path and not isinstance(names, str) else ""   # named outputs only
     if got is None and not _leaf(expected) and path:       # a None where a structure was expected: named by its path
         return [(path, got, expected)]
     if isinstance(expected, dict) and isinstance(got, dict) and set(got) == set(expected):
