@@ -269,7 +269,7 @@ def _expect_whole(said, shape, came, axis) -> None:
         "the shape of this device's slice. Inside shard_map every leaf, vectors too, arrives as a slice, and only a "
         "collective that joins the slices makes it whole (a sharding change such as jax.reshard or device_put does "
         "not, there)." if shape == came else f"the {n} slices came back stacked along a new axis instead of joined. "
-        "See jax.lax.all_gather's tiled option (lesson 12, section 4, where gather_layer uses it)." if stacked else
+        "See jax.lax.all_gather's tiled option (lesson 10, section 3; lesson 12, section 4)." if stacked else
         f"join the slices along the {'first' if axis == 0 else 'last'} axis, the one that was split."))
 
 
