@@ -128,7 +128,7 @@ def _traffic(fn, xs) -> tuple[str, int, int]:
     2 (n - 1) / n x V (V: one x's bytes)."""
     n, v = xs.shape[0], xs[0].nbytes
     (hops, sent), optimal = _count_ppermutes(_jaxpr(fn, xs)), 2 * (n - 1) * v // n
-    how = {(n - 1) * v: "(N - 1) x V, as much as all of x at every hop", optimal: "2 (N - 1) / N x V"}.get(
+    how = {(n - 1) * v: "(N - 1) x V in total, N - 1 times a whole x", optimal: "2 (N - 1) / N x V"}.get(
         sent, f"{sent / v:g} x V")
     return (f"on {n} devices your ring ran {hops} ppermutes and each device sent {sent} bytes for a {v}-byte x: "
             f"{how}"), sent, optimal

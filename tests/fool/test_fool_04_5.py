@@ -59,9 +59,9 @@ def traced_loop_bound(x, a):            # a fori_loop whose bound is a traced va
 
 
 WRONG = [
-    (whole_x_in_a_fori_loop, ["ran 7 ppermutes and each device sent 672 bytes", "(N - 1) x V, as much as all of x at every hop"]),
+    (whole_x_in_a_fori_loop, ["ran 7 ppermutes and each device sent 672 bytes", "(N - 1) x V in total, N - 1 times a whole x"]),
     (traced_loop_bound, ["inside a lax.while_loop", "cannot count how many times it runs"]),
-    (solution_ring_allreduce, ["(N - 1) x V, as much as all of x at every hop"]),
+    (solution_ring_allreduce, ["(N - 1) x V in total, N - 1 times a whole x"]),
     (lambda x, a: jax.lax.all_gather(jax.lax.psum_scatter(x, a, tiled=True), a, tiled=True), ["the program uses"]),
     (lambda x, a: jax.lax.psum(x, a), ["the program uses psum"]),
     (misfiled, ["each one is stored one piece-row off from its place"]),
