@@ -633,3 +633,12 @@ def test_a_structure_that_differs_in_a_named_output_is_named():
     assert not fb and "with SGD: loss: expected ndarray float32[8], got dict" in fb.message
     pair = check("11.1", lambda d, like, devs: __import__("course_lib").checkpoint.restore(d, like, devices=devs))
     assert not pair and "output [0]" not in pair.message
+
+
+def test_a_negative_factor_other_than_minus_one_is_not_said_as_negated():
+    def device_0(x, axis_name):
+        x0 = jax.lax.all_gather(x, axis_name)[0]
+        return jnp.mean(x0), jnp.var(x0)
+
+    fb = check("04.2", device_0)
+    assert not fb and "negated" not in fb.message and "every value off by" in fb.message

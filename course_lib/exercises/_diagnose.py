@@ -446,12 +446,12 @@ def relation(g: np.ndarray, e: np.ndarray, *, n: int | None = None, rtol: float 
     ratio = g.size > 1 or not np.issubdtype(e.dtype, np.integer)   # one id or position in another: no factor
     if ratio and nonzero.any() and np.all(np.isfinite(g64)):
         k = float(np.median(g64[nonzero] / e64[nonzero]))
-        if k != 0 and not math.isclose(k, 1, rel_tol=1e-2) and close(g64, k * e64):
-            if math.isclose(k, -1, rel_tol=1e-4):
+        if k != 0 and not math.isclose(k, 1, rel_tol=1e-2) and close(g64, k * e64) and (
+                k > 0 or math.isclose(k, -1, rel_tol=1e-4)):    # "negated and 87x" would read as a sign error
+            if k < 0:
                 return "the expected values negated (sign flipped)"
-            sign = "" if k > 0 else "negated and "
-            size = max(abs(k), 1 / abs(k))
-            return f"{sign}{size:.3g}x too {'large' if abs(k) >= 1 else 'small'}{_factor(size, n, abs(k))}"
+            size = max(k, 1 / k)
+            return f"{size:.3g}x too {'large' if k >= 1 else 'small'}{_factor(size, n, k)}"
         if np.all(np.abs(g64) < 1e-12) and not np.all(nonzero == 0):
             return "got 0" if g64.ndim == 0 else "all zeros"
     offset = g64 - e64
