@@ -642,3 +642,10 @@ def test_a_negative_factor_other_than_minus_one_is_not_said_as_negated():
 
     fb = check("04.2", device_0)
     assert not fb and "negated" not in fb.message and "every value off by" in fb.message
+
+
+def test_an_addition_inside_pmap_does_not_hide_a_reduction_outside_it():
+    outside = check("02.2", lambda xs: jax.pmap(lambda b: b * b + 0.0)(xs).sum(axis=(1, 2)))
+    assert not outside and "no sum of squares runs inside its pmap" in outside.message
+    norms = check("01.3", lambda x: jnp.sqrt(jax.pmap(lambda r: r * r + 0.0)(x).sum(axis=1)))
+    assert not norms and "runs inside its pmap" in norms.message
